@@ -1,0 +1,321 @@
+// NVRTC straight to cubin for an explicit architecture, with embedded block headers and the ptxas report.
+use std::ffi::{CStr, CString, c_char};
+use std::fmt;
+
+use anyhow::{Context, Result, anyhow};
+use cudarc::nvrtc::sys;
+
+use crate::resources::{Budget, Resources, parse_ptxas_log};
+
+/// A target architecture. Kernels are always compiled to SASS for one of these, never to PTX for the JIT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    Sm80,
+    Sm89,
+    Sm90,
+    /// Hopper with the architecture-specific features (wgmma, setmaxnreg); only where a kernel asks for it.
+    Sm90a,
+}
+
+impl Arch {
+    /// The architectures every kernel must compile for: the A100 generation, the L4 the earlier attempt ran on,
+    /// and the H100 the device tests run on.
+    pub const REQUIRED: [Arch; 3] = [Arch::Sm80, Arch::Sm89, Arch::Sm90];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm89 => "sm_89",
+            Arch::Sm90 => "sm_90",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Arch> {
+        match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "sm_80" | "80" => Ok(Arch::Sm80),
+            "sm_89" | "89" => Ok(Arch::Sm89),
+            "sm_90" | "90" => Ok(Arch::Sm90),
+            "sm_90a" | "90a" => Ok(Arch::Sm90a),
+            other => Err(anyhow!(
+                "unknown architecture `{other}`: expected sm_80, sm_89, sm_90 or sm_90a"
+            )),
+        }
+    }
+
+    /// The architecture to compile for on a device of compute capability `major.minor`.
+    pub fn for_device(major: i32, minor: i32) -> Result<Arch> {
+        match (major, minor) {
+            (8, 0) => Ok(Arch::Sm80),
+            (8, 9) => Ok(Arch::Sm89),
+            (9, 0) => Ok(Arch::Sm90),
+            _ => Err(anyhow!(
+                "compute capability {major}.{minor} is not one the lab targets (8.0, 8.9, 9.0)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A header embedded in the binary, found by `#include "name"` through NVRTC's header list.
+#[derive(Debug, Clone, Copy)]
+pub struct Header {
+    pub name: &'static str,
+    pub code: &'static str,
+}
+
+/// One `.cu` translation unit with the headers it may include.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    pub file: &'static str,
+    pub code: &'static str,
+    pub headers: &'static [&'static [Header]],
+}
+
+/// One `extern "C"` kernel of a source, with the resource budget its block commits to.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelSpec {
+    pub block: &'static str,
+    pub name: &'static str,
+    pub source: &'static Source,
+    pub budget: Budget,
+}
+
+/// A compiled translation unit: cubin bytes, and each entry's resources.
+#[derive(Debug, Clone)]
+pub struct Cubin {
+    pub file: String,
+    pub arch: Arch,
+    pub image: Vec<u8>,
+    pub resources: Vec<Resources>,
+    pub log: String,
+    pub options: Vec<String>,
+}
+
+impl Cubin {
+    /// The report of one kernel, or an error naming the kernels the source does define.
+    pub fn kernel(&self, name: &str) -> Result<&Resources> {
+        self.resources.iter().find(|r| r.kernel == name).ok_or_else(|| {
+            let have: Vec<&str> = self.resources.iter().map(|r| r.kernel.as_str()).collect();
+            anyhow!(
+                "kernel `{name}` not found in `{}` ({}): it defines [{}]. Kernels must be `extern \"C\" __global__`.",
+                self.file,
+                self.arch,
+                have.join(", ")
+            )
+        })
+    }
+}
+
+/// A compile that failed, with NVRTC's whole log, one line at a time.
+#[derive(Debug)]
+pub struct CompileError {
+    pub file: String,
+    pub kernel: Option<String>,
+    pub arch: Arch,
+    pub options: Vec<String>,
+    pub log: String,
+    pub status: String,
+}
+
+impl fmt::Display for CompileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match &self.kernel {
+            Some(k) => format!("kernel `{k}` in `{}`", self.file),
+            None => format!("`{}`", self.file),
+        };
+        writeln!(
+            f,
+            "NVRTC failed to compile {what} for {} ({})",
+            self.arch, self.status
+        )?;
+        writeln!(f, "  options: {}", self.options.join(" "))?;
+        writeln!(f, "  log:")?;
+        for line in self.log.lines() {
+            writeln!(f, "    | {line}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CompileError {}
+
+fn check(status: sys::nvrtcResult, what: &str) -> Result<()> {
+    if status == sys::nvrtcResult::NVRTC_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: nvrtcGetErrorString returns a static string for every status.
+    let msg = unsafe { CStr::from_ptr(sys::nvrtcGetErrorString(status)) };
+    Err(anyhow!("{what}: {}", msg.to_string_lossy()))
+}
+
+/// Owns an NVRTC program, destroying it on every exit path.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from nvrtcCreateProgram and is destroyed once.
+        unsafe {
+            sys::nvrtcDestroyProgram(&mut self.0);
+        }
+    }
+}
+
+/// The options every lab kernel is compiled with.
+pub fn options(arch: Arch, include: &std::path::Path, extra: &[&str]) -> Vec<String> {
+    let mut o = vec![
+        format!("--gpu-architecture={}", arch.name()),
+        "--std=c++17".to_string(),
+        format!("--include-path={}", include.display()),
+        "--ptxas-options=-v".to_string(),
+        "-lineinfo".to_string(),
+    ];
+    o.extend(extra.iter().map(|s| s.to_string()));
+    o
+}
+
+/// Compiles `src` to a cubin for `arch`. `extra` adds options, e.g. `-DTILE=64`.
+pub fn compile(src: &Source, arch: Arch, extra: &[&str]) -> Result<Cubin> {
+    let tc = crate::toolchain::toolchain()?;
+    let opts = options(arch, &tc.include, extra);
+    compile_with(src, arch, &opts).map_err(|e| match e.downcast::<CompileError>() {
+        Ok(ce) => anyhow::Error::new(ce),
+        Err(other) => other.context(format!("compiling `{}` for {arch}", src.file)),
+    })
+}
+
+fn compile_with(src: &Source, arch: Arch, opts: &[String]) -> Result<Cubin> {
+    let code = CString::new(src.code).context("source holds a NUL byte")?;
+    let file = CString::new(src.file).context("file name holds a NUL byte")?;
+    let headers: Vec<&Header> = src.headers.iter().flat_map(|hs| hs.iter()).collect();
+    let h_code: Vec<CString> = headers
+        .iter()
+        .map(|h| CString::new(h.code))
+        .collect::<Result<_, _>>()?;
+    let h_name: Vec<CString> = headers
+        .iter()
+        .map(|h| CString::new(h.name))
+        .collect::<Result<_, _>>()?;
+    let h_code_p: Vec<*const c_char> = h_code.iter().map(|c| c.as_ptr()).collect();
+    let h_name_p: Vec<*const c_char> = h_name.iter().map(|c| c.as_ptr()).collect();
+    let c_opts: Vec<CString> = opts
+        .iter()
+        .map(|o| CString::new(o.as_str()))
+        .collect::<Result<_, _>>()?;
+    let c_opts_p: Vec<*const c_char> = c_opts.iter().map(|c| c.as_ptr()).collect();
+
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call and the arrays have the lengths passed.
+    check(
+        unsafe {
+            sys::nvrtcCreateProgram(
+                &mut raw,
+                code.as_ptr(),
+                file.as_ptr(),
+                headers.len() as i32,
+                h_code_p.as_ptr(),
+                h_name_p.as_ptr(),
+            )
+        },
+        "nvrtcCreateProgram",
+    )?;
+    let prog = Program(raw);
+    // SAFETY: the program is live, the options array outlives the call.
+    let status =
+        unsafe { sys::nvrtcCompileProgram(prog.0, c_opts_p.len() as i32, c_opts_p.as_ptr()) };
+    let log = program_log(&prog)?;
+    if status != sys::nvrtcResult::NVRTC_SUCCESS {
+        // SAFETY: static string.
+        let s = unsafe { CStr::from_ptr(sys::nvrtcGetErrorString(status)) }
+            .to_string_lossy()
+            .into_owned();
+        return Err(anyhow::Error::new(CompileError {
+            file: src.file.into(),
+            kernel: None,
+            arch,
+            options: opts.to_vec(),
+            log,
+            status: s,
+        }));
+    }
+    let mut size = 0usize;
+    // SAFETY: the program compiled; size is written once.
+    check(
+        unsafe { sys::nvrtcGetCUBINSize(prog.0, &mut size) },
+        "nvrtcGetCUBINSize",
+    )?;
+    let mut image = vec![0u8; size];
+    // SAFETY: the buffer holds exactly the size NVRTC reported.
+    check(
+        unsafe { sys::nvrtcGetCUBIN(prog.0, image.as_mut_ptr() as *mut c_char) },
+        "nvrtcGetCUBIN",
+    )?;
+    if image.is_empty() {
+        return Err(anyhow!(
+            "NVRTC produced no cubin for `{}` ({arch}): was a virtual architecture given?",
+            src.file
+        ));
+    }
+    Ok(Cubin {
+        file: src.file.into(),
+        arch,
+        image,
+        resources: parse_ptxas_log(&log),
+        log,
+        options: opts.to_vec(),
+    })
+}
+
+fn program_log(prog: &Program) -> Result<String> {
+    let mut size = 0usize;
+    // SAFETY: the program is live.
+    check(
+        unsafe { sys::nvrtcGetProgramLogSize(prog.0, &mut size) },
+        "nvrtcGetProgramLogSize",
+    )?;
+    let mut buf = vec![0u8; size.max(1)];
+    // SAFETY: the buffer holds the size NVRTC reported.
+    check(
+        unsafe { sys::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr() as *mut c_char) },
+        "nvrtcGetProgramLog",
+    )?;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+impl KernelSpec {
+    /// Compiles this kernel's source for `arch` and returns the cubin with this kernel's resources checked present.
+    pub fn compile(&self, arch: Arch) -> Result<(Cubin, Resources)> {
+        let cubin =
+            compile(self.source, arch, &[]).map_err(|e| match e.downcast::<CompileError>() {
+                Ok(mut ce) => {
+                    ce.kernel = Some(self.name.to_string());
+                    anyhow::Error::new(ce)
+                }
+                Err(other) => other,
+            })?;
+        let r = cubin.kernel(self.name)?.clone();
+        Ok((cubin, r))
+    }
+
+    /// Compiles and checks the budget; the error lists every violation.
+    pub fn check_budget(&self, arch: Arch) -> Result<Resources> {
+        let (_, r) = self.compile(arch)?;
+        let v = self.budget.violations(&r);
+        if v.is_empty() {
+            Ok(r)
+        } else {
+            Err(anyhow!(
+                "{}/{} on {arch} breaks its budget: {}",
+                self.block,
+                self.name,
+                v.join("; ")
+            ))
+        }
+    }
+}

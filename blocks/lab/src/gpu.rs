@@ -1,0 +1,189 @@
+// Decides once whether a CUDA device is usable, gates GPU tests on it, and loads compiled kernels.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{Context, Result, anyhow, bail};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::Ptx;
+
+use crate::compile::{Arch, KernelSpec};
+use crate::resources::Resources;
+
+/// What the machine offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuStatus {
+    Present {
+        name: String,
+        major: i32,
+        minor: i32,
+    },
+    Absent(String),
+}
+
+/// What a GPU test does here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    Run,
+    /// Listed as skipped, with the reason shown.
+    Skip(String),
+    /// A GPU is required (`LAB_REQUIRE_GPU=1`) but none is usable: the test fails with this message.
+    Fail(String),
+}
+
+/// The policy, kept pure so it can be tested on any machine.
+pub fn gate(status: &GpuStatus, require_gpu: bool) -> Gate {
+    match (status, require_gpu) {
+        (GpuStatus::Present { .. }, _) => Gate::Run,
+        (GpuStatus::Absent(why), false) => Gate::Skip(format!("no usable GPU: {why}")),
+        (GpuStatus::Absent(why), true) => Gate::Fail(format!(
+            "LAB_REQUIRE_GPU=1 but no usable GPU: {why}. Run this on the GPU machine, or unset LAB_REQUIRE_GPU \
+             to list GPU tests as skipped."
+        )),
+    }
+}
+
+pub fn require_gpu_from_env() -> bool {
+    std::env::var("LAB_REQUIRE_GPU").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+fn probe_status() -> GpuStatus {
+    // SAFETY: only checks whether libcuda can be opened; cudarc would panic on first use otherwise.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return GpuStatus::Absent("the NVIDIA driver library libcuda.so.1 is not installed".into());
+    }
+    if let Err(e) = cudarc::driver::result::init() {
+        return GpuStatus::Absent(format!("cuInit failed: {e}"));
+    }
+    match cudarc::driver::result::device::get_count() {
+        Ok(0) => return GpuStatus::Absent("the driver sees no CUDA device".into()),
+        Err(e) => return GpuStatus::Absent(format!("cuDeviceGetCount failed: {e}")),
+        Ok(_) => {}
+    }
+    match CudaContext::new(0).and_then(|c| Ok((c.name()?, c.compute_capability()?))) {
+        Ok((name, (major, minor))) => GpuStatus::Present { name, major, minor },
+        Err(e) => GpuStatus::Absent(format!("creating a context on device 0 failed: {e}")),
+    }
+}
+
+/// Decided once per process.
+pub fn status() -> &'static GpuStatus {
+    static S: OnceLock<GpuStatus> = OnceLock::new();
+    S.get_or_init(probe_status)
+}
+
+/// A usable device: context, stream, and the architecture kernels are compiled for.
+#[derive(Debug)]
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub arch: Arch,
+    pub name: String,
+    modules: Mutex<HashMap<(&'static str, Vec<String>), Arc<CudaModule>>>,
+}
+
+/// A loaded kernel with the resources ptxas reported for it on this device's architecture.
+#[derive(Debug)]
+pub struct Kernel {
+    pub func: CudaFunction,
+    pub resources: Resources,
+    pub module: Arc<CudaModule>,
+}
+
+impl Gpu {
+    /// The process's device, or why there is none.
+    pub fn get() -> Result<&'static Gpu> {
+        static G: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
+        G.get_or_init(|| Gpu::open().map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|e| anyhow!("{e}"))
+    }
+
+    fn open() -> Result<Gpu> {
+        let GpuStatus::Present { name, major, minor } = status().clone() else {
+            bail!("no usable GPU")
+        };
+        let ctx = CudaContext::new(0).context("creating the CUDA context")?;
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            ctx,
+            stream,
+            arch: Arch::for_device(major, minor)?,
+            name,
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Compiles (once per source and options) and loads `spec` for this device.
+    pub fn load(&self, spec: &KernelSpec) -> Result<Kernel> {
+        self.load_with(spec, &[])
+    }
+
+    /// As [`Gpu::load`], with extra NVRTC options such as `-DSTAGES=3`.
+    pub fn load_with(&self, spec: &KernelSpec, extra: &[&str]) -> Result<Kernel> {
+        let cubin = crate::compile::compile(spec.source, self.arch, extra)?;
+        let resources = cubin.kernel(spec.name)?.clone();
+        let key = (
+            spec.source.file,
+            extra.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        );
+        let module = {
+            let mut m = self
+                .modules
+                .lock()
+                .map_err(|_| anyhow!("module cache poisoned"))?;
+            match m.get(&key) {
+                Some(module) => module.clone(),
+                None => {
+                    let module = self
+                        .ctx
+                        .load_module(Ptx::from_binary(cubin.image))
+                        .with_context(|| {
+                            format!(
+                                "loading the cubin of `{}` ({})",
+                                spec.source.file, self.arch
+                            )
+                        })?;
+                    m.insert(key, module.clone());
+                    module
+                }
+            }
+        };
+        let func = module.load_function(spec.name).with_context(|| {
+            format!("loading kernel `{}` from `{}`", spec.name, spec.source.file)
+        })?;
+        Ok(Kernel {
+            func,
+            resources,
+            module,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_gpu_skips_with_reason_or_fails_when_required() {
+        let absent =
+            GpuStatus::Absent("the NVIDIA driver library libcuda.so.1 is not installed".into());
+        match gate(&absent, false) {
+            Gate::Skip(r) => assert!(r.contains("libcuda.so.1"), "{r}"),
+            g => panic!("expected skip, got {g:?}"),
+        }
+        match gate(&absent, true) {
+            Gate::Fail(r) => {
+                assert!(r.contains("LAB_REQUIRE_GPU=1"), "{r}");
+                assert!(r.contains("libcuda.so.1"), "{r}");
+            }
+            g => panic!("expected failure, got {g:?}"),
+        }
+        let present = GpuStatus::Present {
+            name: "H100".into(),
+            major: 9,
+            minor: 0,
+        };
+        assert_eq!(gate(&present, true), Gate::Run);
+        assert_eq!(gate(&present, false), Gate::Run);
+    }
+}

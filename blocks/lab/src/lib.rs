@@ -1,0 +1,35 @@
+//! The lab harness: everything a block needs to compile, resource-check and test a CUDA kernel.
+//!
+//! - [`compile`]: NVRTC straight to cubin for an explicit [`Arch`], with block headers embedded in the binary.
+//! - [`Resources`] / [`Budget`]: the ptxas report of each kernel, as a typed value, and its limits.
+//! - [`toolchain()`]: finds CUDA headers and NVRTC, installing NVIDIA's pip wheels when nothing else exists.
+//! - [`Gpu`] / [`gate`]: whether a device is usable, decided once; GPU tests skip or fail without one.
+//! - [`numerics`]: error statistics against f64 references, seeded inputs, poisoned outputs.
+//! - [`Suite`]: the test binary each block builds its model, compile and GPU tests into.
+mod compile;
+mod gpu;
+pub mod hello;
+pub mod numerics;
+mod resources;
+mod testing;
+mod toolchain;
+
+pub use compile::{Arch, CompileError, Cubin, Header, KernelSpec, Source, compile, options};
+pub use cudarc;
+pub use gpu::{Gate, Gpu, GpuStatus, Kernel, gate, require_gpu_from_env, status};
+pub use resources::{Budget, Resources, parse_ptxas_log};
+pub use testing::{COMPILE, GPU, MODEL, Suite};
+pub use toolchain::{
+    Probe, Toolchain, WHEELS, default_local_dir, discover, install_wheels, toolchain,
+};
+
+/// Headers every block may include: `#include "lab/lab.cuh"`.
+pub const HEADERS: &[Header] = &[Header {
+    name: "lab/lab.cuh",
+    code: include_str!("../cuda/lab.cuh"),
+}];
+
+/// The harness's own kernels, for `cargo xtask ptxas`.
+pub fn kernels() -> Vec<KernelSpec> {
+    hello::KERNELS.to_vec()
+}

@@ -1,0 +1,111 @@
+// The test binary of every block: model, compile and GPU tests, with GPU tests skipped (never passed) without a GPU.
+use anyhow::Result;
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::compile::{Arch, KernelSpec};
+use crate::gpu::{Gate, Gpu, gate, require_gpu_from_env, status};
+
+/// Test names carry their kind as a prefix; the runner's table counts them by it.
+pub const MODEL: &str = "model::";
+pub const COMPILE: &str = "compile::";
+pub const GPU: &str = "gpu::";
+
+/// A block's test binary (`tests/gpu.rs`, `harness = false`). Build it, add tests, then [`Suite::run`].
+#[derive(Debug)]
+pub struct Suite {
+    trials: Vec<Trial>,
+    gate: Gate,
+}
+
+fn to_failed(r: Result<()>) -> Result<(), Failed> {
+    r.map_err(|e| Failed::from(format!("{e:#}")))
+}
+
+impl Default for Suite {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Suite {
+    pub fn new() -> Self {
+        Suite {
+            trials: Vec::new(),
+            gate: gate(status(), require_gpu_from_env()),
+        }
+    }
+
+    /// A CPU-only test of the model.
+    pub fn model(
+        &mut self,
+        name: &str,
+        f: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> &mut Self {
+        self.trials.push(Trial::test(
+            format!("{MODEL}{name}"),
+            move || to_failed(f()),
+        ));
+        self
+    }
+
+    /// A test that needs NVRTC but no GPU.
+    pub fn compile(
+        &mut self,
+        name: &str,
+        f: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> &mut Self {
+        self.trials
+            .push(Trial::test(format!("{COMPILE}{name}"), move || {
+                to_failed(f())
+            }));
+        self
+    }
+
+    /// For each kernel and each required architecture: it compiles, and its ptxas report fits its budget.
+    pub fn kernels(&mut self, specs: &[KernelSpec]) -> &mut Self {
+        for spec in specs {
+            for arch in Arch::REQUIRED {
+                let spec = *spec;
+                self.compile(&format!("{}::{arch}", spec.name), move || {
+                    spec.check_budget(arch).map(|_| ())
+                });
+            }
+        }
+        self
+    }
+
+    /// A test that runs on the device. Skipped, with the reason printed, where there is none; failed instead
+    /// under `LAB_REQUIRE_GPU=1`.
+    pub fn gpu(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&Gpu) -> Result<()> + Send + 'static,
+    ) -> &mut Self {
+        let g = self.gate.clone();
+        let trial = Trial::test(format!("{GPU}{name}"), move || match g {
+            Gate::Run => to_failed(Gpu::get().and_then(f)),
+            // Reached only when skipped tests are run on purpose (`--include-ignored`): never a silent pass.
+            Gate::Skip(why) | Gate::Fail(why) => Err(Failed::from(why)),
+        });
+        self.trials
+            .push(trial.with_ignored_flag(matches!(self.gate, Gate::Skip(_))));
+        self
+    }
+
+    /// Runs the suite with libtest's command line, and exits.
+    pub fn run(self) -> ! {
+        let args = Arguments::from_args();
+        if !args.list {
+            match &self.gate {
+                Gate::Run => {
+                    if let crate::gpu::GpuStatus::Present { name, major, minor } = status() {
+                        eprintln!("lab: GPU tests run on {name} (sm_{major}{minor})");
+                    }
+                }
+                Gate::Skip(why) => eprintln!("lab: GPU tests SKIPPED: {why}"),
+                Gate::Fail(why) => eprintln!("lab: GPU tests will FAIL: {why}"),
+            }
+        }
+        libtest_mimic::run(&args, self.trials).exit()
+    }
+}
