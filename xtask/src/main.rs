@@ -1,1 +1,86 @@
-fn main() {}
+//! The lab's task runner: a thin dispatcher, one module per task.
+mod build;
+mod ci;
+mod gpu_bundle;
+mod ptxas;
+mod registry;
+mod runner;
+mod test_blocks;
+#[cfg(test)]
+mod tidy;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test, resource-check and bundle the lab's kernels"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand, Debug)]
+enum Task {
+    /// The main job: every block's model, compile and GPU tests, ending with a table per block.
+    TestBlocks {
+        /// Build the tests in release mode.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Compile every kernel for sm_80, sm_89 and sm_90 and print the ptxas resource table.
+    Ptxas {
+        /// Architectures to compile for (repeatable): sm_80, sm_89, sm_90, sm_90a.
+        #[arg(long = "arch")]
+        archs: Vec<String>,
+        /// Fail if any kernel breaks its committed budget.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Pack every test binary and a runner into DIR (default .bundle), to run where there is no Rust.
+    GpuBundle { dir: Option<PathBuf> },
+    /// What CI runs: fmt, clippy, all tests with snapshots in check mode, and `ptxas --check`.
+    Ci,
+    /// Find (or install) NVRTC and the CUDA headers, and say which ones the lab uses.
+    Toolchain,
+    /// Run a bundle's tests (what the bundle's `run` script calls on the GPU machine).
+    #[command(hide = true)]
+    RunBundle { bundle: PathBuf, out: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::TestBlocks { release } => test_blocks::run(release, &[]),
+        Task::Ptxas { archs, check } => ptxas::run(&archs, check),
+        Task::GpuBundle { dir } => gpu_bundle::build(dir).map(|()| true),
+        Task::Ci => ci::run(),
+        Task::Toolchain => lab::toolchain().map(|tc| {
+            println!(
+                "CUDA headers: {}\nNVRTC: {}\nfrom: {}",
+                tc.include.display(),
+                tc.nvrtc
+                    .as_ref()
+                    .map_or("found by the system loader".into(), |p| p
+                        .display()
+                        .to_string()),
+                tc.origin
+            );
+            println!("GPU: {}", build::device_words());
+            true
+        }),
+        Task::RunBundle { bundle, out } => gpu_bundle::run(&bundle, &out),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,6 +1,8 @@
 // NVRTC straight to cubin for an explicit architecture, with embedded block headers and the ptxas report.
+use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char};
 use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Context, Result, anyhow};
 use cudarc::nvrtc::sys;
@@ -179,14 +181,32 @@ pub fn options(arch: Arch, include: &std::path::Path, extra: &[&str]) -> Vec<Str
     o
 }
 
+type CacheKey = (&'static str, usize, Arch, Vec<String>);
+
 /// Compiles `src` to a cubin for `arch`. `extra` adds options, e.g. `-DTILE=64`.
-pub fn compile(src: &Source, arch: Arch, extra: &[&str]) -> Result<Cubin> {
+///
+/// Compiles are serialised and cached per (source, arch, options). Serialised because NVRTC's ptxas report is
+/// not reliable under concurrency: on the H100 machine (2026-11-21) one of two concurrent compiles of the same
+/// source came back with a cubin and an empty `-Xptxas -v` log.
+pub fn compile(src: &Source, arch: Arch, extra: &[&str]) -> Result<Arc<Cubin>> {
+    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<Cubin>>>> = OnceLock::new();
     let tc = crate::toolchain::toolchain()?;
     let opts = options(arch, &tc.include, extra);
-    compile_with(src, arch, &opts).map_err(|e| match e.downcast::<CompileError>() {
+    let key = (src.file, src.code.as_ptr() as usize, arch, opts.clone());
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| anyhow!("NVRTC cache poisoned"))?;
+    if let Some(c) = cache.get(&key) {
+        return Ok(c.clone());
+    }
+    let cubin = compile_with(src, arch, &opts).map_err(|e| match e.downcast::<CompileError>() {
         Ok(ce) => anyhow::Error::new(ce),
         Err(other) => other.context(format!("compiling `{}` for {arch}", src.file)),
-    })
+    })?;
+    let cubin = Arc::new(cubin);
+    cache.insert(key, cubin.clone());
+    Ok(cubin)
 }
 
 fn compile_with(src: &Source, arch: Arch, opts: &[String]) -> Result<Cubin> {
@@ -261,11 +281,19 @@ fn compile_with(src: &Source, arch: Arch, opts: &[String]) -> Result<Cubin> {
             src.file
         ));
     }
+    let resources = parse_ptxas_log(&log);
+    if resources.is_empty() && src.code.contains("__global__") {
+        return Err(anyhow!(
+            "NVRTC compiled `{}` for {arch} but returned no ptxas report (options: {}); log:\n{log}",
+            src.file,
+            opts.join(" ")
+        ));
+    }
     Ok(Cubin {
         file: src.file.into(),
         arch,
         image,
-        resources: parse_ptxas_log(&log),
+        resources,
         log,
         options: opts.to_vec(),
     })
@@ -290,7 +318,7 @@ fn program_log(prog: &Program) -> Result<String> {
 
 impl KernelSpec {
     /// Compiles this kernel's source for `arch` and returns the cubin with this kernel's resources checked present.
-    pub fn compile(&self, arch: Arch) -> Result<(Cubin, Resources)> {
+    pub fn compile(&self, arch: Arch) -> Result<(Arc<Cubin>, Resources)> {
         let cubin =
             compile(self.source, arch, &[]).map_err(|e| match e.downcast::<CompileError>() {
                 Ok(mut ce) => {

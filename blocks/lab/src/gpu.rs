@@ -136,7 +136,7 @@ impl Gpu {
                 None => {
                     let module = self
                         .ctx
-                        .load_module(Ptx::from_binary(cubin.image))
+                        .load_module(Ptx::from_binary(cubin.image.clone()))
                         .with_context(|| {
                             format!(
                                 "loading the cubin of `{}` ({})",

@@ -1,0 +1,108 @@
+// `cargo xtask gpu-bundle`: packs the test binaries and a runner for a GPU machine with no Rust; and the runner.
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use xshell::{Shell, cmd};
+
+use crate::build::{device_words, test_binaries, today, workspace_root};
+use crate::runner::{self, TestBinary};
+
+/// The device tool carries at most 64 MiB, source tree included.
+const MAX_BYTES: u64 = 48 << 20;
+
+const RUN_SCRIPT: &str = r#"#!/bin/sh
+# Runs every lab test binary on a GPU machine (no Rust needed): ./run OUT_DIR
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-$here/out}
+export LAB_REQUIRE_GPU=1
+export INSTA_WORKSPACE_ROOT="${INSTA_WORKSPACE_ROOT:-$(cd "$here/.." && pwd)}"
+export INSTA_UPDATE=new
+export LAB_NO_INSTALL=1
+exec "$here/xtask" run-bundle "$here" "$out"
+"#;
+
+pub fn build(dir: Option<PathBuf>) -> Result<()> {
+    let sh = Shell::new()?;
+    let root = workspace_root();
+    sh.change_dir(&root);
+    let dir = dir.unwrap_or_else(|| root.join(".bundle"));
+    let bins = test_binaries(&sh, "bundle")?;
+    cmd!(sh, "cargo build --quiet -p xtask --profile bundle").run()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("bin"))?;
+    let mut manifest = Vec::new();
+    for b in &bins {
+        let file = format!("{}--{}", b.package, b.target);
+        std::fs::copy(&b.path, dir.join("bin").join(&file))
+            .with_context(|| format!("copying {}", b.path.display()))?;
+        manifest.push(TestBinary {
+            package: b.package.clone(),
+            target: b.target.clone(),
+            path: PathBuf::from("bin").join(file),
+        });
+    }
+    std::fs::copy(root.join("target/bundle/xtask"), dir.join("xtask"))?;
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest)?,
+    )?;
+    std::fs::write(dir.join("run"), RUN_SCRIPT)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("run"), std::fs::Permissions::from_mode(0o755))?;
+    }
+    let size = dir_size(&dir)?;
+    println!(
+        "bundle: {} test binaries + runner in {} ({:.1} MiB)\nrun it on the GPU machine as: {}/run OUT_DIR",
+        manifest.len(),
+        dir.display(),
+        size as f64 / (1 << 20) as f64,
+        dir.strip_prefix(&root).unwrap_or(&dir).display()
+    );
+    ensure!(
+        size <= MAX_BYTES,
+        "bundle is {size} bytes, over the {MAX_BYTES}-byte limit that leaves room for the tree"
+    );
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        total += if e.file_type()?.is_dir() {
+            dir_size(&e.path())?
+        } else {
+            e.metadata()?.len()
+        };
+    }
+    Ok(total)
+}
+
+/// On the GPU machine: run every binary of the manifest, write the outputs into `out`.
+pub fn run(bundle: &Path, out: &Path) -> Result<bool> {
+    let t0 = Instant::now();
+    let text = std::fs::read_to_string(bundle.join("manifest.json"))
+        .context("reading the bundle's manifest.json")?;
+    let mut bins: Vec<TestBinary> = serde_json::from_str(&text)?;
+    for b in &mut bins {
+        b.path = bundle.join(&b.path);
+    }
+    let root = std::env::var_os("INSTA_WORKSPACE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| bundle.join(".."));
+    let mut log = String::new();
+    let results = runner::run_all(&bins, &[], &mut log)?;
+    let title = format!("gpu-bundle: {}, {}", device_words(), today());
+    let (mut summary, ok) = runner::summarize(&results, &title);
+    summary.push_str(&format!(
+        "tests ran in {:.1} s\n",
+        t0.elapsed().as_secs_f64()
+    ));
+    runner::write_outputs(out, &root, &results, &summary, &log)?;
+    println!("{summary}");
+    Ok(ok)
+}

@@ -1,0 +1,8 @@
+// Every kernel of the workspace, for `ptxas`: adding a block adds one line here.
+use lab::KernelSpec;
+
+pub fn all_kernels() -> Vec<KernelSpec> {
+    let mut v = lab::kernels();
+    v.extend([] as [KernelSpec; 0]);
+    v
+}

@@ -1,0 +1,440 @@
+// Runs test binaries, reads libtest's per-test lines, and writes the per-block table, JUnit and a log.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// One test executable and the package it tests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TestBinary {
+    pub package: String,
+    pub target: String,
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Passed,
+    Failed,
+    Skipped,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Model,
+    Compile,
+    Gpu,
+}
+
+impl Kind {
+    /// Prefixes are given by `lab::Suite`; a crate's unit tests (`lib`, `bin`) are model tests whatever
+    /// their module path, which may well start with `gpu::`.
+    pub fn of(binary: &str, name: &str) -> Kind {
+        if binary == "lib" || binary == "bin" {
+            Kind::Model
+        } else if name.starts_with(lab::GPU) {
+            Kind::Gpu
+        } else if name.starts_with(lab::COMPILE) {
+            Kind::Compile
+        } else {
+            Kind::Model
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TestResult {
+    pub package: String,
+    pub binary: String,
+    pub name: String,
+    pub outcome: Outcome,
+    pub message: String,
+}
+
+/// Reads libtest's (and libtest-mimic's) lines: `test NAME ... ok|FAILED|ignored`, and the `---- NAME ----`
+/// sections that hold each failure's output.
+pub fn parse_libtest(stdout: &str) -> Vec<(String, Outcome, String)> {
+    let mut results = Vec::new();
+    for line in stdout.lines() {
+        let Some(rest) = line.strip_prefix("test ") else {
+            continue;
+        };
+        let Some((name, status)) = rest.split_once(" ... ") else {
+            continue;
+        };
+        let outcome = match status.trim() {
+            "ok" => Outcome::Passed,
+            "FAILED" => Outcome::Failed,
+            s if s.starts_with("ignored") => Outcome::Skipped,
+            _ => continue,
+        };
+        results.push((name.trim().to_string(), outcome, String::new()));
+    }
+    let mut current: Option<usize> = None;
+    let mut in_failures = false;
+    for line in stdout.lines() {
+        if line == "failures:" {
+            if in_failures && current.is_some() {
+                break;
+            }
+            in_failures = true;
+            continue;
+        }
+        if !in_failures {
+            continue;
+        }
+        if let Some(h) = line
+            .strip_prefix("---- ")
+            .and_then(|l| l.strip_suffix(" ----"))
+        {
+            let name = h.trim_end_matches(" stdout");
+            current = results.iter().position(|r| r.0 == name);
+            continue;
+        }
+        if let Some(i) = current {
+            results[i].2.push_str(line);
+            results[i].2.push('\n');
+        }
+    }
+    results
+}
+
+/// Runs every binary, in order, and collects results. A binary that dies without reporting is one failure.
+pub fn run_all(
+    bins: &[TestBinary],
+    env: &[(&str, &str)],
+    log: &mut String,
+) -> Result<Vec<TestResult>> {
+    let mut all = Vec::new();
+    for b in bins {
+        let t0 = Instant::now();
+        let out = Command::new(&b.path)
+            .envs(env.iter().copied())
+            .output()
+            .with_context(|| format!("running {}", b.path.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let _ = writeln!(
+            log,
+            "==== {} :: {} ({:.1}s, {})",
+            b.package,
+            b.target,
+            t0.elapsed().as_secs_f64(),
+            out.status
+        );
+        log.push_str(&stderr);
+        log.push_str(&stdout);
+        for l in stderr.lines().filter(|l| l.starts_with("lab: ")) {
+            eprintln!("[{}::{}] {l}", b.package, b.target);
+        }
+        let parsed = parse_libtest(&stdout);
+        let failed_in_parse = parsed.iter().any(|p| p.1 == Outcome::Failed);
+        for (name, outcome, message) in parsed {
+            all.push(TestResult {
+                package: b.package.clone(),
+                binary: b.target.clone(),
+                name,
+                outcome,
+                message,
+            });
+        }
+        if !out.status.success() && !failed_in_parse {
+            all.push(TestResult {
+                package: b.package.clone(),
+                binary: b.target.clone(),
+                name: "<binary>".into(),
+                outcome: Outcome::Failed,
+                message: format!(
+                    "{} exited with {} without reporting a failed test:\n{stderr}",
+                    b.target, out.status
+                ),
+            });
+        }
+    }
+    Ok(all)
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Count {
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+impl Count {
+    fn add(&mut self, o: Outcome) {
+        match o {
+            Outcome::Passed => self.passed += 1,
+            Outcome::Failed => self.failed += 1,
+            Outcome::Skipped => self.skipped += 1,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Row {
+    model: Count,
+    compile: Count,
+    gpu: Count,
+    kernels_total: usize,
+    kernels_compiled: usize,
+    budget_failures: usize,
+}
+
+/// A kernel check is `compile::<kernel>::sm_XX`, added by `Suite::kernels`.
+fn is_kernel_check(binary: &str, name: &str) -> bool {
+    Kind::of(binary, name) == Kind::Compile
+        && name
+            .rsplit("::")
+            .next()
+            .is_some_and(|a| a.starts_with("sm_"))
+}
+
+/// The per-block table, the totals, and the closing line that CI reads.
+pub fn summarize(results: &[TestResult], title: &str) -> (String, bool) {
+    let mut rows: BTreeMap<&str, Row> = BTreeMap::new();
+    let mut total = Count::default();
+    for r in results {
+        let row = rows.entry(&r.package).or_default();
+        total.add(r.outcome);
+        match Kind::of(&r.binary, &r.name) {
+            Kind::Model => row.model.add(r.outcome),
+            Kind::Compile => row.compile.add(r.outcome),
+            Kind::Gpu => row.gpu.add(r.outcome),
+        }
+        if is_kernel_check(&r.binary, &r.name) {
+            row.kernels_total += 1;
+            let over_budget = r.message.contains("breaks its budget");
+            if r.outcome == Outcome::Passed || over_budget {
+                row.kernels_compiled += 1;
+            }
+            if over_budget {
+                row.budget_failures += 1;
+            }
+        }
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "## {title}\n");
+    let _ = writeln!(
+        s,
+        "| block | model tests passed | compile tests passed | GPU tests passed | GPU tests skipped | kernels compiled | resource budget |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let frac = |c: Count| {
+        let run = c.passed + c.failed;
+        if c.failed > 0 {
+            format!("{}/{} ({} FAILED)", c.passed, run, c.failed)
+        } else {
+            format!("{}/{}", c.passed, run)
+        }
+    };
+    for (block, r) in &rows {
+        let budget = if r.kernels_total == 0 {
+            "—".to_string()
+        } else if r.budget_failures > 0 {
+            format!("OVER ({})", r.budget_failures)
+        } else if r.kernels_compiled < r.kernels_total {
+            "not compiled".to_string()
+        } else {
+            "ok".to_string()
+        };
+        let _ = writeln!(
+            s,
+            "| {block} | {} | {} | {} | {} | {}/{} | {budget} |",
+            frac(r.model),
+            frac(r.compile),
+            frac(r.gpu),
+            r.gpu.skipped,
+            r.kernels_compiled,
+            r.kernels_total
+        );
+    }
+    let failures: Vec<&TestResult> = results
+        .iter()
+        .filter(|r| r.outcome == Outcome::Failed)
+        .collect();
+    if !failures.is_empty() {
+        let _ = writeln!(s, "\n### Failures\n");
+        for f in &failures {
+            let first = f
+                .message
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            let _ = writeln!(s, "- `{}` {}: {}", f.package, f.name, first.trim());
+        }
+    }
+    let skipped_gpu = rows.values().map(|r| r.gpu.skipped).sum::<usize>();
+    if skipped_gpu > 0 {
+        let _ = writeln!(
+            s,
+            "\n{skipped_gpu} GPU tests were skipped: they did not run, and are not counted as passed."
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nsummary: {} passed, {} failed, {} skipped",
+        total.passed, total.failed, total.skipped
+    );
+    (s, total.failed == 0)
+}
+
+/// JUnit XML, one suite per test binary.
+pub fn junit(results: &[TestResult], name: &str) -> Result<String> {
+    use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+    let mut report = Report::new(name);
+    let mut suites: BTreeMap<String, TestSuite> = BTreeMap::new();
+    for r in results {
+        let key = format!("{}::{}", r.package, r.binary);
+        let suite = suites
+            .entry(key.clone())
+            .or_insert_with(|| TestSuite::new(key));
+        let status = match r.outcome {
+            Outcome::Passed => TestCaseStatus::success(),
+            Outcome::Skipped => TestCaseStatus::skipped(),
+            Outcome::Failed => {
+                let mut st = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                st.set_description(r.message.clone());
+                st
+            }
+        };
+        suite.add_test_case(TestCase::new(r.name.clone(), status));
+    }
+    report.add_test_suites(suites.into_values());
+    Ok(report.to_string()?)
+}
+
+/// Every insta `.snap.new` / `.pending-snap` under `root`, outside `target/` and hidden folders.
+pub fn pending_snapshots(root: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if p.is_dir() {
+                if name != "target" && !name.starts_with('.') {
+                    stack.push(p);
+                }
+            } else if name.ends_with(".snap.new") || name.ends_with(".pending-snap") {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Writes summary.md, junit.xml, test-log.txt and, if any, snapshots.tar (the `.snap.new` files, with their
+/// paths relative to `root`) into `out`: few files, so that the device's $OUT brings them all back.
+pub fn write_outputs(
+    out: &Path,
+    root: &Path,
+    results: &[TestResult],
+    summary: &str,
+    log: &str,
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    std::fs::write(out.join("summary.md"), summary)?;
+    std::fs::write(out.join("junit.xml"), junit(results, "lab")?)?;
+    std::fs::write(out.join("test-log.txt"), log)?;
+    let snaps = pending_snapshots(root);
+    if !snaps.is_empty() {
+        let rel: Vec<String> = snaps
+            .iter()
+            .filter_map(|p| p.strip_prefix(root).ok())
+            .map(|p| p.display().to_string())
+            .collect();
+        let status = Command::new("tar")
+            .arg("-cf")
+            .arg(out.join("snapshots.tar"))
+            .arg("-C")
+            .arg(root)
+            .args(&rel)
+            .status()
+            .context("running tar")?;
+        anyhow::ensure!(status.success(), "tar failed: {status}");
+        eprintln!(
+            "{} new snapshot(s) written to {}/snapshots.tar",
+            rel.len(),
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUT: &str = "\
+running 4 tests
+test model::a ... ok
+test compile::k::sm_90                     ... FAILED
+test gpu::x ... ignored
+test gpu::y ... ignored, needs a GPU
+
+failures:
+
+---- compile::k::sm_90 ----
+lab/k on sm_90 breaks its budget: 99 registers > budget 64
+
+failures:
+    compile::k::sm_90
+
+test result: FAILED. 1 passed; 1 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s
+";
+
+    fn results() -> Vec<TestResult> {
+        parse_libtest(OUT)
+            .into_iter()
+            .map(|(name, outcome, message)| TestResult {
+                package: "blk".into(),
+                binary: "gpu".into(),
+                name,
+                outcome,
+                message,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn parses_outcomes_and_failure_messages() {
+        let r = parse_libtest(OUT);
+        assert_eq!(r.len(), 4);
+        assert_eq!(r[0].1, Outcome::Passed);
+        assert_eq!(r[1].1, Outcome::Failed);
+        assert!(r[1].2.contains("breaks its budget"), "{:?}", r[1].2);
+        assert_eq!((r[2].1, r[3].1), (Outcome::Skipped, Outcome::Skipped));
+    }
+
+    #[test]
+    fn skipped_gpu_tests_are_never_counted_as_passed() {
+        let (table, ok) = summarize(&results(), "t");
+        assert!(!ok);
+        assert!(
+            table.contains("| blk | 1/1 | 0/1 (1 FAILED) | 0/0 | 2 | 1/1 | OVER (1) |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("summary: 1 passed, 1 failed, 2 skipped"),
+            "{table}"
+        );
+        assert!(table.contains("2 GPU tests were skipped"), "{table}");
+    }
+
+    #[test]
+    fn junit_marks_skips_and_failures() {
+        let x = junit(&results(), "lab").unwrap();
+        assert!(x.contains("<skipped"), "{x}");
+        assert!(x.contains("<failure"), "{x}");
+        assert!(x.contains("tests=\"4\""), "{x}");
+    }
+}
