@@ -86,6 +86,9 @@ pub struct KernelSpec {
     pub name: &'static str,
     pub source: &'static Source,
     pub budget: Budget,
+    /// The architectures it must compile for: `Arch::REQUIRED` unless the hardware lacks the instructions
+    /// (fp8 `mma.sync` needs sm_89).
+    pub archs: &'static [Arch],
 }
 
 /// A compiled translation unit: cubin bytes, and each entry's resources.

@@ -71,6 +71,9 @@ pub fn status() -> &'static GpuStatus {
     S.get_or_init(probe_status)
 }
 
+/// (source file, extra NVRTC options): one loaded module each.
+type ModuleKey = (&'static str, Vec<String>);
+
 /// A usable device: context, stream, and the architecture kernels are compiled for.
 #[derive(Debug)]
 pub struct Gpu {
@@ -78,7 +81,7 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub arch: Arch,
     pub name: String,
-    modules: Mutex<HashMap<(&'static str, Vec<String>), Arc<CudaModule>>>,
+    modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
 }
 
 /// A loaded kernel with the resources ptxas reported for it on this device's architecture.

@@ -1,5 +1,5 @@
 // The hello kernel's spec and CPU model: the smallest kernel that exercises the whole loop.
-use crate::{Budget, KernelSpec, Source};
+use crate::{Arch, Budget, KernelSpec, Source};
 
 pub const SOURCE: Source = Source {
     file: "hello.cu",
@@ -14,6 +14,7 @@ pub const KERNELS: &[KernelSpec] = &[KernelSpec {
     name: "hello_axpy",
     source: &SOURCE,
     budget: Budget::new(32, 1024),
+    archs: &Arch::REQUIRED,
 }];
 
 /// The model, in f64: y[i] = a·x[i] + y[i]. (The kernel computes element i in thread i^1, through shared memory.)

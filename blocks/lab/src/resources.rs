@@ -128,13 +128,14 @@ pub fn parse_ptxas_log(log: &str) -> Vec<Resources> {
                 r.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
                 r.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
             }
-        } else if line.contains("Used") && line.contains("registers") {
-            if let Some(r) = out.last_mut() {
-                r.registers = number_before(line, "registers").unwrap_or(0);
-                r.barriers = number_before(line, "barriers").unwrap_or(0);
-                r.smem_bytes = number_before(line, "bytes smem").unwrap_or(0);
-                r.cmem0_bytes = number_before(line, "bytes cmem[0]").unwrap_or(0);
-            }
+        } else if line.contains("Used")
+            && line.contains("registers")
+            && let Some(r) = out.last_mut()
+        {
+            r.registers = number_before(line, "registers").unwrap_or(0);
+            r.barriers = number_before(line, "barriers").unwrap_or(0);
+            r.smem_bytes = number_before(line, "bytes smem").unwrap_or(0);
+            r.cmem0_bytes = number_before(line, "bytes cmem[0]").unwrap_or(0);
         }
     }
     out

@@ -2,7 +2,7 @@
 use anyhow::Result;
 use libtest_mimic::{Arguments, Failed, Trial};
 
-use crate::compile::{Arch, KernelSpec};
+use crate::compile::KernelSpec;
 use crate::gpu::{Gate, Gpu, gate, require_gpu_from_env, status};
 
 /// Test names carry their kind as a prefix; the runner's table counts them by it.
@@ -64,7 +64,7 @@ impl Suite {
     /// For each kernel and each required architecture: it compiles, and its ptxas report fits its budget.
     pub fn kernels(&mut self, specs: &[KernelSpec]) -> &mut Self {
         for spec in specs {
-            for arch in Arch::REQUIRED {
+            for &arch in spec.archs {
                 let spec = *spec;
                 self.compile(&format!("{}::{arch}", spec.name), move || {
                     spec.check_budget(arch).map(|_| ())

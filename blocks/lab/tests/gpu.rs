@@ -14,6 +14,7 @@ const BROKEN_KERNEL: KernelSpec = KernelSpec {
     name: "broken",
     source: &BROKEN,
     budget: Budget::new(255, 0),
+    archs: &Arch::REQUIRED,
 };
 const MISSING_KERNEL: KernelSpec = KernelSpec {
     name: "no_such_kernel",
@@ -30,6 +31,7 @@ const SPILLY_KERNEL: KernelSpec = KernelSpec {
     name: "spilly",
     source: &SPILLY,
     budget: Budget::new(255, 0),
+    archs: &Arch::REQUIRED,
 };
 const NESTED: &[Header] = &[Header {
     name: "lab/nested.cuh",
