@@ -2,6 +2,7 @@
 mod build;
 mod ci;
 mod gpu_bundle;
+mod layouts;
 mod ptxas;
 mod registry;
 mod runner;
@@ -45,6 +46,15 @@ enum Task {
     GpuBundle { dir: Option<PathBuf> },
     /// What CI runs: fmt, clippy, all tests with snapshots in check mode, and `ptxas --check`.
     Ci,
+    /// Print every fragment layout the lab knows (sm_90 entries are the ones the device probes check).
+    Layouts {
+        /// One JSON array of {arch, op, operand, dtype, source, entries: [[lane, reg, row, col], ...]}.
+        #[arg(long)]
+        json: bool,
+        /// Write one SVG picture per layout into DIR.
+        #[arg(long, value_name = "DIR")]
+        svg: Option<PathBuf>,
+    },
     /// Find (or install) NVRTC and the CUDA headers, and say which ones the lab uses.
     Toolchain,
     /// Run a bundle's tests (what the bundle's `run` script calls on the GPU machine).
@@ -59,6 +69,7 @@ fn main() -> ExitCode {
         Task::Ptxas { archs, check } => ptxas::run(&archs, check),
         Task::GpuBundle { dir } => gpu_bundle::build(dir).map(|()| true),
         Task::Ci => ci::run(),
+        Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
         Task::Toolchain => lab::toolchain().map(|tc| {
             println!(
                 "CUDA headers: {}\nNVRTC: {}\nfrom: {}",

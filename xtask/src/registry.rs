@@ -3,6 +3,6 @@ use lab::KernelSpec;
 
 pub fn all_kernels() -> Vec<KernelSpec> {
     let mut v = lab::kernels();
-    v.extend([] as [KernelSpec; 0]);
+    v.extend(frag_layout::kernels());
     v
 }

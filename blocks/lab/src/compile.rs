@@ -178,24 +178,40 @@ pub fn options(arch: Arch, include: &std::path::Path, extra: &[&str]) -> Vec<Str
         "--std=c++17".to_string(),
         format!("--include-path={}", include.display()),
         "--ptxas-options=-v".to_string(),
+        // NVRTC >= 12.9 caches compiles (with the driver's cache); a cache hit skips ptxas and returns no
+        // `-v` report. Seen on the H100 machine, 2026-11-21: every second compile of a source had none.
+        "--no-cache".to_string(),
         "-lineinfo".to_string(),
     ];
     o.extend(extra.iter().map(|s| s.to_string()));
     o
 }
 
-type CacheKey = (&'static str, usize, Arch, Vec<String>);
+/// (file, hash of the code and every header, arch, options): by content, since the same `include_str!` text
+/// may sit at several addresses in an optimised binary.
+type CacheKey = (&'static str, u64, Arch, Vec<String>);
+
+fn content_hash(src: &Source) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    src.code.hash(&mut h);
+    for hs in src.headers {
+        for hd in *hs {
+            (hd.name, hd.code).hash(&mut h);
+        }
+    }
+    h.finish()
+}
 
 /// Compiles `src` to a cubin for `arch`. `extra` adds options, e.g. `-DTILE=64`.
 ///
-/// Compiles are serialised and cached per (source, arch, options). Serialised because NVRTC's ptxas report is
-/// not reliable under concurrency: on the H100 machine (2026-11-21) one of two concurrent compiles of the same
-/// source came back with a cubin and an empty `-Xptxas -v` log.
+/// Compiles are cached per (source, arch, options), so a test binary compiles each source once, and
+/// serialised so that the cache is filled once.
 pub fn compile(src: &Source, arch: Arch, extra: &[&str]) -> Result<Arc<Cubin>> {
     static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<Cubin>>>> = OnceLock::new();
     let tc = crate::toolchain::toolchain()?;
     let opts = options(arch, &tc.include, extra);
-    let key = (src.file, src.code.as_ptr() as usize, arch, opts.clone());
+    let key = (src.file, content_hash(src), arch, opts.clone());
     let mut cache = CACHE
         .get_or_init(Default::default)
         .lock()
