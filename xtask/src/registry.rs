@@ -4,5 +4,6 @@ use lab::KernelSpec;
 pub fn all_kernels() -> Vec<KernelSpec> {
     let mut v = lab::kernels();
     v.extend(frag_layout::kernels());
+    v.extend(warp_reduce::kernels());
     v
 }

@@ -45,4 +45,24 @@ __host__ __device__ constexpr int acc_row(int lane, int half) { return group_of(
 // __shfl_xor_sync with these masks, in order, reduces a value across the quad that owns a row.
 constexpr int kQuadXorMasks[2] = {1, 2};
 
+// Accumulator layouts as types, so row-wise code is written once for both: kElems elements per lane covering
+// a 16 x kCols tile.
+struct WmmaAcc {
+  static constexpr int kElems = 8;
+  static constexpr int kCols = 16;
+  __host__ __device__ static constexpr int row(int lane, int i) { return wmma_acc_row(lane, i); }
+  __host__ __device__ static constexpr int col(int lane, int i) { return wmma_acc_col(lane, i); }
+};
+struct MmaC {
+  static constexpr int kElems = 4;
+  static constexpr int kCols = 8;
+  __host__ __device__ static constexpr int row(int lane, int i) { return mma_c_row(lane, i); }
+  __host__ __device__ static constexpr int col(int lane, int i) { return mma_c_col(lane, i); }
+};
+// Registers of one mma C fragment; a wmma accumulator fragment has the same `.x[]` shape.
+template <class L>
+struct Regs {
+  float x[L::kElems];
+};
+
 }  // namespace frag

@@ -154,6 +154,15 @@ pub fn header_checks() -> String {
             }
         }
     }
+    for (tag, f) in [
+        ("frag::WmmaAcc", "frag::wmma_acc"),
+        ("frag::MmaC", "frag::mma_c"),
+    ] {
+        let _ = writeln!(
+            s,
+            "static_assert({tag}::row(5, 3) == {f}_row(5, 3) && {tag}::col(5, 3) == {f}_col(5, 3), \"{tag} is {f}\");"
+        );
+    }
     for (k, m) in QUAD_XOR_MASKS.iter().enumerate() {
         let _ = writeln!(
             s,

@@ -71,8 +71,8 @@ pub fn status() -> &'static GpuStatus {
     S.get_or_init(probe_status)
 }
 
-/// (source file, extra NVRTC options): one loaded module each.
-type ModuleKey = (&'static str, Vec<String>);
+/// The address of the cached cubin a module was loaded from.
+type ModuleKey = usize;
 
 /// A usable device: context, stream, and the architecture kernels are compiled for.
 #[derive(Debug)]
@@ -125,10 +125,9 @@ impl Gpu {
     pub fn load_with(&self, spec: &KernelSpec, extra: &[&str]) -> Result<Kernel> {
         let cubin = crate::compile::compile(spec.source, self.arch, extra)?;
         let resources = cubin.kernel(spec.name)?.clone();
-        let key = (
-            spec.source.file,
-            extra.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-        );
+        // By the cubin (one per source content, arch and options): a mutated header under the same file name
+        // must get its own module.
+        let key = Arc::as_ptr(&cubin) as usize;
         let module = {
             let mut m = self
                 .modules

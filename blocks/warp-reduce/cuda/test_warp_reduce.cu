@@ -1,0 +1,69 @@
+// test_warp_reduce.cu: row max / sum of a 16 x (WN*NF*kCols) tile held by WN warps, through wmma and mma C fragments.
+#include <mma.h>
+#include "warp_reduce.cuh"
+
+using namespace nvcuda;
+
+// out[0..16) = row max, out[16..32) = row sum, written by warp 0's quad leaders.
+template <int NF, int WN>
+__device__ void reduce_wmma(const float* tile, int kv_valid, float* out) {
+  __shared__ float red[WN * 16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kCols = WN * NF * 16;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NF];
+#pragma unroll
+  for (int f = 0; f < NF; ++f) wmma::load_matrix_sync(acc[f], tile + (warp * NF + f) * 16, kCols, wmma::mem_row_major);
+  float mx[2], sm[2];
+  wr::row_max<frag::WmmaAcc>(acc, warp * NF * 16, kv_valid, mx);
+  wr::row_sum<frag::WmmaAcc>(acc, warp * NF * 16, kv_valid, sm);
+  wr::across_warps<WN>(mx, red, wr::MaxOp{});
+  wr::across_warps<WN>(sm, red, wr::SumOp{});
+  if (warp == 0 && frag::thread_in_group(lane) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      out[frag::acc_row(lane, h)] = mx[h];
+      out[16 + frag::acc_row(lane, h)] = sm[h];
+    }
+  }
+}
+
+template <int NF, int WN>
+__device__ void reduce_mma(const float* tile, int kv_valid, float* out) {
+  __shared__ float red[WN * 16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kCols = WN * NF * 8;
+  frag::Regs<frag::MmaC> c[NF];
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      c[f].x[i] = tile[frag::mma_c_row(lane, i) * kCols + (warp * NF + f) * 8 + frag::mma_c_col(lane, i)];
+  float mx[2], sm[2];
+  wr::row_max<frag::MmaC>(c, warp * NF * 8, kv_valid, mx);
+  wr::row_sum<frag::MmaC>(c, warp * NF * 8, kv_valid, sm);
+  wr::across_warps<WN>(mx, red, wr::MaxOp{});
+  wr::across_warps<WN>(sm, red, wr::SumOp{});
+  if (warp == 0 && frag::thread_in_group(lane) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      out[frag::acc_row(lane, h)] = mx[h];
+      out[16 + frag::acc_row(lane, h)] = sm[h];
+    }
+  }
+}
+
+#define LAB_REDUCE(KIND, NF, WN)                                                                    \
+  extern "C" __global__ void reduce_##KIND##_nf##NF##_wn##WN(const float* t, int kv_valid, float* o) { \
+    reduce_##KIND<NF, WN>(t, kv_valid, o);                                                          \
+  }
+
+LAB_REDUCE(wmma, 1, 1)
+LAB_REDUCE(wmma, 2, 1)
+LAB_REDUCE(wmma, 4, 1)
+LAB_REDUCE(wmma, 1, 2)
+LAB_REDUCE(wmma, 2, 4)
+LAB_REDUCE(mma, 1, 1)
+LAB_REDUCE(mma, 2, 1)
+LAB_REDUCE(mma, 8, 1)
+LAB_REDUCE(mma, 2, 2)
+LAB_REDUCE(mma, 4, 4)
