@@ -5,5 +5,6 @@ pub fn all_kernels() -> Vec<KernelSpec> {
     let mut v = lab::kernels();
     v.extend(frag_layout::kernels());
     v.extend(warp_reduce::kernels());
+    v.extend(online_softmax::kernels());
     v
 }

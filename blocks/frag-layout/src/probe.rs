@@ -467,8 +467,11 @@ fn probe_all_uncached(gpu: &Gpu) -> Result<BTreeMap<LayoutId, Layout>> {
     Ok(all)
 }
 
-/// The header's functions evaluated on the device, in [`HEADER_FNS`] order: `(fn, lane, i, row, col)`.
-pub fn header_on_device(gpu: &Gpu) -> Result<Vec<(&'static str, u32, u32, u32, u32)>> {
+/// One evaluation of a header function on the device: `(fn, lane, i, row, col)`.
+pub type HeaderEntry = (&'static str, u32, u32, u32, u32);
+
+/// The header's functions evaluated on the device, in [`HEADER_FNS`] order.
+pub fn header_on_device(gpu: &Gpu) -> Result<Vec<HeaderEntry>> {
     let s = &gpu.stream;
     let k = gpu.load(&HEADER_TABLE)?;
     let n = HEADER_FNS.len() * 32 * 16 * 2;

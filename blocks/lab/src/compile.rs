@@ -350,6 +350,35 @@ impl KernelSpec {
         Ok((cubin, r))
     }
 
+    /// This kernel with the first `from` in header `header` replaced by `to`: a deliberately broken variant for
+    /// mutation tests, made without a toggle in the sources. Fails if the text is no longer there.
+    pub fn mutated(&self, header: &str, from: &str, to: &str) -> Result<KernelSpec> {
+        let mut hit = false;
+        let mut sets: Vec<&'static [Header]> = Vec::new();
+        for set in self.source.headers {
+            let mut hs = set.to_vec();
+            for h in hs.iter_mut().filter(|h| h.name == header) {
+                if !h.code.contains(from) {
+                    return Err(anyhow!(
+                        "mutation `{from}` no longer applies to {header}: update the test"
+                    ));
+                }
+                h.code = Box::leak(h.code.replacen(from, to, 1).into_boxed_str());
+                hit = true;
+            }
+            sets.push(Box::leak(hs.into_boxed_slice()));
+        }
+        if !hit {
+            return Err(anyhow!("{header} is not a header of `{}`", self.name));
+        }
+        let headers: &'static [&'static [Header]] = Box::leak(sets.into_boxed_slice());
+        let source: &'static Source = Box::leak(Box::new(Source {
+            headers,
+            ..*self.source
+        }));
+        Ok(KernelSpec { source, ..*self })
+    }
+
     /// Compiles and checks the budget; the error lists every violation.
     pub fn check_budget(&self, arch: Arch) -> Result<Resources> {
         let (_, r) = self.compile(arch)?;

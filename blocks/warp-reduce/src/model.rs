@@ -78,7 +78,12 @@ pub fn max_nan(a: f32, b: f32) -> f32 {
     }
 }
 
-fn valid<'a>(tile: &'a [f32], shape: &Shape, r: usize, kv_valid: usize) -> impl Iterator<Item = f32> + 'a {
+fn valid<'a>(
+    tile: &'a [f32],
+    shape: &Shape,
+    r: usize,
+    kv_valid: usize,
+) -> impl Iterator<Item = f32> + 'a {
     let cols = shape.cols();
     tile[r * cols..r * cols + kv_valid.min(cols)]
         .iter()

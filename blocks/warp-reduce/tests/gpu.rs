@@ -2,7 +2,7 @@
 use anyhow::{Result, bail, ensure};
 use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
 use lab::numerics::{Inputs, Tolerance, check_written, error_stats, poisoned};
-use lab::{Gpu, Header, KernelSpec, Source, Suite};
+use lab::{Gpu, KernelSpec, Suite};
 use warp_reduce::*;
 
 /// One case: a tile and how many of its columns are real.
@@ -179,30 +179,6 @@ fn run_shape(gpu: &Gpu, shape: &Shape) -> Result<()> {
     Ok(())
 }
 
-/// `spec` with one header's text replaced: a deliberately broken variant, built without touching the sources.
-fn mutant(spec: &KernelSpec, header: &str, from: &str, to: &str) -> Result<KernelSpec> {
-    let mut sets: Vec<&'static [Header]> = Vec::new();
-    let mut hit = false;
-    for set in spec.source.headers {
-        let mut hs = set.to_vec();
-        for h in hs.iter_mut().filter(|h| h.name == header) {
-            ensure!(
-                h.code.contains(from),
-                "mutation `{from}` no longer applies to {header}: update the test"
-            );
-            h.code = Box::leak(h.code.replacen(from, to, 1).into_boxed_str());
-            hit = true;
-        }
-        sets.push(Box::leak(hs.into_boxed_slice()));
-    }
-    ensure!(hit, "{header} is not a header of {}", spec.name);
-    let source: &'static Source = Box::leak(Box::new(Source {
-        headers: Box::leak(sets.into_boxed_slice()),
-        ..*spec.source
-    }));
-    Ok(KernelSpec { source, ..*spec })
-}
-
 /// The mutant must fail at least one case.
 fn must_fail(gpu: &Gpu, what: &str, shape: &Shape, spec: &KernelSpec) -> Result<()> {
     for case in cases(shape) {
@@ -225,8 +201,7 @@ fn main() {
     }
     let wide = Shape::new(Frag::MmaC, 8, 1);
     t.gpu("mutant_wrong_lanes_is_caught", move |gpu| {
-        let m = mutant(
-            &kernel(&wide),
+        let m = kernel(&wide).mutated(
             "frag_layout.cuh",
             "kQuadXorMasks[2] = {1, 2}",
             "kQuadXorMasks[2] = {1, 4}",
@@ -234,17 +209,11 @@ fn main() {
         must_fail(gpu, "quad shuffle over lanes xor 4", &wide, &m)
     });
     t.gpu("mutant_mask_off_by_one_is_caught", move |gpu| {
-        let m = mutant(
-            &kernel(&wide),
-            "warp_reduce.cuh",
-            "c < kv_valid",
-            "c <= kv_valid",
-        )?;
+        let m = kernel(&wide).mutated("warp_reduce.cuh", "c < kv_valid", "c <= kv_valid")?;
         must_fail(gpu, "mask keeps column kv_valid", &wide, &m)
     });
     t.gpu("mutant_fmaxf_drops_nan_is_caught", move |gpu| {
-        let m = mutant(
-            &kernel(&wide),
+        let m = kernel(&wide).mutated(
             "warp_reduce.cuh",
             "return a != a ? a : (b != b ? b : fmaxf(a, b));",
             "return fmaxf(a, b);",
@@ -253,8 +222,7 @@ fn main() {
     });
     let multi = Shape::new(Frag::WmmaAcc, 2, 4);
     t.gpu("mutant_one_warp_only_is_caught", move |gpu| {
-        let m = mutant(
-            &kernel(&multi),
+        let m = kernel(&multi).mutated(
             "warp_reduce.cuh",
             "for (int w = 1; w < WN; ++w)",
             "for (int w = 1; w < 1; ++w)",

@@ -1,0 +1,103 @@
+// online_softmax.cuh: the FlashAttention-2 per-row update (running max m, running sum l, O rescale) in registers.
+//
+// Convention: scores S are raw (q·k); the softmax is over scale·S. With c = scale·log2(e):
+//   m_new = max(m, rowmax(S))                  (raw units; masked columns count as -inf)
+//   m_use = m_new, or 0 when m_new = -inf      (guard: never (-inf) - (-inf))
+//   P     = exp2(S·c − m_use·c)                (0 in masked columns)
+//   alpha = exp2((m − m_use)·c)                (0 while m = -inf)
+//   l     = alpha·l + rowsum(P);  O = alpha·O + P·V;  m = m_new
+// finish: O = O / l and LSE = m·scale + ln(l), the natural log of Σ exp(scale·s); a row with no finite
+// score ends with O = 0 and LSE = -inf, never NaN.
+#pragma once
+#include <mma.h>
+#include "frag_layout.cuh"
+#include "warp_reduce.cuh"
+
+namespace osm {
+
+// The two rows a lane helps hold: m[h], l[h] for row frag::acc_row(lane, h).
+struct RowState {
+  float m[2];
+  float l[2];
+};
+
+__device__ __forceinline__ void init(RowState& st) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    st.m[h] = wr::neg_inf();
+    st.l[h] = 0.0f;
+  }
+}
+
+// One K/V tile: turns the score fragments S into P in place, updates m and l, and returns the factor O must
+// be rescaled by before P·V is added. Columns col0 + ... >= kv_valid are masked.
+template <class L, int NF, class Frag>
+__device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2]) {
+  const int lane = threadIdx.x & 31;
+  float mx[2], m_use[2];
+  wr::row_max<L>(s, col0, kv_valid, mx);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = wr::max_nan(st.m[h], mx[h]);
+    m_use[h] = m_new == wr::neg_inf() ? 0.0f : m_new;
+    alpha[h] = exp2f((st.m[h] - m_use[h]) * c);
+    st.m[h] = m_new;
+  }
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+#pragma unroll
+    for (int i = 0; i < L::kElems; ++i) {
+      const int h = frag::acc_half(i);
+      const bool valid = col0 + f * L::kCols + L::col(lane, i) < kv_valid;
+      s[f].x[i] = valid ? exp2f(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
+    }
+  float ps[2];
+  wr::row_sum<L>(s, col0, kv_valid, ps);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) st.l[h] = alpha[h] * st.l[h] + ps[h];
+}
+
+// O = alpha·O, row by row.
+template <class L, int NO, class Frag>
+__device__ __forceinline__ void rescale(Frag (&o)[NO], const float (&alpha)[2]) {
+#pragma unroll
+  for (int f = 0; f < NO; ++f)
+#pragma unroll
+    for (int i = 0; i < L::kElems; ++i) o[f].x[i] *= alpha[frag::acc_half(i)];
+}
+
+// O = O / l (0 where l = 0) and the rows' LSE.
+template <class L, int NO, class Frag>
+__device__ __forceinline__ void finish(Frag (&o)[NO], const RowState& st, float scale, float (&lse)[2]) {
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    inv[h] = st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f;
+    lse[h] = st.l[h] > 0.0f ? st.m[h] * scale + logf(st.l[h]) : wr::neg_inf();
+  }
+#pragma unroll
+  for (int f = 0; f < NO; ++f)
+#pragma unroll
+    for (int i = 0; i < L::kElems; ++i) o[f].x[i] *= inv[frag::acc_half(i)];
+}
+
+// A wmma accumulator's cells as a matrix_a operand, with no trip through shared memory. Exact because, as
+// probed on sm_90 and asserted below, accumulator x[i] and matrix_a x[i] and x[i + 8] hold the same cell.
+template <class Acc, class A>
+__device__ __forceinline__ void acc_to_matrix_a(const Acc& acc, A& a) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a.x[i] = a.x[i + 8] = __float2half(acc.x[i]);
+}
+
+namespace detail {
+__host__ __device__ constexpr bool acc_is_matrix_a() {
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 16; ++i)
+      if (frag::wmma_a_row(l, i) != frag::wmma_acc_row(l, i & 7) || frag::wmma_a_col(l, i) != frag::wmma_acc_col(l, i & 7))
+        return false;
+  return true;
+}
+static_assert(acc_is_matrix_a(), "acc_to_matrix_a needs the accumulator and matrix_a layouts to coincide");
+}  // namespace detail
+
+}  // namespace osm

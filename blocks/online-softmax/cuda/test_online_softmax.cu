@@ -1,0 +1,53 @@
+// test_online_softmax.cu: one warp runs the register-level update over K/V tiles of given scores S and values V.
+#include <cuda_fp16.h>
+#include <mma.h>
+#include "online_softmax.cuh"
+
+using namespace nvcuda;
+
+// S: [16][sk_pad] raw scores (columns >= sk are garbage the mask must hide); V: [sk_pad][64] half, zero past
+// sk (the cp.async ring's contract); O: [16][64] float; lse: [16]. Tiles of BC = 16 * NF keys.
+template <int NF>
+__device__ void attend(const float* S, const __half* V, int sk, int sk_pad, float scale, float* O, float* lse_out) {
+  constexpr int D = 64, NO = D / 16;
+  const int lane = threadIdx.x & 31;
+  const float c = scale * 1.4426950408889634f;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[NO], s[NF];
+#pragma unroll
+  for (int j = 0; j < NO; ++j) wmma::fill_fragment(o[j], 0.0f);
+  osm::RowState st;
+  osm::init(st);
+  for (int k0 = 0; k0 < sk; k0 += 16 * NF) {
+#pragma unroll
+    for (int f = 0; f < NF; ++f) wmma::load_matrix_sync(s[f], S + k0 + 16 * f, sk_pad, wmma::mem_row_major);
+    float alpha[2];
+    osm::step<frag::WmmaAcc>(s, k0, sk, c, st, alpha);
+    osm::rescale<frag::WmmaAcc>(o, alpha);
+#pragma unroll
+    for (int f = 0; f < NF; ++f) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> p;
+      osm::acc_to_matrix_a(s[f], p);
+#pragma unroll
+      for (int j = 0; j < NO; ++j) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> v;
+        wmma::load_matrix_sync(v, V + (k0 + 16 * f) * D + 16 * j, D);
+        wmma::mma_sync(o[j], p, v, o[j]);
+      }
+    }
+  }
+  float lse[2];
+  osm::finish<frag::WmmaAcc>(o, st, scale, lse);
+#pragma unroll
+  for (int j = 0; j < NO; ++j) wmma::store_matrix_sync(O + 16 * j, o[j], D, wmma::mem_row_major);
+  if (frag::thread_in_group(lane) == 0) {
+    lse_out[frag::acc_row(lane, 0)] = lse[0];
+    lse_out[frag::acc_row(lane, 1)] = lse[1];
+  }
+}
+
+extern "C" __global__ void attend_bc16(const float* S, const __half* V, int sk, int skp, float scale, float* O, float* lse) {
+  attend<1>(S, V, sk, skp, scale, O, lse);
+}
+extern "C" __global__ void attend_bc32(const float* S, const __half* V, int sk, int skp, float scale, float* O, float* lse) {
+  attend<2>(S, V, sk, skp, scale, O, lse);
+}

@@ -1,0 +1,31 @@
+// The online-softmax test kernels (one warp, 16 query rows, D = 64, K/V tiles of 16 or 32 keys) and budgets.
+use lab::{Arch, Budget, Header, KernelSpec, Source};
+
+pub const HEADERS: &[Header] = &[Header {
+    name: "online_softmax.cuh",
+    code: include_str!("../cuda/online_softmax.cuh"),
+}];
+
+pub const SOURCE: Source = Source {
+    file: "test_online_softmax.cu",
+    code: include_str!("../cuda/test_online_softmax.cu"),
+    headers: &[frag_layout::HEADERS, warp_reduce::HEADERS, HEADERS],
+};
+
+/// D of the test kernels.
+pub const D: usize = 64;
+
+const fn k(name: &'static str) -> KernelSpec {
+    // O is 4 accumulator fragments (32 registers) plus the score tile: 128 registers leaves no reason to spill.
+    KernelSpec {
+        block: "online-softmax",
+        name,
+        source: &SOURCE,
+        budget: Budget::new(128, 0),
+        archs: &Arch::REQUIRED,
+    }
+}
+
+pub const ATTEND_BC16: KernelSpec = k("attend_bc16");
+pub const ATTEND_BC32: KernelSpec = k("attend_bc32");
+pub const KERNELS: &[KernelSpec] = &[ATTEND_BC16, ATTEND_BC32];

@@ -1,0 +1,15 @@
+//! Block `online-softmax`: the FlashAttention-2 update of (running max m, running sum l, O) per query row.
+//!
+//! `cuda/online_softmax.cuh` runs it in registers on wmma accumulator fragments with `warp-reduce`'s row
+//! reductions. [`one_shot`] and [`online_f64`] are the f64 models, [`mirror_f32`] follows the device's
+//! arithmetic, and [`o_bound`] is the stated bound between the two.
+mod kernels;
+mod model;
+
+pub use kernels::{ATTEND_BC16, ATTEND_BC32, D, HEADERS, KERNELS, SOURCE};
+pub use model::{Out, Problem, max_abs_diff, mirror_f32, o_bound, one_shot, online_f64};
+
+/// Every kernel of this block, for `cargo xtask ptxas`.
+pub fn kernels() -> Vec<lab::KernelSpec> {
+    KERNELS.to_vec()
+}
