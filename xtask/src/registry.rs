@@ -6,5 +6,7 @@ pub fn all_kernels() -> Vec<KernelSpec> {
     v.extend(frag_layout::kernels());
     v.extend(warp_reduce::kernels());
     v.extend(online_softmax::kernels());
+    v.extend(fp8_codec::kernels());
+    v.extend(cp_async_ring::kernels());
     v
 }

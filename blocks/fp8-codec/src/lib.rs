@@ -1,0 +1,18 @@
+//! Block `fp8-codec`: E4M3 ("fn") and E5M2 as `cuda_fp8.h` converts them, and the lab's tensor quantizer.
+//!
+//! [`encode`] / [`decode`] are bit-exact to the device (checked there on every code and every rounding
+//! boundary); [`quantize`] / [`dequantize`] with [`head_scales`] are the per-head (and per-tensor) scheme
+//! that `cuda/fp8_codec.cuh` runs on the device.
+mod kernels;
+mod model;
+
+pub use kernels::*;
+pub use model::{
+    Format, Saturation, amax, boundary_inputs, decode, decode_f16_bits, dequantize, encode,
+    head_scales, quantize, scale_from_amax,
+};
+
+/// Every kernel of this block, for `cargo xtask ptxas`.
+pub fn kernels() -> Vec<lab::KernelSpec> {
+    KERNELS.to_vec()
+}

@@ -1,0 +1,328 @@
+// fp8-codec's test binary: the model against cuda_fp8.h on the device, bit for bit, and the quantizer round trip.
+use anyhow::{Result, bail, ensure};
+use fp8_codec::*;
+use half::f16;
+use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
+use lab::numerics::{Inputs, check_written, poisoned};
+use lab::{Gpu, KernelSpec, Suite};
+
+const COLUMNS: [(Format, Saturation); 4] = [
+    (Format::E4M3, Saturation::SatFinite),
+    (Format::E4M3, Saturation::NoSat),
+    (Format::E5M2, Saturation::SatFinite),
+    (Format::E5M2, Saturation::NoSat),
+];
+
+fn grid(n: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((n as u32).div_ceil(threads), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Every f32 the encoder is checked on: both formats' boundaries and 200 000 random bit patterns.
+fn encode_inputs() -> Vec<f32> {
+    let mut x = boundary_inputs(Format::E4M3);
+    x.extend(boundary_inputs(Format::E5M2));
+    x.extend(
+        Inputs::seeded(11)
+            .bits_u32(200_000)
+            .into_iter()
+            .map(f32::from_bits),
+    );
+    // Random magnitudes near the formats' range, where random bit patterns rarely land.
+    x.extend(Inputs::seeded(12).normal(50_000, 0.0, 100.0));
+    x
+}
+
+/// The device's four codes for each input.
+fn device_encode(gpu: &Gpu, x: &[f32]) -> Result<Vec<u8>> {
+    let k = gpu.load(&ENCODE_ALL)?;
+    let s = &gpu.stream;
+    let dx = s.clone_htod(x)?;
+    // u8 has no NaN to poison with; 0xA5 is a code, so "written" is checked by a second launch over 0x5A.
+    let mut outs = Vec::new();
+    for fill in [0xA5u8, 0x5A] {
+        let mut out = s.clone_htod(&vec![fill; 4 * x.len()])?;
+        let n = x.len() as i32;
+        // SAFETY: encode_all(const float* x[n], unsigned char* out[4n], int n).
+        unsafe {
+            s.launch_builder(&k.func)
+                .arg(&dx)
+                .arg(&mut out)
+                .arg(&n)
+                .launch(grid(x.len(), 256))?
+        };
+        outs.push(s.clone_dtoh(&out)?);
+    }
+    ensure!(
+        outs[0] == outs[1],
+        "encode_all left some outputs unwritten (they kept the fill byte)"
+    );
+    Ok(outs.remove(0))
+}
+
+/// Compares `model` with the device over all inputs and columns; returns the mismatches (at most `keep`).
+fn encode_mismatches(
+    x: &[f32],
+    dev: &[u8],
+    model: impl Fn(f32, Saturation, Format) -> u8,
+    keep: usize,
+) -> (usize, Vec<String>) {
+    let (mut n, mut shown) = (0, Vec::new());
+    for (i, &v) in x.iter().enumerate() {
+        for (c, &(f, sat)) in COLUMNS.iter().enumerate() {
+            let (d, m) = (dev[4 * i + c], model(v, sat, f));
+            if d != m {
+                n += 1;
+                if shown.len() < keep {
+                    shown.push(format!(
+                        "{} {sat:?} of {v:e} ({:#010x}): device {d:#04x}, model {m:#04x}",
+                        f.name(),
+                        v.to_bits()
+                    ));
+                }
+            }
+        }
+    }
+    (n, shown)
+}
+
+/// A [B, H, S, D] tensor whose heads differ in magnitude by orders, one head all zero.
+fn tensor() -> (Vec<f32>, usize) {
+    let (b, h, s, d) = (2, 3, 37, 64);
+    let per_head = s * d;
+    let mut x = Vec::with_capacity(b * h * per_head);
+    for head in 0..b * h {
+        let std = [1.0, 0.01, 300.0, 0.0, 5e-5, 20.0][head];
+        x.extend(
+            Inputs::seeded(head as u64)
+                .normal(per_head, 0.0, 1.0)
+                .into_iter()
+                .map(|v| v * std),
+        );
+    }
+    (x, per_head)
+}
+
+fn device_quantize(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    x: &[f32],
+    scales: &[f32],
+    per_head: usize,
+) -> Result<Vec<u8>> {
+    let k = gpu.load(spec)?;
+    let s = &gpu.stream;
+    let (dx, ds) = (s.clone_htod(x)?, s.clone_htod(scales)?);
+    let mut q = s.clone_htod(&vec![0xA5u8; x.len()])?;
+    let (ph, n) = (per_head as i64, x.len() as i64);
+    // SAFETY: quantize_e4m3(const float* x[n], const float* scales, long long per_head, unsigned char* q[n], long long n).
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dx)
+            .arg(&ds)
+            .arg(&ph)
+            .arg(&mut q)
+            .arg(&n)
+            .launch(grid(x.len(), 256))?
+    };
+    Ok(s.clone_dtoh(&q)?)
+}
+
+fn check_quantize(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    x: &[f32],
+    scales: &[f32],
+    per_head: usize,
+    what: &str,
+) -> Result<()> {
+    let (dev, want) = (
+        device_quantize(gpu, spec, x, scales, per_head)?,
+        quantize(x, scales, per_head),
+    );
+    if let Some(i) = (0..x.len()).find(|&i| dev[i] != want[i]) {
+        bail!(
+            "{what}: element {i} = {:e} / {:e}: device {:#04x}, model {:#04x}",
+            x[i],
+            scales[i / per_head],
+            dev[i],
+            want[i]
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let mut t = Suite::new();
+    t.kernels(KERNELS);
+    t.gpu("decode_every_code_of_both_formats", |gpu| {
+        let k = gpu.load(&DECODE_ALL)?;
+        let s = &gpu.stream;
+        let mut out = s.clone_htod(&poisoned::<u16>(512))?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: decode_all(unsigned short* out[512]), 256 threads.
+        unsafe { s.launch_builder(&k.func).arg(&mut out).launch(cfg)? };
+        let out = s.clone_dtoh(&out)?;
+        check_written(&out, "decode_all")?;
+        for (fi, f) in [Format::E4M3, Format::E5M2].into_iter().enumerate() {
+            for c in 0..=255u8 {
+                let (d, m) = (out[fi * 256 + c as usize], decode_f16_bits(c, f));
+                ensure!(
+                    d == m,
+                    "{} code {c:#04x}: device f16 {d:#06x}, model {m:#06x}",
+                    f.name()
+                );
+            }
+        }
+        eprintln!("decode: 512 codes (e4m3, e5m2) bit-exact to the model");
+        Ok(())
+    });
+    t.gpu("encode_boundaries_and_random_bits_both_modes", |gpu| {
+        let x = encode_inputs();
+        let dev = device_encode(gpu, &x)?;
+        let (n, shown) = encode_mismatches(&x, &dev, encode, 20);
+        ensure!(
+            n == 0,
+            "{n} of {} conversions differ:\n{}",
+            4 * x.len(),
+            shown.join("\n")
+        );
+        eprintln!(
+            "encode: {} inputs × 4 (format, saturation) = {} conversions bit-exact to the model",
+            x.len(),
+            4 * x.len()
+        );
+        Ok(())
+    });
+    t.gpu("mutant_models_are_caught", |gpu| {
+        let x = encode_inputs();
+        let dev = device_encode(gpu, &x)?;
+        // Rounding by truncation: step back toward zero whenever the model rounded away from it.
+        let truncating = |v: f32, sat: Saturation, f: Format| {
+            let c = encode(v, sat, f);
+            let y = decode(c, f);
+            if y.is_finite() && y.abs() > v.abs() && c & 0x7F != 0 { c - 1 } else { c }
+        };
+        // Saturation dropped: satfinite behaves as no-sat.
+        let unsaturated = |v: f32, _: Saturation, f: Format| encode(v, Saturation::NoSat, f);
+        for (what, n) in [
+            ("truncation instead of round-to-nearest-even", encode_mismatches(&x, &dev, truncating, 1).0),
+            ("saturation dropped", encode_mismatches(&x, &dev, unsaturated, 1).0),
+        ] {
+            ensure!(n > 0, "the mutant model `{what}` agreed with the device everywhere: the suite cannot see it");
+            eprintln!("mutant model `{what}` caught: {n} conversions differ");
+        }
+        Ok(())
+    });
+    t.gpu("head_scales_and_quantize_per_head_and_per_tensor", |gpu| {
+        let (x, per_head) = tensor();
+        let heads = x.len() / per_head;
+        let k = gpu.load(&HEAD_SCALES)?;
+        let s = &gpu.stream;
+        let dx = s.clone_htod(&x)?;
+        let mut ds = s.clone_htod(&poisoned::<f32>(heads))?;
+        let ph = per_head as i64;
+        let cfg = LaunchConfig {
+            grid_dim: (heads as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: head_scales(const float* x, long long per_head, float* scales[heads]), one block per head.
+        unsafe {
+            s.launch_builder(&k.func)
+                .arg(&dx)
+                .arg(&ph)
+                .arg(&mut ds)
+                .launch(cfg)?
+        };
+        let scales = s.clone_dtoh(&ds)?;
+        check_written(&scales, "scales")?;
+        let want = head_scales(&x, per_head);
+        ensure!(
+            scales
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "scales: device {scales:?}, model {want:?}"
+        );
+        ensure!(want[3] == 1.0, "the all-zero head gets scale 1");
+        check_quantize(gpu, &QUANTIZE, &x, &scales, per_head, "per-head")?;
+        let tensor_scale = [scale_from_amax(amax(&x))];
+        check_quantize(gpu, &QUANTIZE, &x, &tensor_scale, x.len(), "per-tensor")?;
+        // A given scale far too small: most values overflow, so saturation decides the codes.
+        check_quantize(
+            gpu,
+            &QUANTIZE,
+            &x,
+            &[1e-3],
+            x.len(),
+            "given scale, saturating",
+        )?;
+        eprintln!(
+            "quantize: {} elements × 3 scalings bit-exact; scales {:?}",
+            x.len(),
+            scales
+        );
+        Ok(())
+    });
+    t.gpu("dequantize_from_shared_memory_as_half2", |gpu| {
+        let (x, per_head) = tensor();
+        let scales = head_scales(&x, per_head);
+        let q = quantize(&x, &scales, per_head);
+        let k = gpu.load(&DEQUANTIZE)?;
+        let s = &gpu.stream;
+        let (dq, ds) = (s.clone_htod(&q)?, s.clone_htod(&scales)?);
+        let mut h = s.clone_htod(&poisoned::<f16>(q.len()))?;
+        let mut f = s.clone_htod(&poisoned::<f32>(q.len()))?;
+        let (ph, n) = (per_head as i64, q.len() as i64);
+        // SAFETY: dequantize_smem(const u8* q[n], const float* scales, long long per_head, long long n,
+        // __half* h[n], float* f[n]); n is a multiple of 16; 4096 codes a block.
+        unsafe {
+            s.launch_builder(&k.func).arg(&dq).arg(&ds).arg(&ph).arg(&n).arg(&mut h).arg(&mut f).launch(grid(q.len().div_ceil(16), 256).with_blocks(q.len().div_ceil(4096)))?
+        };
+        let (h, f) = (s.clone_dtoh(&h)?, s.clone_dtoh(&f)?);
+        check_written(&h, "half")?;
+        check_written(&f, "f32")?;
+        let want_f = dequantize(&q, &scales, per_head);
+        for i in 0..q.len() {
+            ensure!(h[i].to_bits() == decode_f16_bits(q[i], Format::E4M3), "element {i}: half {:#06x} for code {:#04x}", h[i].to_bits(), q[i]);
+            ensure!(f[i].to_bits() == want_f[i].to_bits(), "element {i}: {} vs model {}", f[i], want_f[i]);
+        }
+        let err = x.iter().zip(&want_f).map(|(a, b)| (a - b).abs() / scales[0].max(1e-30)).fold(0.0f32, f32::max);
+        eprintln!("dequantize: {} elements bit-exact (half and scaled f32); round trip within {err:.3} of head 0's step", q.len());
+        Ok(())
+    });
+    t.gpu("mutant_quantizer_without_saturation_is_caught", |gpu| {
+        let (x, _) = tensor();
+        let m = QUANTIZE.mutated(
+            "fp8_codec.cuh",
+            "__NV_SATFINITE, __NV_E4M3",
+            "__NV_NOSAT, __NV_E4M3",
+        )?;
+        match check_quantize(gpu, &m, &x, &[1e-3], x.len(), "given scale, saturating") {
+            Err(e) => {
+                eprintln!("mutant quantizer caught: {e}");
+                Ok(())
+            }
+            Ok(()) => bail!("a quantizer without saturation passed"),
+        }
+    });
+    t.run()
+}
+
+trait WithBlocks {
+    fn with_blocks(self, n: usize) -> Self;
+}
+impl WithBlocks for LaunchConfig {
+    fn with_blocks(mut self, n: usize) -> Self {
+        self.grid_dim = (n as u32, 1, 1);
+        self
+    }
+}
