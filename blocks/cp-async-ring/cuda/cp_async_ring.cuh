@@ -47,6 +47,13 @@ struct Ring {
 
   // Copies tile t into its stage and commits one group (an empty one when t >= tiles()).
   __device__ void issue(int t) const {
+    copy(t);
+    commit();
+  }
+
+  // The copies of issue() without the commit: rings that fill together (K and V of one tile) each copy(t),
+  // then one ring::commit() makes them a single group, so wait(t) still means "tile t has landed".
+  __device__ void copy(int t) const {
     if (t < tiles()) {
       unsigned char* dst = tile_ptr(t);
       for (int c = threadIdx.x; c < ROWS * kChunks; c += THREADS) {
@@ -57,7 +64,6 @@ struct Ring {
         cp_async_16(dst + r * kRowBytes + k * 16, src + (real ? row * stride : 0) + k * 16, real ? 16 : 0);
       }
     }
-    commit();
   }
 
   // Waits until tile t (and every earlier tile) has landed and is visible to the whole block.

@@ -83,8 +83,5 @@ pub const KERNELS: &[KernelSpec] = &[
 ];
 
 pub fn kernel(shape: &Shape) -> KernelSpec {
-    *KERNELS
-        .iter()
-        .find(|k| k.name == shape.kernel())
-        .unwrap_or_else(|| panic!("no kernel for {shape:?}"))
+    KernelSpec::find(KERNELS, &shape.kernel())
 }

@@ -336,6 +336,17 @@ fn program_log(prog: &Program) -> Result<String> {
 }
 
 impl KernelSpec {
+    /// The kernel called `name` among `specs`: test kernels instantiated per shape are looked up by the
+    /// shape's name. Panics with the list when absent, since that is a bug in the block's own tables.
+    pub fn find(specs: &[KernelSpec], name: &str) -> KernelSpec {
+        *specs.iter().find(|k| k.name == name).unwrap_or_else(|| {
+            panic!(
+                "no kernel `{name}` among [{}]",
+                specs.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+
     /// Compiles this kernel's source for `arch` and returns the cubin with this kernel's resources checked present.
     pub fn compile(&self, arch: Arch) -> Result<(Arc<Cubin>, Resources)> {
         let cubin =

@@ -4,18 +4,14 @@
 
 using namespace nvcuda;
 
-// out[0..16) = row max, out[16..32) = row sum, written by warp 0's quad leaders.
-template <int NF, int WN>
-__device__ void reduce_wmma(const float* tile, int kv_valid, float* out) {
-  __shared__ float red[WN * 16];
+// Warp w's fragments hold columns w*NF*kCols...; out[0..16) = row max, out[16..32) = row sum, written by
+// warp 0's quad leaders.
+template <class L, int WN, int NF, class Frag>
+__device__ void reduce_rows(const Frag (&frags)[NF], int kv_valid, float* red, float* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  constexpr int kCols = WN * NF * 16;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NF];
-#pragma unroll
-  for (int f = 0; f < NF; ++f) wmma::load_matrix_sync(acc[f], tile + (warp * NF + f) * 16, kCols, wmma::mem_row_major);
   float mx[2], sm[2];
-  wr::row_max<frag::WmmaAcc>(acc, warp * NF * 16, kv_valid, mx);
-  wr::row_sum<frag::WmmaAcc>(acc, warp * NF * 16, kv_valid, sm);
+  wr::row_max<L>(frags, warp * NF * L::kCols, kv_valid, mx);
+  wr::row_sum<L>(frags, warp * NF * L::kCols, kv_valid, sm);
   wr::across_warps<WN>(mx, red, wr::MaxOp{});
   wr::across_warps<WN>(sm, red, wr::SumOp{});
   if (warp == 0 && frag::thread_in_group(lane) == 0) {
@@ -25,6 +21,17 @@ __device__ void reduce_wmma(const float* tile, int kv_valid, float* out) {
       out[16 + frag::acc_row(lane, h)] = sm[h];
     }
   }
+}
+
+template <int NF, int WN>
+__device__ void reduce_wmma(const float* tile, int kv_valid, float* out) {
+  __shared__ float red[WN * 16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kCols = WN * NF * 16;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NF];
+#pragma unroll
+  for (int f = 0; f < NF; ++f) wmma::load_matrix_sync(acc[f], tile + (warp * NF + f) * 16, kCols, wmma::mem_row_major);
+  reduce_rows<frag::WmmaAcc, WN>(acc, kv_valid, red, out);
 }
 
 template <int NF, int WN>
@@ -38,18 +45,7 @@ __device__ void reduce_mma(const float* tile, int kv_valid, float* out) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       c[f].x[i] = tile[frag::mma_c_row(lane, i) * kCols + (warp * NF + f) * 8 + frag::mma_c_col(lane, i)];
-  float mx[2], sm[2];
-  wr::row_max<frag::MmaC>(c, warp * NF * 8, kv_valid, mx);
-  wr::row_sum<frag::MmaC>(c, warp * NF * 8, kv_valid, sm);
-  wr::across_warps<WN>(mx, red, wr::MaxOp{});
-  wr::across_warps<WN>(sm, red, wr::SumOp{});
-  if (warp == 0 && frag::thread_in_group(lane) == 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      out[frag::acc_row(lane, h)] = mx[h];
-      out[16 + frag::acc_row(lane, h)] = sm[h];
-    }
-  }
+  reduce_rows<frag::MmaC, WN>(c, kv_valid, red, out);
 }
 
 #define LAB_REDUCE(KIND, NF, WN)                                                                    \

@@ -54,8 +54,5 @@ pub const KERNELS: &[KernelSpec] = &[
 
 /// The kernel of a shape.
 pub fn kernel(shape: &Shape) -> KernelSpec {
-    *KERNELS
-        .iter()
-        .find(|k| k.name == shape.kernel())
-        .unwrap_or_else(|| panic!("no kernel for {shape:?}"))
+    KernelSpec::find(KERNELS, &shape.kernel())
 }
