@@ -8,5 +8,6 @@ pub fn all_kernels() -> Vec<KernelSpec> {
     v.extend(online_softmax::kernels());
     v.extend(fp8_codec::kernels());
     v.extend(cp_async_ring::kernels());
+    v.extend(composed::kernels());
     v
 }

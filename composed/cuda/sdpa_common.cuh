@@ -1,0 +1,164 @@
+// sdpa_common.cuh: what every fused FP8 SDPA stage shares: parameters, tile geometry, Q staging, K/V
+// dequantization through the cp.async ring, Q·Kᵀ on the tensor cores, and writing O and LSE.
+#pragma once
+#include <cuda_fp16.h>
+#include <mma.h>
+#include "cp_async_ring.cuh"
+#include "fp8_codec.cuh"
+#include "frag_layout.cuh"
+
+namespace sdpa {
+using namespace nvcuda;
+
+// E4M3 Q, K, V in [B, H, S, D] with per-(b, h) dequantization scales; O in f16 [B, H, Sq, D], LSE in f32
+// [B, H, Sq] (natural log of Σ exp(softmax_scale · q·k), over dequantized q and k). Grid: (⌈Sq / 64⌉, B·H).
+struct Params {
+  const unsigned char* q;
+  const unsigned char* k;
+  const unsigned char* v;
+  const float* q_scale;
+  const float* k_scale;
+  const float* v_scale;
+  __half* o;
+  float* lse;
+  int sq;
+  int sk;
+  float softmax_scale;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// 4 warps of 16 query rows; K/V tiles of BC keys (64 for D = 64, 32 for D = 128, to fit an sm_89 block).
+template <int D>
+struct Tile {
+  static constexpr int kWarps = 4, kThreads = 128, kBQ = 64;
+  static constexpr int kBC = D == 64 ? 64 : 32;
+};
+
+// Shared memory common to all stages, at the front of the dynamic buffer: the fp8 K and V rings, then Q, K
+// and V as half. The stage's own buffers follow at `rest`.
+template <int D, int STAGES>
+struct Smem {
+  static constexpr int kBC = Tile<D>::kBC, kBQ = Tile<D>::kBQ;
+  using Ring = ring::Ring<STAGES, kBC, D, 1, Tile<D>::kThreads>;
+  static constexpr int kBytes = 2 * Ring::kBytes + (kBQ * D + 2 * kBC * D) * 2;
+  unsigned char* ring_k;
+  unsigned char* ring_v;
+  __half* q;
+  __half* k;
+  __half* v;
+  unsigned char* rest;
+  __device__ explicit Smem(unsigned char* base)
+      : ring_k(base),
+        ring_v(base + Ring::kBytes),
+        q(reinterpret_cast<__half*>(base + 2 * Ring::kBytes)),
+        k(q + kBQ * D),
+        v(k + kBC * D),
+        rest(base + kBytes) {}
+};
+
+// 16 E4M3 codes from a 16-byte load to 16 halves (two 16-byte stores), exactly.
+__device__ __forceinline__ void store16(__half* dst, uint4 codes) {
+  __half2 h[8];
+  fp8::decode16(codes, h);
+  reinterpret_cast<uint4*>(dst)[0] = *reinterpret_cast<const uint4*>(&h[0]);
+  reinterpret_cast<uint4*>(dst)[1] = *reinterpret_cast<const uint4*>(&h[4]);
+}
+
+// Q rows [q0, q0 + 64) of head bh into sQ as half (unscaled codes); rows past Sq are zero.
+template <int D>
+__device__ void load_q(const Params& p, int bh, int q0, __half* sq) {
+  const unsigned char* q = p.q + (long long)bh * p.sq * D;
+  for (int c = threadIdx.x; c < Tile<D>::kBQ * D / 16; c += Tile<D>::kThreads) {
+    const int r = c / (D / 16), k = c % (D / 16);
+    const uint4 codes = q0 + r < p.sq ? *reinterpret_cast<const uint4*>(q + (long long)(q0 + r) * D + 16 * k) : make_uint4(0, 0, 0, 0);
+    store16(sq + r * D + 16 * k, codes);
+  }
+}
+
+// A landed fp8 tile [BC][D] to half [BC][D] (unscaled: K's scale folds into the softmax scale, V's into O).
+template <int D>
+__device__ void dequant_tile(const unsigned char* src, __half* dst) {
+  for (int c = threadIdx.x; c < Tile<D>::kBC * D / 16; c += Tile<D>::kThreads)
+    store16(dst + 16 * c, reinterpret_cast<const uint4*>(src)[c]);
+}
+
+// The K/V pipeline of one block: both rings fill tile t in one cp.async group.
+template <int D, int STAGES>
+struct KV {
+  typename Smem<D, STAGES>::Ring k, v;
+  __device__ KV(const Params& p, const Smem<D, STAGES>& s, int bh)
+      : k{s.ring_k, p.k + (long long)bh * p.sk * D, D, p.sk}, v{s.ring_v, p.v + (long long)bh * p.sk * D, D, p.sk} {}
+  __device__ int tiles() const { return k.tiles(); }
+  __device__ void issue(int t) const {
+    k.copy(t);
+    v.copy(t);
+    ring::commit();
+  }
+  __device__ void prologue() const {
+    for (int t = 0; t < STAGES - 1; ++t) issue(t);
+  }
+  // Refills the stage released last, waits for tile t, dequantizes it into sK and sV, releases its stage.
+  // On return tile t is in sK / sV for every thread; they stay valid until the next call.
+  __device__ void next(int t, const Smem<D, STAGES>& s) const {
+    issue(t + STAGES - 1);
+    dequant_tile<D>(k.wait(t), s.k);
+    dequant_tile<D>(v.tile_ptr(t), s.v);
+    k.release(t);
+  }
+};
+
+// S = Q·Kᵀ for this warp's 16 query rows against the tile's BC keys, on the tensor cores.
+template <int D>
+__device__ __forceinline__ void qk(const __half* sq, const __half* sk, Acc (&s)[Tile<D>::kBC / 16]) {
+  constexpr int NF = Tile<D>::kBC / 16;
+  const int w = threadIdx.x >> 5;
+#pragma unroll
+  for (int j = 0; j < NF; ++j) wmma::fill_fragment(s[j], 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+    wmma::load_matrix_sync(a, sq + w * 16 * D + kk * 16, D);
+#pragma unroll
+    for (int j = 0; j < NF; ++j) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+      wmma::load_matrix_sync(b, sk + j * 16 * D + kk * 16, D);
+      wmma::mma_sync(s[j], a, b, s[j]);
+    }
+  }
+}
+
+// O += P·V for this warp's rows: P as matrix_a (row-major, leading dimension ldp), V [BC][D] from sV.
+template <int D, class PFrag>
+__device__ __forceinline__ void pv_tile(const PFrag& pa, int kk, const __half* sv, Acc (&o)[D / 16]) {
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+    wmma::load_matrix_sync(b, sv + kk * 16 * D + j * 16, D);
+    wmma::mma_sync(o[j], pa, b, o[j]);
+  }
+}
+
+// Writes this warp's O fragments (already divided by l) times v_scale as f16, and the LSE of its rows.
+template <int D>
+__device__ void store_o(const Params& p, int bh, int q0, const Acc (&o)[D / 16], const float (&lse)[2]) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const float vs = p.v_scale[bh];
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+      const int r = q0 + w * 16 + frag::wmma_acc_row(lane, i), c = 16 * j + frag::wmma_acc_col(lane, i);
+      if (r < p.sq)
+        *reinterpret_cast<__half2*>(p.o + ((long long)bh * p.sq + r) * D + c) = __floats2half2_rn(o[j].x[i] * vs, o[j].x[i + 1] * vs);
+    }
+  if (frag::thread_in_group(lane) == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = q0 + w * 16 + frag::acc_row(lane, h);
+      if (r < p.sq) p.lse[(long long)bh * p.sq + r] = lse[h];
+    }
+}
+
+}  // namespace sdpa

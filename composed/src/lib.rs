@@ -1,0 +1,14 @@
+//! `composed`: the fused FP8 SDPA forward, stages 1 → 4, each a kernel source built from block headers.
+//!
+//! [`Stage`] lists them; [`run`] checks the inputs ([`validate`]: a clear error, no launch) and runs one;
+//! [`OnDevice`] keeps a problem on the device for timing. References live in the `fixtures` crate.
+mod run;
+mod stages;
+
+pub use run::{OnDevice, run, validate};
+pub use stages::{DIMS, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, Stage, bc};
+
+/// Every kernel of the composed stages, for `cargo xtask ptxas`.
+pub fn kernels() -> Vec<lab::KernelSpec> {
+    KERNELS.to_vec()
+}

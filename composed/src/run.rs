@@ -1,0 +1,192 @@
+// Checked inputs and the launch of a stage: every bad input is refused with a clear error before any launch.
+use anyhow::{Context, Result, bail, ensure};
+use fixtures::{Attention, Quantized};
+use half::f16;
+use lab::Gpu;
+use lab::cudarc::driver::sys::CUfunction_attribute;
+use lab::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use lab::numerics::{check_written, poisoned};
+
+use crate::stages::{DIMS, Stage};
+
+/// Why an input is refused: named tensor, first bad index.
+pub fn validate(qz: &Quantized) -> Result<()> {
+    let s = qz.shape;
+    ensure!(
+        s.sq >= 1 && s.sk >= 1,
+        "sequence length must be at least 1 (Sq = {}, Sk = {})",
+        s.sq,
+        s.sk
+    );
+    ensure!(
+        s.b >= 1 && s.h >= 1,
+        "batch and heads must be at least 1 (B = {}, H = {})",
+        s.b,
+        s.h
+    );
+    ensure!(
+        DIMS.contains(&s.d),
+        "head dimension D = {} is not supported: the stages are built for D = 64 and 128",
+        s.d
+    );
+    for (name, t, rows) in [("q", &qz.q, s.sq), ("k", &qz.k, s.sk), ("v", &qz.v, s.sk)] {
+        let want = s.heads() * rows * s.d;
+        ensure!(
+            t.len() == want,
+            "tensor `{name}` has {} elements, [B, H, S, D] = [{}, {}, {rows}, {}] needs {want}",
+            t.len(),
+            s.b,
+            s.h,
+            s.d
+        );
+        if let Some(i) = t.iter().position(|&c| fp8_codec::Format::E4M3.is_nan(c)) {
+            bail!("tensor `{name}` holds an E4M3 NaN code at index {i}");
+        }
+    }
+    for (name, sc) in [
+        ("q_scale", &qz.q_scale),
+        ("k_scale", &qz.k_scale),
+        ("v_scale", &qz.v_scale),
+    ] {
+        ensure!(
+            sc.len() == s.heads(),
+            "`{name}` has {} entries, one per (batch, head) = {} needed",
+            sc.len(),
+            s.heads()
+        );
+        if let Some(i) = sc.iter().position(|x| !(x.is_finite() && *x > 0.0)) {
+            bail!("`{name}`[{i}] = {} is not a positive finite scale", sc[i]);
+        }
+    }
+    ensure!(
+        qz.softmax_scale.is_finite() && qz.softmax_scale > 0.0,
+        "softmax scale {} is not positive and finite",
+        qz.softmax_scale
+    );
+    Ok(())
+}
+
+/// The kernel's `sdpa::Params`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    q: u64,
+    k: u64,
+    v: u64,
+    q_scale: u64,
+    k_scale: u64,
+    v_scale: u64,
+    o: u64,
+    lse: u64,
+    sq: i32,
+    sk: i32,
+    softmax_scale: f32,
+}
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, 3 × 4 bytes, padded to 8).
+unsafe impl DeviceRepr for Params {}
+
+/// Inputs and outputs of one problem, resident on the device, for repeated launches.
+#[derive(Debug)]
+pub struct OnDevice {
+    pub qz: Quantized,
+    q: CudaSlice<u8>,
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    scales: [CudaSlice<f32>; 3],
+    pub o: CudaSlice<f16>,
+    pub lse: CudaSlice<f32>,
+}
+
+impl OnDevice {
+    /// Checks and uploads; the outputs start poisoned.
+    pub fn upload(gpu: &Gpu, qz: &Quantized) -> Result<Self> {
+        validate(qz)?;
+        let st = &gpu.stream;
+        let s = qz.shape;
+        Ok(OnDevice {
+            qz: qz.clone(),
+            q: st.clone_htod(&qz.q)?,
+            k: st.clone_htod(&qz.k)?,
+            v: st.clone_htod(&qz.v)?,
+            scales: [
+                st.clone_htod(&qz.q_scale)?,
+                st.clone_htod(&qz.k_scale)?,
+                st.clone_htod(&qz.v_scale)?,
+            ],
+            o: st.clone_htod(&poisoned::<f16>(s.heads() * s.sq * s.d))?,
+            lse: st.clone_htod(&poisoned::<f32>(s.heads() * s.sq))?,
+        })
+    }
+
+    /// Queues one launch of `stage` on the device's stream.
+    pub fn launch(&mut self, gpu: &Gpu, stage: Stage) -> Result<()> {
+        let s = self.qz.shape;
+        let spec = stage.kernel(s.d);
+        let k = gpu.load(&spec)?;
+        let smem = stage.smem_bytes(s.d);
+        k.func
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .with_context(|| {
+                format!(
+                    "{}: {smem} B of shared memory is more than this device gives a block",
+                    spec.name
+                )
+            })?;
+        let st = &gpu.stream;
+        let (q, _gq) = self.q.device_ptr(st);
+        let (kk, _gk) = self.k.device_ptr(st);
+        let (v, _gv) = self.v.device_ptr(st);
+        let (qs, _g1) = self.scales[0].device_ptr(st);
+        let (ks, _g2) = self.scales[1].device_ptr(st);
+        let (vs, _g3) = self.scales[2].device_ptr(st);
+        let (o, _go) = self.o.device_ptr(st);
+        let (lse, _gl) = self.lse.device_ptr(st);
+        let p = Params {
+            q,
+            k: kk,
+            v,
+            q_scale: qs,
+            k_scale: ks,
+            v_scale: vs,
+            o,
+            lse,
+            sq: s.sq as i32,
+            sk: s.sk as i32,
+            softmax_scale: self.qz.softmax_scale,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (s.sq.div_ceil(64) as u32, s.heads() as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // SAFETY: stageN_dD(sdpa::Params) with the grid and block it was written for; every pointer holds the
+        // [B, H, S, D] extents validate() checked.
+        unsafe { st.launch_builder(&k.func).arg(&p).launch(cfg) }
+            .with_context(|| format!("launching {}", spec.name))?;
+        Ok(())
+    }
+
+    /// O and LSE back on the host; fails if any element was never written.
+    pub fn download(&self, gpu: &Gpu) -> Result<Attention<f32>> {
+        let (o, lse) = (
+            gpu.stream.clone_dtoh(&self.o)?,
+            gpu.stream.clone_dtoh(&self.lse)?,
+        );
+        check_written(&o, "O")?;
+        check_written(&lse, "LSE")?;
+        Ok(Attention {
+            o: o.iter().map(|x| x.to_f32()).collect(),
+            lse,
+        })
+    }
+}
+
+/// One checked run of `stage` on `qz`.
+pub fn run(gpu: &Gpu, stage: Stage, qz: &Quantized) -> Result<Attention<f32>> {
+    let mut d = OnDevice::upload(gpu, qz)?;
+    d.launch(gpu, stage)?;
+    d.download(gpu)
+}

@@ -1,0 +1,156 @@
+// The stages: their kernel sources, entry points, shared memory and resource budgets.
+use lab::{Arch, Budget, Header, KernelSpec, Source};
+
+/// Headers of this crate; stage sources also see every block header they include.
+pub const HEADERS: &[Header] = &[
+    Header {
+        name: "sdpa_common.cuh",
+        code: include_str!("../cuda/sdpa_common.cuh"),
+    },
+    Header {
+        name: "smem_softmax.cuh",
+        code: include_str!("../cuda/smem_softmax.cuh"),
+    },
+    Header {
+        name: "register_softmax.cuh",
+        code: include_str!("../cuda/register_softmax.cuh"),
+    },
+];
+
+const BLOCK_HEADERS: &[&[Header]] = &[
+    frag_layout::HEADERS,
+    warp_reduce::HEADERS,
+    online_softmax::HEADERS,
+    cp_async_ring::HEADERS,
+    fp8_codec::HEADERS,
+    HEADERS,
+];
+
+macro_rules! source {
+    ($file:literal) => {
+        Source {
+            file: $file,
+            code: include_str!(concat!("../cuda/", $file)),
+            headers: BLOCK_HEADERS,
+        }
+    };
+}
+
+pub const STAGE1: Source = source!("stage1.cu");
+pub const STAGE2: Source = source!("stage2.cu");
+pub const STAGE3A: Source = source!("stage3a.cu");
+pub const STAGE3B: Source = source!("stage3b.cu");
+pub const STAGE4: Source = source!("stage4.cu");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    S1,
+    S2,
+    S3a,
+    S3b,
+    S4,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [Stage::S1, Stage::S2, Stage::S3a, Stage::S3b, Stage::S4];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::S1 => "stage1",
+            Stage::S2 => "stage2",
+            Stage::S3a => "stage3a",
+            Stage::S3b => "stage3b",
+            Stage::S4 => "stage4",
+        }
+    }
+
+    pub fn parse(s: &str) -> anyhow::Result<Stage> {
+        Stage::ALL
+            .into_iter()
+            .find(|st| st.name() == s)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4"
+                )
+            })
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Stage::S1 => {
+                "K/V double-buffered with cp.async (ring N=2), tensor-core Q·Kᵀ, softmax in shared memory, scalar P·V"
+            }
+            Stage::S2 => "stage1 with tensor-core P·V (P in its own f16 buffer)",
+            Stage::S3a => "stage2 with P written over the score buffer; bit-identical to stage2",
+            Stage::S3b => {
+                "softmax in registers on the accumulator fragments, no score buffer (frag-layout, warp-reduce, online-softmax)"
+            }
+            Stage::S4 => "stage3b with the 3-stage K/V ring",
+        }
+    }
+
+    pub fn source(self) -> &'static Source {
+        match self {
+            Stage::S1 => &STAGE1,
+            Stage::S2 => &STAGE2,
+            Stage::S3a => &STAGE3A,
+            Stage::S3b => &STAGE3B,
+            Stage::S4 => &STAGE4,
+        }
+    }
+
+    pub fn ring_stages(self) -> usize {
+        if self == Stage::S4 { 3 } else { 2 }
+    }
+
+    /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).
+    pub fn smem_bytes(self, d: usize) -> usize {
+        let (bq, bc) = (64, bc(d));
+        let common = 2 * self.ring_stages() * bc * d + (bq * d + 2 * bc * d) * 2;
+        let stats = 3 * bq * 4;
+        common
+            + match self {
+                Stage::S1 | Stage::S3a => bq * bc * 4 + stats,
+                Stage::S2 => bq * bc * 4 + stats + bq * bc * 2,
+                Stage::S3b | Stage::S4 => 0,
+            }
+    }
+
+    pub fn kernel(self, d: usize) -> KernelSpec {
+        KernelSpec::find(KERNELS, &format!("{}_d{d}", self.name()))
+    }
+}
+
+/// K/V tile width: 64 keys for D = 64, 32 for D = 128 (so that every stage fits an sm_89 block).
+pub fn bc(d: usize) -> usize {
+    if d == 64 { 64 } else { 32 }
+}
+
+/// The head dimensions the stages are built for.
+pub const DIMS: [usize; 2] = [64, 128];
+
+const fn k(name: &'static str, source: &'static Source) -> KernelSpec {
+    // 168 registers × 128 threads still lets 3 blocks share an SM's 64K registers; the stages' 40–65 KB of
+    // shared memory limit residency before registers do. Shared memory is dynamic (set at launch, not in the
+    // ptxas report), so the static budget is 0. Spills and stack: 0, as everywhere.
+    KernelSpec {
+        block: "composed",
+        name,
+        source,
+        budget: Budget::new(168, 0),
+        archs: &Arch::REQUIRED,
+    }
+}
+
+pub const KERNELS: &[KernelSpec] = &[
+    k("stage1_d64", &STAGE1),
+    k("stage1_d128", &STAGE1),
+    k("stage2_d64", &STAGE2),
+    k("stage2_d128", &STAGE2),
+    k("stage3a_d64", &STAGE3A),
+    k("stage3a_d128", &STAGE3A),
+    k("stage3b_d64", &STAGE3B),
+    k("stage3b_d128", &STAGE3B),
+    k("stage4_d64", &STAGE4),
+    k("stage4_d128", &STAGE4),
+];

@@ -1,0 +1,298 @@
+// composed's test binary: every stage against the f64 reference over the correctness matrix, and determinism.
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{Result, ensure};
+use composed::{OnDevice, Stage, bc, run};
+use fixtures::{
+    Attention, Quantized, Raw, Shape, emulate, quantize_per_head, reference, reference_unquantized,
+};
+use lab::numerics::{Tolerance, error_stats};
+use lab::{Gpu, Suite};
+
+/// One row of the matrix: a name and how to make its inputs.
+#[derive(Clone)]
+struct Case {
+    name: String,
+    make: fn(Shape, u64) -> Raw,
+    shape: Shape,
+    seed: u64,
+}
+
+fn normal(shape: Shape, seed: u64) -> Raw {
+    Raw::random(shape, seed, 1.0)
+}
+fn equal_scores(shape: Shape, seed: u64) -> Raw {
+    let mut r = Raw::random(shape, seed, 1.0);
+    r.q.fill(0.0); // every score 0: softmax uniform, O the mean of V
+    r
+}
+fn large_logits(shape: Shape, seed: u64) -> Raw {
+    Raw::random(shape, seed, 6.0) // |scale·q·k| up to the hundreds
+}
+fn e4m3_limits(shape: Shape, seed: u64) -> Raw {
+    // Every finite E4M3 value, ±448 and the subnormals included, with amax 448 so that the scale is 1.
+    let mut r = Raw::random(shape, seed, 1.0);
+    let vals: Vec<f32> = (0u8..=255)
+        .map(|c| fp8_codec::decode(c, fp8_codec::Format::E4M3))
+        .filter(|v| v.is_finite())
+        .collect();
+    for (i, x) in
+        r.q.iter_mut()
+            .chain(r.k.iter_mut())
+            .chain(r.v.iter_mut())
+            .enumerate()
+    {
+        *x = if i % 97 == 0 {
+            448.0
+        } else {
+            vals[(x.to_bits() as usize ^ i) % vals.len()]
+        };
+    }
+    r
+}
+
+fn matrix() -> Vec<Case> {
+    let mut v = Vec::new();
+    let mut add = |name: &str, make: fn(Shape, u64) -> Raw, shape: Shape, seed: u64| {
+        v.push(Case {
+            name: format!("{name}_s{seed}"),
+            make,
+            shape,
+            seed,
+        })
+    };
+    for seed in 0..3 {
+        add("small_1x1x32x64", normal, Shape::new(1, 1, 32, 64), seed);
+        add(
+            "mission_1x8x512x64",
+            normal,
+            Shape::new(1, 8, 512, 64),
+            seed,
+        );
+        add("long_1x8x2048x64", normal, Shape::new(1, 8, 2048, 64), seed);
+        add("batch_2x8x256x64", normal, Shape::new(2, 8, 256, 64), seed);
+    }
+    for s in [1, 17, 63, 65, 1000] {
+        add(
+            &format!("S{s}_1x2x{s}x64"),
+            normal,
+            Shape::new(1, 2, s, 64),
+            7,
+        );
+    }
+    add(
+        "cross_sq100_sk300",
+        normal,
+        Shape::cross(1, 2, 100, 300, 64),
+        8,
+    );
+    add(
+        "cross_sq300_sk77",
+        normal,
+        Shape::cross(1, 2, 300, 77, 64),
+        9,
+    );
+    add(
+        "cross_sq1_sk1000",
+        normal,
+        Shape::cross(1, 2, 1, 1000, 64),
+        10,
+    );
+    add("d128_1x4x256x128", normal, Shape::new(1, 4, 256, 128), 11);
+    add("d128_S65_1x2x65x128", normal, Shape::new(1, 2, 65, 128), 12);
+    add(
+        "d128_cross_sq33_sk100",
+        normal,
+        Shape::cross(1, 2, 33, 100, 128),
+        13,
+    );
+    add(
+        "equal_scores_1x2x130x64",
+        equal_scores,
+        Shape::new(1, 2, 130, 64),
+        14,
+    );
+    add(
+        "large_logits_1x2x200x64",
+        large_logits,
+        Shape::new(1, 2, 200, 64),
+        15,
+    );
+    add(
+        "e4m3_limits_1x2x150x64",
+        e4m3_limits,
+        Shape::new(1, 2, 150, 64),
+        16,
+    );
+    add(
+        "e4m3_limits_d128_1x2x70x128",
+        e4m3_limits,
+        Shape::new(1, 2, 70, 128),
+        17,
+    );
+    v
+}
+
+/// Inputs and references of a case, computed once per process and shared by the five stages' tests.
+struct Prepared {
+    raw: Raw,
+    qz: Quantized,
+    reference: Attention<f64>,
+    emulation: Attention<f32>,
+}
+
+fn prepared(case: &Case) -> Arc<Prepared> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<OnceLock<Arc<Prepared>>>>>> = OnceLock::new();
+    let slot = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry(case.name.clone())
+        .or_default()
+        .clone();
+    slot.get_or_init(|| {
+        let raw = (case.make)(case.shape, case.seed);
+        let qz = quantize_per_head(&raw);
+        let (reference, emulation) = (reference(&qz), emulate(&qz, bc(case.shape.d)));
+        Arc::new(Prepared {
+            raw,
+            qz,
+            reference,
+            emulation,
+        })
+    })
+    .clone()
+}
+
+fn max_abs(a: &[f32], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| {
+            if x as f64 == y {
+                0.0
+            } else {
+                (x as f64 - y).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// FlashAttention's rule: error against the f64 reference at most 2× the emulation's, plus the noise floor.
+fn check(stage: Stage, case: &Case, p: &Prepared, dev: &Attention<f32>) -> Result<()> {
+    let r = &p.reference;
+    let vmax = p.qz.v.iter().zip(0..).map(|(&c, i)| {
+        let h = i / (p.qz.shape.sk * p.qz.shape.d);
+        (fp8_codec::decode(c, fp8_codec::Format::E4M3) * p.qz.v_scale[h]).abs() as f64
+    });
+    let floor = 2f64.powi(-20) * vmax.fold(0.0, f64::max);
+    let (e_dev, e_emu) = (max_abs(&dev.o, &r.o), max_abs(&p.emulation.o, &r.o));
+    let stats = error_stats(
+        &dev.o,
+        &r.o,
+        Tolerance {
+            atol: 2.0 * e_emu + floor,
+            rtol: 0.0,
+        },
+    );
+    let unq = reference_unquantized(&p.raw, p.qz.softmax_scale);
+    let info = error_stats(
+        &dev.o,
+        &unq.o,
+        Tolerance {
+            atol: 0.0,
+            rtol: 0.0,
+        },
+    );
+    eprintln!(
+        "{} {}: vs f64(dequantized) max_abs={:.3e} mean_abs={:.3e} rel_l2={:.3e} | emulation max_abs={e_emu:.3e} | vs unquantized max_abs={:.3e} rel_l2={:.3e}",
+        stage.name(),
+        case.name,
+        stats.max_abs,
+        stats.mean_abs,
+        stats.rel_l2,
+        info.max_abs,
+        info.rel_l2
+    );
+    ensure!(
+        stats.nan + stats.inf == 0,
+        "{}: {} NaN / {} Inf in O",
+        case.name,
+        stats.nan,
+        stats.inf
+    );
+    ensure!(
+        e_dev <= 2.0 * e_emu + floor,
+        "{}: O error {e_dev:.3e} > 2 × emulation's {e_emu:.3e} + {floor:.1e}: {stats}",
+        case.name
+    );
+    let e_emu_lse = max_abs(&p.emulation.lse, &r.lse);
+    for (i, (&got, &want)) in dev.lse.iter().zip(&r.lse).enumerate() {
+        let tol = 2.0 * e_emu_lse + 8.0 * 2f64.powi(-24) * (1.0 + want.abs());
+        ensure!(
+            (got as f64 - want).abs() <= tol,
+            "{}: LSE[{i}] = {got} vs {want} (tolerance {tol:.2e})",
+            case.name
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    let mut t = Suite::new();
+    t.kernels(composed::KERNELS);
+    for case in matrix() {
+        for stage in Stage::ALL {
+            let case = case.clone();
+            t.gpu(
+                &format!("matrix::{}::{}", stage.name(), case.name),
+                move |gpu: &Gpu| {
+                    let p = prepared(&case);
+                    let dev = run(gpu, stage, &p.qz)?;
+                    check(stage, &case, &p, &dev)?;
+                    if stage == Stage::S3a {
+                        let s2 = run(gpu, Stage::S2, &p.qz)?;
+                        ensure!(
+                            s2.o.iter()
+                                .zip(&dev.o)
+                                .all(|(a, b)| a.to_bits() == b.to_bits())
+                                && s2
+                                    .lse
+                                    .iter()
+                                    .zip(&dev.lse)
+                                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{}: stage3a differs from stage2",
+                            case.name
+                        );
+                    }
+                    Ok(())
+                },
+            );
+        }
+    }
+    for stage in Stage::ALL {
+        t.gpu(&format!("deterministic::{}", stage.name()), move |gpu| {
+            let qz = quantize_per_head(&normal(Shape::new(1, 8, 512, 64), 42));
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.launch(gpu, stage)?;
+            let a = d.download(gpu)?;
+            d.launch(gpu, stage)?;
+            let b = d.download(gpu)?;
+            ensure!(
+                a.o.iter()
+                    .zip(&b.o)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "O differs between two runs"
+            );
+            ensure!(
+                a.lse
+                    .iter()
+                    .zip(&b.lse)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "LSE differs between two runs"
+            );
+            Ok(())
+        });
+    }
+    t.run()
+}
