@@ -142,8 +142,11 @@ struct Prepared {
     emulation: Attention<f32>,
 }
 
+/// Case name → its inputs and references, filled by whichever stage's test gets there first.
+type Cache = Mutex<HashMap<String, Arc<OnceLock<Arc<Prepared>>>>>;
+
 fn prepared(case: &Case) -> Arc<Prepared> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<OnceLock<Arc<Prepared>>>>>> = OnceLock::new();
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     let slot = CACHE
         .get_or_init(Default::default)
         .lock()
