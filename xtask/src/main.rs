@@ -2,6 +2,7 @@
 mod build;
 mod ci;
 mod gpu_bundle;
+mod ladder;
 mod layouts;
 mod ptxas;
 mod registry;
@@ -46,6 +47,14 @@ enum Task {
     GpuBundle { dir: Option<PathBuf> },
     /// What CI runs: fmt, clippy, all tests with snapshots in check mode, and `ptxas --check`.
     Ci,
+    /// Time every stage and PyTorch's SDPA on the GPU machine: Markdown table and SVG chart into OUT.
+    Ladder {
+        #[arg(long, default_value = "target/ladder")]
+        out: PathBuf,
+        /// Timed launches per (stage, shape).
+        #[arg(long, default_value_t = 200)]
+        iters: usize,
+    },
     /// Print every fragment layout the lab knows (sm_90 entries are the ones the device probes check).
     Layouts {
         /// One JSON array of {arch, op, operand, dtype, source, entries: [[lane, reg, row, col], ...]}.
@@ -69,6 +78,7 @@ fn main() -> ExitCode {
         Task::Ptxas { archs, check } => ptxas::run(&archs, check),
         Task::GpuBundle { dir } => gpu_bundle::build(dir).map(|()| true),
         Task::Ci => ci::run(),
+        Task::Ladder { out, iters } => ladder::run(&out, iters),
         Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
         Task::Toolchain => lab::toolchain().map(|tc| {
             println!(

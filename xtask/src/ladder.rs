@@ -1,0 +1,198 @@
+// `cargo xtask ladder`: every stage and PyTorch's SDPA timed on the GPU machine in one run; Markdown and SVG.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use composed::Stage;
+use composed::bench::{input_sets, time_stage};
+use fixtures::Shape;
+
+use crate::build::{device_words, today, workspace_root};
+
+const SHAPES: [Shape; 6] = [
+    Shape::new(1, 1, 32, 64),
+    Shape::new(1, 8, 512, 64),
+    Shape::new(1, 8, 2048, 64),
+    Shape::new(2, 8, 256, 64),
+    Shape::new(4, 16, 4096, 64),
+    Shape::new(4, 16, 4096, 128),
+];
+
+fn shape_name(s: &Shape) -> String {
+    format!("({},{},{},{})", s.b, s.h, s.sq, s.d)
+}
+
+/// (implementation, shape) → (p50 µs, p90 µs).
+type Results = BTreeMap<(String, String), (f64, f64)>;
+
+/// PyTorch's fp16 SDPA through `composed/bench/torch_sdpa.py`, when `python3 -c "import torch"` works.
+fn torch(root: &Path, results: &mut Results) -> Result<String> {
+    let ok = Command::new("python3")
+        .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .status();
+    if !ok.is_ok_and(|s| s.success()) {
+        return Ok("PyTorch with CUDA is not available here: its rows are missing.".into());
+    }
+    let out = Command::new("python3")
+        .arg(root.join("composed/bench/torch_sdpa.py"))
+        .output()
+        .context("running torch_sdpa.py")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "torch_sdpa.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut header = String::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        if let Some(t) = v["torch"].as_str() {
+            header = format!("PyTorch {t} on {}", v["device"].as_str().unwrap_or("?"));
+            continue;
+        }
+        let s: Vec<usize> = v["shape"]
+            .as_array()
+            .context("shape")?
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as usize)
+            .collect();
+        let shape = shape_name(&Shape::new(s[0], s[1], s[2], s[3]));
+        let name = format!("torch-{}", v["backend"].as_str().unwrap_or("?"));
+        match (v["p50_us"].as_f64(), v["p90_us"].as_f64()) {
+            (Some(a), Some(b)) => {
+                results.insert((name, shape), (a, b));
+            }
+            _ => eprintln!("{name} {shape}: {}", v["error"]),
+        }
+    }
+    Ok(header)
+}
+
+fn svg(results: &Results, impls: &[String]) -> String {
+    let (row_h, left, width) = (14.0, 190.0, 560.0);
+    let max = results.values().map(|v| v.0).fold(1.0f64, f64::max).log10();
+    let min = results
+        .values()
+        .map(|v| v.0)
+        .fold(f64::MAX, f64::min)
+        .log10()
+        .floor();
+    let x = |us: f64| left + width * (us.log10() - min) / (max - min);
+    let mut s = String::new();
+    let mut y = 30.0;
+    let mut body = String::new();
+    for shape in SHAPES.iter().map(shape_name) {
+        let _ = writeln!(
+            body,
+            r#"<text x="4" y="{}" font-weight="bold">{shape}</text>"#,
+            y + 10.0
+        );
+        y += row_h;
+        for (k, imp) in impls.iter().enumerate() {
+            if let Some(&(p50, _)) = results.get(&(imp.clone(), shape.clone())) {
+                let _ = writeln!(
+                    body,
+                    r#"<text x="12" y="{}">{imp}</text><rect x="{left}" y="{}" width="{:.1}" height="{}" fill="hsl({},60%,55%)"/><text x="{:.1}" y="{}">{p50:.1} µs</text>"#,
+                    y + 10.0,
+                    y + 1.0,
+                    x(p50) - left,
+                    row_h - 3.0,
+                    k * 360 / impls.len(),
+                    x(p50) + 4.0,
+                    y + 10.0
+                );
+                y += row_h;
+            }
+        }
+        y += 6.0;
+    }
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">"#,
+        left + width + 90.0,
+        y + 10.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="4" y="16" font-size="13">p50 latency per shape (log scale; shorter is faster)</text>"#
+    );
+    s.push_str(&body);
+    s.push_str("</svg>\n");
+    s
+}
+
+pub fn run(out: &Path, iters: usize) -> Result<bool> {
+    let gpu = lab::Gpu::get().context("the ladder runs on a GPU machine (through the bundle)")?;
+    let root = workspace_root();
+    let mut results = Results::new();
+    for shape in SHAPES {
+        let mut sets = input_sets(gpu, shape, 3)?;
+        for stage in Stage::ALL {
+            let t = time_stage(gpu, stage, &mut sets, 20, iters)?;
+            eprintln!(
+                "{} {}: p50 {:.1} µs, p90 {:.1} µs, {:.1} TFLOP/s",
+                stage.name(),
+                shape_name(&shape),
+                t.p50_us,
+                t.p90_us,
+                t.tflops(&shape)
+            );
+            results.insert(
+                (stage.name().to_string(), shape_name(&shape)),
+                (t.p50_us, t.p90_us),
+            );
+        }
+    }
+    let torch_header = torch(&root, &mut results)?;
+    let mut impls: Vec<String> = Stage::ALL.iter().map(|s| s.name().to_string()).collect();
+    impls.extend(["torch-cudnn".to_string(), "torch-flash".to_string()]);
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "Measured on {}, {}. CUDA events around each launch, 20 warm-up launches, then {iters} timed launches",
+        device_words(),
+        today()
+    );
+    let _ = writeln!(
+        md,
+        "rotating over 3 input sets; p50 and p90 of the per-launch times. TFLOP/s = 4·B·H·Sq·Sk·D / p50."
+    );
+    let _ = writeln!(md, "{torch_header} (fp16 inputs, same shapes, same run).\n");
+    let _ = writeln!(
+        md,
+        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN p50 |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    for shape in SHAPES {
+        let sn = shape_name(&shape);
+        let cudnn = results
+            .get(&("torch-cudnn".to_string(), sn.clone()))
+            .map(|v| v.0);
+        let mut prev: Option<f64> = None;
+        for imp in &impls {
+            let Some(&(p50, p90)) = results.get(&(imp.clone(), sn.clone())) else {
+                continue;
+            };
+            let speedup = match (imp.starts_with("stage"), prev) {
+                (true, Some(p)) => format!("{:.2}×", p / p50),
+                _ => "—".into(),
+            };
+            if imp.starts_with("stage") {
+                prev = Some(p50);
+            }
+            let ratio = cudnn.map_or("—".into(), |c| format!("{:.2}", p50 / c));
+            let _ = writeln!(
+                md,
+                "| {sn} | {imp} | {p50:.1} | {p90:.1} | {:.2} | {speedup} | {ratio} |",
+                shape.flops() / (p50 * 1e-6) / 1e12
+            );
+        }
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("ladder.md"), &md)?;
+    std::fs::write(out.join("ladder.svg"), svg(&results, &impls))?;
+    println!("{md}");
+    Ok(true)
+}
