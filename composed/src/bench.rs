@@ -1,8 +1,8 @@
-// Timing a stage with CUDA events: warm-up, then many launches over rotating input sets; p50 and p90.
-use anyhow::Result;
+// Timing a stage: CUDA-graph replays between CUDA events, after warm-up, over rotating input sets; p50, p90.
+use anyhow::{Context, Result};
 use fixtures::{Raw, Shape, quantize_per_head};
 use lab::Gpu;
-use lab::cudarc::driver::sys::CUevent_flags;
+use lab::cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 
 use crate::{OnDevice, Stage};
 
@@ -33,8 +33,13 @@ pub fn input_sets(gpu: &Gpu, shape: Shape, sets: usize) -> Result<Vec<OnDevice>>
         .collect()
 }
 
-/// `warmup` untimed launches, then `iters` launches each between two events; the distribution of their
-/// elapsed times. Each launch is timed alone, so one slow launch cannot hide in an average.
+/// The stage captured once per input set into a CUDA graph; `warmup` untimed replays, then `iters` replays
+/// each between two events (rotating over the sets); the distribution of their elapsed times. Graph replays
+/// keep the host's per-launch work (argument set-up, driver calls) out of the interval, so that short
+/// kernels are timed, not their launch path; each replay is timed alone, so a slow one cannot hide.
+///
+/// Switches off cudarc's cross-stream event tracking for the context: only for a process, like the ladder,
+/// that does nothing else on the device meanwhile.
 pub fn time_stage(
     gpu: &Gpu,
     stage: Stage,
@@ -42,15 +47,30 @@ pub fn time_stage(
     warmup: usize,
     iters: usize,
 ) -> Result<Timing> {
-    let n = sets.len();
-    for i in 0..warmup {
-        sets[i % n].launch(gpu, stage)?;
+    // SAFETY: every use below is ordered by explicit synchronisation on one stream.
+    unsafe { gpu.ctx.disable_event_tracking() };
+    gpu.stream.synchronize()?;
+    let st = gpu.ctx.new_stream()?;
+    let mut graphs = Vec::with_capacity(sets.len());
+    for set in sets.iter_mut() {
+        set.launch_on(gpu, stage, &st)?; // loads the module and sets its attributes outside the capture
+        st.synchronize()?;
+        st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        set.launch_on(gpu, stage, &st)?;
+        let g = st
+            .end_capture(CUgraphInstantiate_flags(0))?
+            .context("the capture made no graph")?;
+        g.upload()?;
+        graphs.push(g);
     }
-    let st = &gpu.stream;
+    let n = graphs.len();
+    for i in 0..warmup {
+        graphs[i % n].launch()?;
+    }
     let mut events = Vec::with_capacity(iters);
     for i in 0..iters {
         let start = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        sets[i % n].launch(gpu, stage)?;
+        graphs[i % n].launch()?;
         let end = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         events.push((start, end));
     }

@@ -4,7 +4,9 @@ use fixtures::{Attention, Quantized};
 use half::f16;
 use lab::Gpu;
 use lab::cudarc::driver::sys::CUfunction_attribute;
-use lab::cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use lab::cudarc::driver::{
+    CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use lab::numerics::{check_written, poisoned};
 
 use crate::stages::{DIMS, Stage};
@@ -120,6 +122,17 @@ impl OnDevice {
 
     /// Queues one launch of `stage` on the device's stream.
     pub fn launch(&mut self, gpu: &Gpu, stage: Stage) -> Result<()> {
+        let st = gpu.stream.clone();
+        self.launch_on(gpu, stage, &st)
+    }
+
+    /// Queues one launch of `stage` on `st` (the timing stream, which graphs are captured on).
+    pub fn launch_on(
+        &mut self,
+        gpu: &Gpu,
+        stage: Stage,
+        st: &std::sync::Arc<CudaStream>,
+    ) -> Result<()> {
         let s = self.qz.shape;
         let spec = stage.kernel(s.d);
         let k = gpu.load(&spec)?;
@@ -135,7 +148,6 @@ impl OnDevice {
                     spec.name
                 )
             })?;
-        let st = &gpu.stream;
         let (q, _gq) = self.q.device_ptr(st);
         let (kk, _gk) = self.k.device_ptr(st);
         let (v, _gv) = self.v.device_ptr(st);

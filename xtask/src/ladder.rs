@@ -151,13 +151,13 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "Measured on {}, {}. CUDA events around each launch, 20 warm-up launches, then {iters} timed launches",
+        "Measured on {}, {}. Each implementation is captured in a CUDA graph per input set (3 sets); 20 warm-up",
         device_words(),
         today()
     );
     let _ = writeln!(
         md,
-        "rotating over 3 input sets; p50 and p90 of the per-launch times. TFLOP/s = 4·B·H·Sq·Sk·D / p50."
+        "replays, then {iters} replays, each between two CUDA events: p50 and p90 of those times. TFLOP/s = 4·B·H·Sq·Sk·D / p50."
     );
     let _ = writeln!(md, "{torch_header} (fp16 inputs, same shapes, same run).\n");
     let _ = writeln!(
