@@ -34,6 +34,9 @@ template <int D>
 struct Tile {
   static constexpr int kWarps = 4, kThreads = 128, kBQ = 64;
   static constexpr int kBC = D == 64 ? 64 : 32;
+  // Row stride of Q, K and V as half in shared memory: one 16-byte access wider than a row, so that the eight
+  // rows an ldmatrix phase reads fall in different banks (with D halves they would all hit the same ones).
+  static constexpr int kLd = D + 8;
 };
 
 // Shared memory common to all stages, at the front of the dynamic buffer: the fp8 K and V rings, then Q, K
@@ -42,7 +45,8 @@ template <int D, int STAGES>
 struct Smem {
   static constexpr int kBC = Tile<D>::kBC, kBQ = Tile<D>::kBQ;
   using Ring = ring::Ring<STAGES, kBC, D, 1, Tile<D>::kThreads>;
-  static constexpr int kBytes = 2 * Ring::kBytes + (kBQ * D + 2 * kBC * D) * 2;
+  static constexpr int kLd = Tile<D>::kLd;
+  static constexpr int kBytes = 2 * Ring::kBytes + (kBQ + 2 * kBC) * kLd * 2;
   unsigned char* ring_k;
   unsigned char* ring_v;
   __half* q;
@@ -53,8 +57,8 @@ struct Smem {
       : ring_k(base),
         ring_v(base + Ring::kBytes),
         q(reinterpret_cast<__half*>(base + 2 * Ring::kBytes)),
-        k(q + kBQ * D),
-        v(k + kBC * D),
+        k(q + kBQ * kLd),
+        v(k + kBC * kLd),
         rest(base + kBytes) {}
 };
 
@@ -73,15 +77,15 @@ __device__ void load_q(const Params& p, int bh, int q0, __half* sq) {
   for (int c = threadIdx.x; c < Tile<D>::kBQ * D / 16; c += Tile<D>::kThreads) {
     const int r = c / (D / 16), k = c % (D / 16);
     const uint4 codes = q0 + r < p.sq ? *reinterpret_cast<const uint4*>(q + (long long)(q0 + r) * D + 16 * k) : make_uint4(0, 0, 0, 0);
-    store16(sq + r * D + 16 * k, codes);
+    store16(sq + r * Tile<D>::kLd + 16 * k, codes);
   }
 }
 
-// A landed fp8 tile [BC][D] to half [BC][D] (unscaled: K's scale folds into the softmax scale, V's into O).
+// A landed fp8 tile [BC][D] to half [BC][kLd] (unscaled: K's scale folds into the softmax scale, V's into O).
 template <int D>
 __device__ void dequant_tile(const unsigned char* src, __half* dst) {
   for (int c = threadIdx.x; c < Tile<D>::kBC * D / 16; c += Tile<D>::kThreads)
-    store16(dst + 16 * c, reinterpret_cast<const uint4*>(src)[c]);
+    store16(dst + (c / (D / 16)) * Tile<D>::kLd + 16 * (c % (D / 16)), reinterpret_cast<const uint4*>(src)[c]);
 }
 
 // The K/V pipeline of one block: both rings fill tile t in one cp.async group.
@@ -119,11 +123,11 @@ __device__ __forceinline__ void qk(const __half* sq, const __half* sk, Acc (&s)[
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-    wmma::load_matrix_sync(a, sq + w * 16 * D + kk * 16, D);
+    wmma::load_matrix_sync(a, sq + w * 16 * Tile<D>::kLd + kk * 16, Tile<D>::kLd);
 #pragma unroll
     for (int j = 0; j < NF; ++j) {
       wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-      wmma::load_matrix_sync(b, sk + j * 16 * D + kk * 16, D);
+      wmma::load_matrix_sync(b, sk + j * 16 * Tile<D>::kLd + kk * 16, Tile<D>::kLd);
       wmma::mma_sync(s[j], a, b, s[j]);
     }
   }
@@ -135,7 +139,7 @@ __device__ __forceinline__ void pv_tile(const PFrag& pa, int kk, const __half* s
 #pragma unroll
   for (int j = 0; j < D / 16; ++j) {
     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-    wmma::load_matrix_sync(b, sv + kk * 16 * D + j * 16, D);
+    wmma::load_matrix_sync(b, sv + kk * 16 * Tile<D>::kLd + j * 16, Tile<D>::kLd);
     wmma::mma_sync(o[j], pa, b, o[j]);
   }
 }

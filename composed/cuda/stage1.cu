@@ -38,7 +38,7 @@ __device__ void stage1(const Params& p) {
     for (int j = 0; j < BC; ++j) {
       const float pj = s_scores[row * BC + j];
 #pragma unroll
-      for (int d = 0; d < H; ++d) o[d] = fmaf(pj, __half2float(sm.v[j * D + col0 + d]), o[d]);
+      for (int d = 0; d < H; ++d) o[d] = fmaf(pj, __half2float(sm.v[j * Tile<D>::kLd + col0 + d]), o[d]);
     }
   }
   const int r = q0 + row;

@@ -106,7 +106,8 @@ impl Stage {
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).
     pub fn smem_bytes(self, d: usize) -> usize {
         let (bq, bc) = (64, bc(d));
-        let common = 2 * self.ring_stages() * bc * d + (bq * d + 2 * bc * d) * 2;
+        // Q, K and V as half, rows padded by 8 halves (sdpa_common.cuh's kLd).
+        let common = 2 * self.ring_stages() * bc * d + (bq + 2 * bc) * (d + 8) * 2;
         let stats = 3 * bq * 4;
         common
             + match self {
