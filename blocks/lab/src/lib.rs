@@ -11,6 +11,7 @@ mod gpu;
 pub mod hello;
 pub mod numerics;
 mod resources;
+pub mod sass;
 mod testing;
 mod toolchain;
 

@@ -134,20 +134,25 @@ pub fn discover(probe: &Probe) -> Result<Toolchain> {
 
 /// Installs the wheels into `dir`, once, under a file lock, so that parallel test binaries do not race.
 pub fn install_wheels(dir: &Path) -> Result<()> {
+    install_into(dir, WHEELS, |d| inspect_root(d, "pip wheels").is_some())
+}
+
+/// Installs `wheels` into `dir` unless `done(dir)` already holds; under a file lock, through a staging folder.
+pub fn install_into(dir: &Path, wheels: &[&str], done: impl Fn(&Path) -> bool) -> Result<()> {
     let parent = dir.parent().context("toolchain dir has no parent")?;
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     let lock_path = parent.join(".install.lock");
     let lock = std::fs::File::create(&lock_path)
         .with_context(|| format!("creating {}", lock_path.display()))?;
     lock.lock().context("locking the toolchain folder")?;
-    if inspect_root(dir, "pip wheels").is_some() {
+    if done(dir) {
         return Ok(());
     }
     let staging = parent.join(".staging");
     let _ = std::fs::remove_dir_all(&staging);
     eprintln!(
-        "lab: installing NVRTC and CUDA headers ({}) into {}",
-        WHEELS.join(", "),
+        "lab: installing {} into {}",
+        wheels.join(", "),
         dir.display()
     );
     let python = std::env::var("LAB_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -162,7 +167,7 @@ pub fn install_wheels(dir: &Path) -> Result<()> {
             "--target",
         ])
         .arg(&staging)
-        .args(WHEELS)
+        .args(wheels)
         .status()
         .with_context(|| format!("running `{python} -m pip` (is Python 3 with pip installed?)"))?;
     if !status.success() {
