@@ -33,6 +33,21 @@ pub fn input_sets(gpu: &Gpu, shape: Shape, sets: usize) -> Result<Vec<OnDevice>>
         .collect()
 }
 
+/// `iters` graph replays of `stage` over the sets, timed between two events: the total device time. For
+/// criterion's `iter_custom`, which wants the sum over `iters` runs.
+pub fn total_time(
+    gpu: &Gpu,
+    stage: Stage,
+    sets: &mut [OnDevice],
+    iters: u64,
+) -> Result<std::time::Duration> {
+    let t = time_stage(gpu, stage, sets, 3, iters.max(1) as usize)?;
+    // The median × iters: criterion then reports the typical replay, not one outlier's share.
+    Ok(std::time::Duration::from_secs_f64(
+        t.p50_us * 1e-6 * iters as f64,
+    ))
+}
+
 /// The stage captured once per input set into a CUDA graph; `warmup` untimed replays, then `iters` replays
 /// each between two events (rotating over the sets); the distribution of their elapsed times. Graph replays
 /// keep the host's per-launch work (argument set-up, driver calls) out of the interval, so that short

@@ -1,0 +1,279 @@
+// The `sdpa` command line: safetensors in, checks with named errors, a stage on the GPU, O and LSE out.
+use anyhow::{Context, Result, bail, ensure};
+use fixtures::{Quantized, Raw, Shape, quantize_per_head};
+use half::{bf16, f16};
+use safetensors::SafeTensors;
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::stages::DIMS;
+
+/// What an input file held: E4M3 tensors with scales, or real-valued tensors the CLI quantized (kept, to
+/// report the error against the unquantized inputs too).
+#[derive(Debug)]
+pub struct Loaded {
+    pub qz: Quantized,
+    pub raw: Option<Raw>,
+}
+
+fn tensor<'a>(st: &'a SafeTensors<'a>, name: &str) -> Result<TensorView<'a>> {
+    st.tensor(name).map_err(|_| {
+        let mut have: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+        have.sort();
+        anyhow::anyhow!(
+            "missing tensor `{name}` (the file holds: {})",
+            have.join(", ")
+        )
+    })
+}
+
+fn shape4(name: &str, t: &TensorView) -> Result<[usize; 4]> {
+    let s = t.shape();
+    ensure!(
+        s.len() == 4,
+        "tensor `{name}` has shape {s:?}: expected [B, H, S, D]"
+    );
+    Ok([s[0], s[1], s[2], s[3]])
+}
+
+/// Real-valued data as f32; NaN or Inf is refused with the tensor's name and the first index.
+fn real(name: &str, t: &TensorView) -> Result<Vec<f32>> {
+    let d = t.data();
+    let v: Vec<f32> = match t.dtype() {
+        Dtype::F32 => d
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => d
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => d
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => bail!(
+            "tensor `{name}` has dtype {other:?}: expected F16, BF16 or F32 (or F8_E4M3 with scales)"
+        ),
+    };
+    if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+        bail!("tensor `{name}` holds {} at index {i}", v[i]);
+    }
+    Ok(v)
+}
+
+/// A scale tensor: one per (batch, head), or one for the whole tensor; every value positive and finite.
+fn scales(st: &SafeTensors, name: &str, heads: usize) -> Result<Vec<f32>> {
+    let t = tensor(st, name)?;
+    let v = real(name, &t)?;
+    if let Some(i) = v.iter().position(|x| *x <= 0.0) {
+        bail!("`{name}`[{i}] = {} is not a positive scale", v[i]);
+    }
+    match v.len() {
+        1 => Ok(vec![v[0]; heads]),
+        n if n == heads => Ok(v),
+        n => bail!("`{name}` has {n} values: expected 1 (per tensor) or B·H = {heads} (per head)"),
+    }
+}
+
+/// Reads `q`, `k`, `v` (F16 / BF16 / F32, quantized here per head) or E4M3 `q`, `k`, `v` with `q_scale`,
+/// `k_scale`, `v_scale`. Every problem is an error naming what is wrong; nothing is launched.
+pub fn load(bytes: &[u8]) -> Result<Loaded> {
+    let st = SafeTensors::deserialize(bytes).context("reading the safetensors file")?;
+    let (q, k, v) = (tensor(&st, "q")?, tensor(&st, "k")?, tensor(&st, "v")?);
+    let ([b, h, sq, d], [bk, hk, sk, dk], sv) =
+        (shape4("q", &q)?, shape4("k", &k)?, shape4("v", &v)?);
+    ensure!(
+        sv == [bk, hk, sk, dk],
+        "tensors `k` {:?} and `v` {sv:?} must have the same shape",
+        [bk, hk, sk, dk]
+    );
+    ensure!(
+        [b, h, d] == [bk, hk, dk],
+        "`q` is [{b}, {h}, {sq}, {d}] but `k` is [{bk}, {hk}, {sk}, {dk}]: B, H and D must agree"
+    );
+    ensure!(
+        sq >= 1 && sk >= 1,
+        "sequence length 0 (Sq = {sq}, Sk = {sk}): there is nothing to attend"
+    );
+    ensure!(
+        DIMS.contains(&d),
+        "head dimension D = {d} is not supported: the stages are built for D = 64 and 128"
+    );
+    let shape = Shape::cross(b, h, sq, sk, d);
+    let fp8 = [&q, &k, &v]
+        .iter()
+        .filter(|t| t.dtype() == Dtype::F8_E4M3)
+        .count();
+    if fp8 == 3 {
+        let qz = Quantized {
+            shape,
+            q: q.data().to_vec(),
+            k: k.data().to_vec(),
+            v: v.data().to_vec(),
+            q_scale: scales(&st, "q_scale", b * h)?,
+            k_scale: scales(&st, "k_scale", b * h)?,
+            v_scale: scales(&st, "v_scale", b * h)?,
+            softmax_scale: 1.0 / (d as f32).sqrt(),
+        };
+        crate::validate(&qz)?;
+        return Ok(Loaded { qz, raw: None });
+    }
+    ensure!(
+        fp8 == 0,
+        "`q`, `k` and `v` must all be F8_E4M3 (with scales) or all real-valued; {fp8} of 3 are F8_E4M3"
+    );
+    let raw = Raw {
+        shape,
+        q: real("q", &q)?,
+        k: real("k", &k)?,
+        v: real("v", &v)?,
+    };
+    let qz = quantize_per_head(&raw);
+    crate::validate(&qz)?;
+    Ok(Loaded { qz, raw: Some(raw) })
+}
+
+/// `o` (F16 [B, H, Sq, D]) and `lse` (F32 [B, H, Sq]) as safetensors bytes.
+pub fn save(shape: Shape, o: &[f32], lse: &[f32]) -> Result<Vec<u8>> {
+    let ob: Vec<u8> = o
+        .iter()
+        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+        .collect();
+    let lb: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let ov = TensorView::new(Dtype::F16, vec![shape.b, shape.h, shape.sq, shape.d], &ob)?;
+    let lv = TensorView::new(Dtype::F32, vec![shape.b, shape.h, shape.sq], &lb)?;
+    Ok(safetensors::serialize([("o", ov), ("lse", lv)], None)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
+        let views: Vec<(&str, TensorView)> = tensors
+            .iter()
+            .map(|(n, d, s, b)| (*n, TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    fn f32s(n: usize, x: f32) -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (x + i as f32 * 1e-3).to_le_bytes())
+            .collect()
+    }
+
+    fn qkv(shape: [usize; 4], dtype: Dtype) -> Vec<(&'static str, Dtype, Vec<usize>, Vec<u8>)> {
+        let n: usize = shape.iter().product();
+        let bytes = match dtype {
+            Dtype::F16 => (0..n)
+                .flat_map(|i| f16::from_f32(i as f32 * 1e-3).to_le_bytes())
+                .collect(),
+            _ => f32s(n, 0.5),
+        };
+        ["q", "k", "v"]
+            .iter()
+            .map(|&name| (name, dtype, shape.to_vec(), bytes.clone()))
+            .collect()
+    }
+
+    fn err(tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>) -> String {
+        format!("{:#}", load(&file(&tensors)).unwrap_err())
+    }
+
+    #[test]
+    fn good_inputs_load_in_every_dtype() {
+        for dt in [Dtype::F16, Dtype::F32] {
+            let l = load(&file(&qkv([1, 2, 5, 64], dt))).unwrap();
+            assert_eq!(l.qz.shape, Shape::new(1, 2, 5, 64));
+            assert!(l.raw.is_some());
+        }
+        let mut t = qkv([1, 2, 5, 64], Dtype::F32);
+        for x in t.iter_mut() {
+            x.1 = Dtype::F8_E4M3;
+            x.3 = vec![0x38; 640];
+        }
+        for name in ["q_scale", "k_scale", "v_scale"] {
+            t.push((name, Dtype::F32, vec![2], f32s(2, 0.5)));
+        }
+        let l = load(&file(&t)).unwrap();
+        assert!(l.raw.is_none() && l.qz.q_scale == vec![0.5, 0.501]);
+    }
+
+    #[test]
+    fn a_missing_tensor_is_named() {
+        let mut t = qkv([1, 1, 4, 64], Dtype::F32);
+        t.remove(1);
+        let e = err(t);
+        assert!(
+            e.contains("missing tensor `k`") && e.contains("q, v"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn mismatched_shapes_are_refused() {
+        let mut t = qkv([1, 2, 4, 64], Dtype::F32);
+        t[1] = ("k", Dtype::F32, vec![1, 3, 4, 64], f32s(768, 0.1));
+        t[2] = ("v", Dtype::F32, vec![1, 3, 4, 64], f32s(768, 0.1));
+        assert!(err(t).contains("B, H and D must agree"));
+        let mut t = qkv([1, 2, 4, 64], Dtype::F32);
+        t[2] = ("v", Dtype::F32, vec![1, 2, 5, 64], f32s(640, 0.1));
+        assert!(err(t).contains("must have the same shape"));
+    }
+
+    #[test]
+    fn a_wrong_dtype_is_refused() {
+        let mut t = qkv([1, 1, 4, 64], Dtype::F32);
+        t[0] = ("q", Dtype::I32, vec![1, 1, 4, 64], f32s(256, 0.0));
+        let e = err(t);
+        assert!(e.contains("`q` has dtype I32"), "{e}");
+    }
+
+    #[test]
+    fn zero_length_and_unsupported_d_are_refused() {
+        assert!(err(qkv([1, 1, 0, 64], Dtype::F32)).contains("sequence length 0"));
+        assert!(err(qkv([1, 1, 4, 32], Dtype::F32)).contains("D = 32 is not supported"));
+    }
+
+    #[test]
+    fn nan_and_inf_name_the_tensor_and_index() {
+        let mut t = qkv([1, 1, 4, 64], Dtype::F32);
+        t[2].3[4 * 7..4 * 8].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(err(t).contains("tensor `v` holds NaN at index 7"));
+        let mut t = qkv([1, 1, 4, 64], Dtype::F32);
+        t[0].3[4 * 3..4 * 4].copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
+        assert!(err(t).contains("tensor `q` holds -inf at index 3"));
+    }
+
+    #[test]
+    fn non_positive_scales_are_refused() {
+        let mut t = qkv([1, 2, 4, 64], Dtype::F32);
+        for x in t.iter_mut() {
+            x.1 = Dtype::F8_E4M3;
+            x.3 = vec![0x38; 512];
+        }
+        t.push(("q_scale", Dtype::F32, vec![1], f32s(1, 1.0)));
+        t.push((
+            "k_scale",
+            Dtype::F32,
+            vec![2],
+            [1.0f32, 0.0].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
+        t.push(("v_scale", Dtype::F32, vec![1], f32s(1, 1.0)));
+        let e = err(t);
+        assert!(
+            e.contains("`k_scale`[1] = 0 is not a positive scale"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn outputs_round_trip() {
+        let s = Shape::new(1, 1, 2, 64);
+        let bytes = save(s, &vec![0.5; 128], &[1.0, 2.0]).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("o").unwrap().dtype(), Dtype::F16);
+        assert_eq!(st.tensor("lse").unwrap().shape(), &[1, 1, 2]);
+    }
+}
