@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{Result, ensure};
 use composed::{OnDevice, Stage, bc, run};
 use fixtures::{
-    Attention, Quantized, Raw, Shape, emulate, quantize_per_head, reference, reference_unquantized,
+    Attention, Quantized, Raw, Shape, emulate, quantize_per_head, quantize_per_tensor, reference,
+    reference_unquantized,
 };
 use lab::numerics::{Tolerance, error_stats};
 use lab::{Gpu, Suite};
@@ -17,6 +18,8 @@ struct Case {
     make: fn(Shape, u64) -> Raw,
     shape: Shape,
     seed: u64,
+    /// One scale per tensor instead of one per (b, h).
+    per_tensor: bool,
 }
 
 fn normal(shape: Shape, seed: u64) -> Raw {
@@ -60,6 +63,7 @@ fn matrix() -> Vec<Case> {
             make,
             shape,
             seed,
+            per_tensor: false,
         })
     };
     for seed in 0..3 {
@@ -131,6 +135,13 @@ fn matrix() -> Vec<Case> {
         Shape::new(1, 2, 70, 128),
         17,
     );
+    v.push(Case {
+        name: "per_tensor_scales_2x4x200x64_s18".into(),
+        make: normal,
+        shape: Shape::new(2, 4, 200, 64),
+        seed: 18,
+        per_tensor: true,
+    });
     v
 }
 
@@ -156,7 +167,11 @@ fn prepared(case: &Case) -> Arc<Prepared> {
         .clone();
     slot.get_or_init(|| {
         let raw = (case.make)(case.shape, case.seed);
-        let qz = quantize_per_head(&raw);
+        let qz = if case.per_tensor {
+            quantize_per_tensor(&raw)
+        } else {
+            quantize_per_head(&raw)
+        };
         let (reference, emulation) = (reference(&qz), emulate(&qz, bc(case.shape.d)));
         Arc::new(Prepared {
             raw,

@@ -29,7 +29,11 @@ pub fn build(dir: Option<PathBuf>) -> Result<()> {
     sh.change_dir(&root);
     let dir = dir.unwrap_or_else(|| root.join(".bundle"));
     let bins = test_binaries(&sh, "bundle")?;
-    cmd!(sh, "cargo build --quiet -p xtask -p composed --bins --profile bundle").run()?;
+    cmd!(
+        sh,
+        "cargo build --quiet -p xtask -p composed --bins --profile bundle"
+    )
+    .run()?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("bin"))?;
     let mut manifest = Vec::new();
