@@ -13,11 +13,9 @@ __device__ void register_softmax(const Params& p) {
   constexpr int BC = Tile<D>::kBC, BQ = Tile<D>::kBQ, NO = D / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Smem<D, STAGES> sm(smem_raw);
-  const int bh = blockIdx.y, q0 = blockIdx.x * BQ;
-  const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
-  const KV<D, STAGES> kv(p, sm, bh);
-  kv.prologue();
-  load_q<D>(p, bh, q0, sm.q);
+  const Block b(p, BQ);
+  const KV<D, STAGES> kv(p, sm, b.bh);
+  kv.begin(p, sm, b);
   osm::RowState st;
   osm::init(st);
   Acc o[NO];
@@ -28,7 +26,7 @@ __device__ void register_softmax(const Params& p) {
     Acc s[BC / 16];
     qk<D>(sm.q, sm.k, s);
     float alpha[2];
-    osm::step<frag::WmmaAcc>(s, t * BC, p.sk, c, st, alpha);
+    osm::step<frag::WmmaAcc>(s, t * BC, p.sk, b.c, st, alpha);
     osm::rescale<frag::WmmaAcc>(o, alpha);
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
@@ -38,8 +36,8 @@ __device__ void register_softmax(const Params& p) {
     }
   }
   float lse[2];
-  osm::finish<frag::WmmaAcc>(o, st, scale, lse);
-  store_o<D>(p, bh, q0, o, lse);
+  osm::finish<frag::WmmaAcc>(o, st, b.scale, lse);
+  store_o<D>(p, b.bh, b.q0, o, lse);
 }
 
 }  // namespace sdpa

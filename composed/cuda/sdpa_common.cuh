@@ -88,6 +88,18 @@ __device__ void dequant_tile(const unsigned char* src, __half* dst) {
     store16(dst + (c / (D / 16)) * Tile<D>::kLd + 16 * (c % (D / 16)), reinterpret_cast<const uint4*>(src)[c]);
 }
 
+// Which head and query rows this block owns, and the softmax scale folded for the raw fp8 codes: scores are
+// q·k of the unscaled codes, so scale = softmax_scale · q_scale · k_scale; c = scale · log2(e) feeds exp2.
+struct Block {
+  int bh, q0;
+  float scale, c;
+  __device__ Block(const Params& p, int bq)
+      : bh(blockIdx.y),
+        q0(blockIdx.x * bq),
+        scale(p.softmax_scale * p.q_scale[blockIdx.y] * p.k_scale[blockIdx.y]),
+        c(scale * kLog2e) {}
+};
+
 // The K/V pipeline of one block: both rings fill tile t in one cp.async group.
 template <int D, int STAGES>
 struct KV {
@@ -100,8 +112,10 @@ struct KV {
     v.copy(t);
     ring::commit();
   }
-  __device__ void prologue() const {
+  // The ring's prologue, with Q staged while those tiles are in flight.
+  __device__ void begin(const Params& p, const Smem<D, STAGES>& s, const Block& b) const {
     for (int t = 0; t < STAGES - 1; ++t) issue(t);
+    load_q<D>(p, b.bh, b.q0, s.q);
   }
   // Refills the stage released last, waits for tile t, dequantizes it into sK and sV, releases its stage.
   // On return tile t is in sK / sV for every thread; they stay valid until the next call.

@@ -18,6 +18,27 @@ struct RowStats {
   }
 };
 
+// The shared memory of stages 1–3a after the common part: scores [64][BC] f32, then the row stats; `after`
+// is what a stage may put behind them.
+template <int BC>
+struct ScoreBuf {
+  float* s;
+  RowStats st;
+  unsigned char* after;
+  __device__ explicit ScoreBuf(unsigned char* base)
+      : s(reinterpret_cast<float*>(base)),
+        st{s + 64 * BC, s + 64 * BC + 64, s + 64 * BC + 128},
+        after(reinterpret_cast<unsigned char*>(s + 64 * BC + 192)) {}
+  // This warp's score fragments into its 16 rows, then a barrier: the softmax reads every warp's rows.
+  template <int NF>
+  __device__ void store(const Acc (&sf)[NF]) const {
+    const int w = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < NF; ++j) wmma::store_matrix_sync(s + w * 16 * BC + 16 * j, sf[j], BC, wmma::mem_row_major);
+    __syncthreads();
+  }
+};
+
 // Scores S[64][BC] (f32, ldS floats a row) of one tile: threads 0..63 each update one row's m and l, turn its
 // scores into P = exp2(S·c − m_use·c) (0 past kv_valid) and hand each P to `write_p(row, col, p)`. The
 // guard and the order of operations are the online-softmax block's (osm::step), row-serial.
@@ -58,14 +79,13 @@ __device__ void smem_softmax_wmma_pv(const Params& p) {
   constexpr int BC = Tile<D>::kBC, BQ = Tile<D>::kBQ, NO = D / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Smem<D, 2> sm(smem_raw);
-  float* s_scores = reinterpret_cast<float*>(sm.rest);
-  RowStats st{s_scores + BQ * BC, s_scores + BQ * BC + BQ, s_scores + BQ * BC + 2 * BQ};
-  const PBuf pbuf(reinterpret_cast<unsigned char*>(s_scores + BQ * BC + 3 * BQ), s_scores, BC);
-  const int bh = blockIdx.y, q0 = blockIdx.x * BQ, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
-  const KV<D, 2> kv(p, sm, bh);
-  kv.prologue();
-  load_q<D>(p, bh, q0, sm.q);
+  const ScoreBuf<BC> sb(sm.rest);
+  RowStats st = sb.st;
+  const PBuf pbuf(sb.after, sb.s, BC);
+  const Block b(p, BQ);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const KV<D, 2> kv(p, sm, b.bh);
+  kv.begin(p, sm, b);
   st.init();
   Acc o[NO];
 #pragma unroll
@@ -74,10 +94,8 @@ __device__ void smem_softmax_wmma_pv(const Params& p) {
     kv.next(t, sm);
     Acc s[BC / 16];
     qk<D>(sm.q, sm.k, s);
-#pragma unroll
-    for (int j = 0; j < BC / 16; ++j) wmma::store_matrix_sync(s_scores + w * 16 * BC + 16 * j, s[j], BC, wmma::mem_row_major);
-    __syncthreads();
-    softmax_rows<BC>(s_scores, BC, p.sk - t * BC, c, st, pbuf);
+    sb.store(s);
+    softmax_rows<BC>(sb.s, BC, p.sk - t * BC, b.c, st, pbuf);
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < NO; ++j)
@@ -92,12 +110,12 @@ __device__ void smem_softmax_wmma_pv(const Params& p) {
   }
   float lse[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) lse[h] = row_lse(st, w * 16 + frag::acc_row(lane, h), scale);
+  for (int h = 0; h < 2; ++h) lse[h] = row_lse(st, w * 16 + frag::acc_row(lane, h), b.scale);
 #pragma unroll
   for (int j = 0; j < NO; ++j)
 #pragma unroll
     for (int i = 0; i < 8; ++i) o[j].x[i] *= inv_l(st, w * 16 + frag::wmma_acc_row(lane, i));
-  store_o<D>(p, bh, q0, o, lse);
+  store_o<D>(p, b.bh, b.q0, o, lse);
 }
 
 }  // namespace sdpa

@@ -10,14 +10,13 @@ __device__ void stage1(const Params& p) {
   constexpr int BC = Tile<D>::kBC, BQ = Tile<D>::kBQ, H = D / 2;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const Smem<D, 2> sm(smem_raw);
-  float* s_scores = reinterpret_cast<float*>(sm.rest);
-  RowStats st{s_scores + BQ * BC, s_scores + BQ * BC + BQ, s_scores + BQ * BC + 2 * BQ};
-  const int bh = blockIdx.y, q0 = blockIdx.x * BQ, w = threadIdx.x >> 5;
+  const ScoreBuf<BC> sb(sm.rest);
+  RowStats st = sb.st;
+  float* s_scores = sb.s;
+  const Block b(p, BQ);
   const int row = threadIdx.x / 2, col0 = (threadIdx.x % 2) * H;
-  const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
-  const KV<D, 2> kv(p, sm, bh);
-  kv.prologue();
-  load_q<D>(p, bh, q0, sm.q);
+  const KV<D, 2> kv(p, sm, b.bh);
+  kv.begin(p, sm, b);
   st.init();
   float o[H];
 #pragma unroll
@@ -26,11 +25,9 @@ __device__ void stage1(const Params& p) {
     kv.next(t, sm);
     Acc s[BC / 16];
     qk<D>(sm.q, sm.k, s);
-#pragma unroll
-    for (int j = 0; j < BC / 16; ++j) wmma::store_matrix_sync(s_scores + w * 16 * BC + 16 * j, s[j], BC, wmma::mem_row_major);
-    __syncthreads();
+    sb.store(s);
     // P stays f32, in place of the scores: the scalar P·V needs no f16 operand.
-    softmax_rows<BC>(s_scores, BC, p.sk - t * BC, c, st, [&](int r, int j, float pv) { s_scores[r * BC + j] = pv; });
+    softmax_rows<BC>(s_scores, BC, p.sk - t * BC, b.c, st, [&](int r, int j, float pv) { s_scores[r * BC + j] = pv; });
     __syncthreads();
     const float a = st.alpha[row];
 #pragma unroll
@@ -41,13 +38,13 @@ __device__ void stage1(const Params& p) {
       for (int d = 0; d < H; ++d) o[d] = fmaf(pj, __half2float(sm.v[j * Tile<D>::kLd + col0 + d]), o[d]);
     }
   }
-  const int r = q0 + row;
+  const int r = b.q0 + row;
   if (r < p.sq) {
-    const float f = inv_l(st, row) * p.v_scale[bh];
+    const float f = inv_l(st, row) * p.v_scale[b.bh];
 #pragma unroll
     for (int d = 0; d < H; d += 2)
-      *reinterpret_cast<__half2*>(p.o + ((long long)bh * p.sq + r) * D + col0 + d) = __floats2half2_rn(o[d] * f, o[d + 1] * f);
-    if (col0 == 0) p.lse[(long long)bh * p.sq + r] = row_lse(st, row, scale);
+      *reinterpret_cast<__half2*>(p.o + ((long long)b.bh * p.sq + r) * D + col0 + d) = __floats2half2_rn(o[d] * f, o[d + 1] * f);
+    if (col0 == 0) p.lse[(long long)b.bh * p.sq + r] = row_lse(st, row, b.scale);
   }
 }
 
