@@ -140,6 +140,7 @@ const fn k(name: &'static str, source: &'static Source) -> KernelSpec {
         source,
         budget: Budget::new(168, 0),
         archs: &Arch::REQUIRED,
+        sass: &[],
     }
 }
 

@@ -68,6 +68,7 @@ const fn k(name: &'static str) -> KernelSpec {
         source: &SOURCE,
         budget: Budget::new(64, 0),
         archs: &Arch::REQUIRED,
+        sass: &[],
     }
 }
 

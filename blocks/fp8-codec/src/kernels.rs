@@ -19,6 +19,7 @@ const fn k(name: &'static str, smem: u32) -> KernelSpec {
         source: &SOURCE,
         budget: Budget::new(64, smem),
         archs: &Arch::REQUIRED,
+        sass: &[],
     }
 }
 

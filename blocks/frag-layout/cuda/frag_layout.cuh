@@ -37,6 +37,20 @@ __host__ __device__ constexpr int wmma_a_col(int lane, int i) { return m16n8k16_
 __host__ __device__ constexpr int wmma_b_row(int lane, int i) { return 2 * thread_in_group(lane) + (i & 1) + 8 * ((i >> 1) & 1); }
 __host__ __device__ constexpr int wmma_b_col(int lane, int i) { return group_of(lane) + 8 * ((i >> 2) & 1); }
 
+// ---- wgmma.mma_async m64nNkK (sm_90a), probed on the H100: t = thread of the warpgroup (0..127) ----
+// Warp w = t / 32 holds rows 16w .. 16w + 15, laid out like an m16 mma.sync fragment of that warp.
+// D (f32, N/2 elements per thread, any N): x[i] with i / 4 = the 8-column group.
+__host__ __device__ constexpr int wgmma_d_row(int t, int i) { return 16 * (t >> 5) + group_of(t & 31) + 8 * ((i >> 1) & 1); }
+__host__ __device__ constexpr int wgmma_d_col(int t, int i) { return 8 * (i >> 2) + 2 * thread_in_group(t) + (i & 1); }
+// A from registers, k32 (e4m3 / e5m2): 16 bytes per thread in 4 registers, byte i = element x[i].
+__host__ __device__ constexpr int wgmma_a_k32_row(int t, int i) { return 16 * (t >> 5) + group_of(t & 31) + 8 * ((i >> 2) & 1); }
+__host__ __device__ constexpr int wgmma_a_k32_col(int t, int i) { return 4 * thread_in_group(t) + (i & 3) + 16 * (i >> 3); }
+// A from registers, k16 (f16 / bf16): 8 halves per thread in 4 registers.
+__host__ __device__ constexpr int wgmma_a_k16_row(int t, int i) { return 16 * (t >> 5) + group_of(t & 31) + 8 * ((i >> 1) & 1); }
+__host__ __device__ constexpr int wgmma_a_k16_col(int t, int i) { return 2 * thread_in_group(t) + (i & 1) + 8 * (i >> 2); }
+// Row r of a wgmma D is held by the quad of lanes wgmma_quad_base(r) .. + 3 (the same xor-1, xor-2 shuffle).
+__host__ __device__ constexpr int wgmma_quad_base(int row) { return 32 * (row >> 4) + 4 * (row & 7); }
+
 // ---- Row ownership of an accumulator (wmma 16x16 and mma m16n8 alike) ----
 // Row r is held by the quad of lanes 4*(r % 8) .. 4*(r % 8) + 3, in the elements i with acc_half(i) == r / 8.
 __host__ __device__ constexpr int acc_quad_base(int row) { return 4 * (row & 7); }

@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::model::{
-    ARCHS, LAYOUTS, Layout, LayoutId, Operand, PROBED_ARCH, QUAD_XOR_MASKS, row_owners,
+    ARCHS, LAYOUTS, Layout, LayoutId, Operand, QUAD_XOR_MASKS, is_probed, row_owners,
 };
+use crate::smem::{Desc, SmemLayout, smem_layouts};
 
 /// One layout of one architecture, as `cargo xtask layouts --json` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -15,9 +16,11 @@ pub struct Record {
     pub op: String,
     pub operand: String,
     pub dtype: String,
-    /// "probed" where the device tests compare this exact table with the hardware on every GPU run (sm_90);
-    /// "model" where no such hardware is at hand.
+    /// "probed" where the device tests compare this exact table with the hardware on every GPU run (sm_90,
+    /// sm_90a); "model" where no such hardware is at hand.
     pub source: String,
+    /// Threads that hold the fragment: 32 (a warp) or 128 (a wgmma warpgroup, `lane` = 32·warp + lane).
+    pub threads: u32,
     /// `[lane, reg, row, col]`, sorted by lane then reg.
     pub entries: Vec<[u32; 4]>,
 }
@@ -32,15 +35,11 @@ impl Record {
         entries.sort();
         Record {
             arch: arch.name().into(),
-            op: layout.id.op_name().into(),
+            op: layout.id.op_name(),
             operand: layout.id.operand_name().into(),
             dtype: layout.id.dtype.name().into(),
-            source: if arch == PROBED_ARCH {
-                "probed"
-            } else {
-                "model"
-            }
-            .into(),
+            source: if is_probed(arch) { "probed" } else { "model" }.into(),
+            threads: layout.id.threads(),
             entries,
         }
     }
@@ -55,6 +54,93 @@ pub fn catalogue() -> Vec<Record> {
         }
     }
     v
+}
+
+/// One wgmma shared-memory operand layout, as `cargo xtask layouts --json` prints it under `smem`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SmemRecord {
+    pub arch: String,
+    pub key: String,
+    pub operand: String,
+    pub dtype: String,
+    pub swizzle: String,
+    pub rows: u32,
+    pub k_bytes: u32,
+    pub step: u32,
+    pub desc: Desc,
+    /// "probed": the device tests compare this exact table with the hardware on every GPU run.
+    pub source: String,
+    /// `[row, k, byte]`: element k of row `row` is read from this byte of the tile.
+    pub entries: Vec<[u32; 3]>,
+}
+
+impl SmemRecord {
+    pub fn new(l: &SmemLayout) -> Self {
+        SmemRecord {
+            arch: "sm_90a".into(),
+            key: l.id.key(),
+            operand: format!("{:?}", l.id.operand).to_lowercase(),
+            dtype: l.id.dtype.name().into(),
+            swizzle: l.id.swizzle.name().into(),
+            rows: l.id.rows,
+            k_bytes: l.id.k_bytes,
+            step: l.id.step,
+            desc: l.id.desc(),
+            source: "probed".into(),
+            entries: l.entries.iter().map(|(&(r, k), &b)| [r, k, b]).collect(),
+        }
+    }
+}
+
+/// Every wgmma shared-memory layout the lab records, from the model (which the device probes equal).
+pub fn smem_catalogue() -> Vec<SmemRecord> {
+    smem_layouts()
+        .iter()
+        .map(|id| SmemRecord::new(&id.model()))
+        .collect()
+}
+
+/// A picture of a shared-memory layout: rows × K elements, each cell its byte offset, coloured by the 16-byte
+/// chunk of its 128-byte line (a bank group), so a conflict-free swizzle shows as a diagonal rainbow.
+pub fn smem_svg(l: &SmemLayout) -> String {
+    let (rows, cols) = (l.id.rows, l.id.k_elems());
+    let (cw, ch, x0, y0) = (40u32, 16u32, 36u32, 44u32);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="monospace" font-size="10">"#,
+        x0 + cols * cw + 8,
+        y0 + rows * ch + 8
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="4" y="16" font-size="13">{} — cell = byte, colour = 16-byte chunk of its 128-byte line</text>"#,
+        l.id
+    );
+    for c in 0..cols {
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">k{c}</text>"#,
+            x0 + c * cw + cw / 2,
+            y0 - 6
+        );
+    }
+    for r in 0..rows {
+        let _ = writeln!(s, r#"<text x="4" y="{}">r{r}</text>"#, y0 + r * ch + 12);
+        for c in 0..cols {
+            let b = l.entries.get(&(r, c)).copied().unwrap_or(0);
+            let (x, y) = (x0 + c * cw, y0 + r * ch);
+            let _ = writeln!(
+                s,
+                r##"<rect x="{x}" y="{y}" width="{cw}" height="{ch}" fill="hsl({},65%,80%)" stroke="#333"/><text x="{}" y="{}" text-anchor="middle">{b}</text>"##,
+                (b / 16 % 8) * 45,
+                x + cw / 2,
+                y + 12
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
 }
 
 /// A picture of one layout, cells coloured by lane and labelled `lane.reg`, as CuTe's print_svg draws them.
@@ -134,7 +220,25 @@ pub fn header_checks() -> String {
             );
         }
     }
-    for id in LAYOUTS.iter().filter(|l| l.operand == Operand::Acc) {
+    for id in LAYOUTS
+        .iter()
+        .filter(|l| l.operand == Operand::Acc && l.is_wgmma())
+        .take(1)
+    {
+        let layout = id.model();
+        for row in 0..id.shape().0 {
+            let o = row_owners(&layout, row);
+            let _ = writeln!(
+                s,
+                "static_assert(frag::wgmma_quad_base({row}) == {}, \"{id}: row {row} quad\");",
+                o.lanes[0]
+            );
+        }
+    }
+    for id in LAYOUTS
+        .iter()
+        .filter(|l| l.operand == Operand::Acc && !l.is_wgmma())
+    {
         let layout = id.model();
         let (rows, _) = id.shape();
         for row in 0..rows {

@@ -24,6 +24,64 @@ pub const PROBES_FP8: Source = Source {
 
 const FP8_ARCHS: &[Arch] = &[Arch::Sm89, Arch::Sm90];
 
+pub const WGMMA_HEADERS: &[Header] = &[Header {
+    name: "wgmma_instr.cuh",
+    code: include_str!("../cuda/wgmma_instr.cuh"),
+}];
+
+pub const PROBES_WGMMA: Source = Source {
+    file: "test_frag_layout_wgmma.cu",
+    code: include_str!("../cuda/test_frag_layout_wgmma.cu"),
+    headers: &[WGMMA_HEADERS],
+};
+
+const fn wg(name: &'static str, sass: &'static [&'static str]) -> KernelSpec {
+    // One warpgroup, up to 128 accumulator registers (N = 256); images are dynamic shared memory.
+    KernelSpec {
+        block: "frag-layout",
+        name,
+        source: &PROBES_WGMMA,
+        budget: Budget::new(200, 0),
+        archs: &[Arch::Sm90a],
+        sass,
+    }
+}
+const QGMMA: &[&str] = &["QGMMA"];
+const HGMMA: &[&str] = &["HGMMA"];
+
+/// The wgmma probe kernel for input type `dtype`, width `n`, A from registers (`rs`) or shared memory (`ss`).
+pub fn wgmma_probe(dtype: crate::DType, n: u32, a_regs: bool) -> anyhow::Result<KernelSpec> {
+    let name = format!(
+        "probe_wgmma_{}_n{n}_{}",
+        dtype.name(),
+        if a_regs { "rs" } else { "ss" }
+    );
+    WGMMA_PROBES
+        .iter()
+        .find(|k| k.name == name)
+        .copied()
+        .ok_or_else(|| anyhow::anyhow!("no wgmma probe kernel `{name}`"))
+}
+
+pub const WGMMA_PROBES: &[KernelSpec] = &[
+    wg("probe_wgmma_e4m3_n64_rs", QGMMA),
+    wg("probe_wgmma_e4m3_n128_rs", QGMMA),
+    wg("probe_wgmma_e4m3_n256_rs", QGMMA),
+    wg("probe_wgmma_e4m3_n64_ss", QGMMA),
+    wg("probe_wgmma_e5m2_n64_rs", QGMMA),
+    wg("probe_wgmma_e5m2_n128_rs", QGMMA),
+    wg("probe_wgmma_e5m2_n256_rs", QGMMA),
+    wg("probe_wgmma_e5m2_n64_ss", QGMMA),
+    wg("probe_wgmma_f16_n64_rs", HGMMA),
+    wg("probe_wgmma_f16_n128_rs", HGMMA),
+    wg("probe_wgmma_f16_n256_rs", HGMMA),
+    wg("probe_wgmma_f16_n64_ss", HGMMA),
+    wg("probe_wgmma_bf16_n64_rs", HGMMA),
+    wg("probe_wgmma_bf16_n128_rs", HGMMA),
+    wg("probe_wgmma_bf16_n256_rs", HGMMA),
+    wg("probe_wgmma_bf16_n64_ss", HGMMA),
+];
+
 const fn k(name: &'static str, source: &'static Source, archs: &'static [Arch]) -> KernelSpec {
     // Probes are one warp doing one fragment: small, no shared memory of their own.
     KernelSpec {
@@ -32,6 +90,7 @@ const fn k(name: &'static str, source: &'static Source, archs: &'static [Arch]) 
         source,
         budget: Budget::new(64, 0),
         archs,
+        sass: &[],
     }
 }
 

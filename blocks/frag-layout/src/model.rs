@@ -13,6 +13,9 @@ pub enum Op {
     Mma16x8x16,
     /// `mma.sync.aligned.m16n8k32`, e4m3/e5m2 in, f32 accumulate; sm_89 and later.
     Mma16x8x32,
+    /// `wgmma.mma_async.sync.aligned.m64nNkK` (sm_90a): one warpgroup of 128 threads; K = 32 for e4m3/e5m2,
+    /// 16 for f16/bf16. Its register layouts are indexed by the thread of the warpgroup (warp = thread / 32).
+    Wgmma { n: u32, k: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -85,23 +88,52 @@ pub const LAYOUTS: &[LayoutId] = {
         l(Mma16x8x32, B(None), E4m3),
         l(Mma16x8x32, B(None), E5m2),
         l(Mma16x8x32, Acc, F32),
+        l(Wgmma { n: 64, k: 32 }, Acc, F32),
+        l(Wgmma { n: 128, k: 32 }, Acc, F32),
+        l(Wgmma { n: 256, k: 32 }, Acc, F32),
+        l(Wgmma { n: 64, k: 16 }, Acc, F32),
+        l(Wgmma { n: 128, k: 16 }, Acc, F32),
+        l(Wgmma { n: 256, k: 16 }, Acc, F32),
+        // The register A operand does not depend on N; it is recorded (and probed) at N = 64.
+        l(Wgmma { n: 64, k: 32 }, A(None), E4m3),
+        l(Wgmma { n: 64, k: 32 }, A(None), E5m2),
+        l(Wgmma { n: 64, k: 16 }, A(None), F16),
+        l(Wgmma { n: 64, k: 16 }, A(None), Bf16),
     ]
 };
 
-/// The architectures whose layouts the lab records. sm_90 is probed on the device; the others come from the
-/// model until their hardware is at hand.
-pub const ARCHS: [Arch; 3] = [Arch::Sm80, Arch::Sm89, Arch::Sm90];
+/// The N of every wgmma accumulator layout the lab records.
+pub const WGMMA_NS: [u32; 3] = [64, 128, 256];
 
-/// The architecture whose layouts are probed on the device machine (an H100).
+/// The architectures whose layouts the lab records. sm_90 and sm_90a (wgmma) are probed on the device; the
+/// others come from the model until their hardware is at hand.
+pub const ARCHS: [Arch; 4] = [Arch::Sm80, Arch::Sm89, Arch::Sm90, Arch::Sm90a];
+
+/// The architecture whose mma.sync / wmma layouts are probed on the device machine (an H100).
 pub const PROBED_ARCH: Arch = Arch::Sm90;
 
+/// The architectures whose layouts the device machine (an H100) probes: sm_90, and sm_90a for wgmma.
+pub fn is_probed(arch: Arch) -> bool {
+    matches!(arch, Arch::Sm90 | Arch::Sm90a)
+}
+
 impl LayoutId {
-    pub fn op_name(&self) -> &'static str {
+    pub fn op_name(&self) -> String {
         match self.op {
-            Op::Wmma16x16x16 => "wmma.m16n16k16",
-            Op::Mma16x8x16 => "mma.m16n8k16",
-            Op::Mma16x8x32 => "mma.m16n8k32",
+            Op::Wmma16x16x16 => "wmma.m16n16k16".into(),
+            Op::Mma16x8x16 => "mma.m16n8k16".into(),
+            Op::Mma16x8x32 => "mma.m16n8k32".into(),
+            Op::Wgmma { n, k } => format!("wgmma.m64n{n}k{k}"),
         }
+    }
+
+    pub fn is_wgmma(&self) -> bool {
+        matches!(self.op, Op::Wgmma { .. })
+    }
+
+    /// Threads that hold the fragment together: a warp, or a warpgroup for wgmma.
+    pub fn threads(&self) -> u32 {
+        if self.is_wgmma() { 128 } else { 32 }
     }
 
     pub fn operand_name(&self) -> &'static str {
@@ -114,6 +146,7 @@ impl LayoutId {
             (Operand::A(None), _) => "a",
             (Operand::B(None), _) => "b",
             (Operand::Acc, true) => "accumulator",
+            (Operand::Acc, false) if self.is_wgmma() => "d",
             (Operand::Acc, false) => "c",
         }
     }
@@ -134,6 +167,7 @@ impl LayoutId {
             Op::Wmma16x16x16 => (16, 16, 16),
             Op::Mma16x8x16 => (16, 8, 16),
             Op::Mma16x8x32 => (16, 8, 32),
+            Op::Wgmma { n, k } => (64, n, k),
         };
         match self.operand {
             Operand::A(_) => (m, k),
@@ -152,6 +186,10 @@ impl LayoutId {
             (Op::Mma16x8x16, Operand::B(_)) => 4,
             (Op::Mma16x8x32, Operand::A(_)) => 16,
             (Op::Mma16x8x32, Operand::B(_)) => 8,
+            // Four 32-bit registers of A per thread: 16 fp8 or 8 f16 elements.
+            (Op::Wgmma { k, .. }, Operand::A(_)) => 4 * 32 / (256 / k),
+            (Op::Wgmma { .. }, Operand::B(_)) => 0,
+            (Op::Wgmma { n, .. }, Operand::Acc) => n / 2,
             (_, Operand::Acc) => 4,
         }
     }
@@ -159,23 +197,43 @@ impl LayoutId {
     /// How many (lane, reg) slots hold each cell: slots / cells.
     pub fn multiplicity(&self) -> u32 {
         let (r, c) = self.shape();
-        32 * self.regs() / (r * c)
+        self.threads() * self.regs() / (r * c)
     }
 
-    /// Whether `arch` has the instruction at all.
+    /// Whether `arch` has the instruction at all. wgmma layouts are recorded under sm_90a alone, the others
+    /// under sm_80 / sm_89 / sm_90.
     pub fn exists_on(&self, arch: Arch) -> bool {
-        self.op != Op::Mma16x8x32 || arch != Arch::Sm80
+        match self.op {
+            Op::Wgmma { .. } => arch == Arch::Sm90a,
+            Op::Mma16x8x32 => matches!(arch, Arch::Sm89 | Arch::Sm90),
+            _ => arch != Arch::Sm90a,
+        }
     }
 
     /// The model: where `x[reg]` of `lane` sits in the tile. Mirrors `cuda/frag_layout.cuh` exactly.
     pub fn coord(&self, lane: u32, reg: u32) -> (u32, u32) {
         assert!(
-            lane < 32 && reg < self.regs(),
+            lane < self.threads() && reg < self.regs(),
             "{}: lane {lane} reg {reg} out of range",
             self.key()
         );
-        let (g, t, i) = (lane >> 2, lane & 3, reg);
+        let (g, t, i) = ((lane & 31) >> 2, lane & 3, reg);
+        // wgmma: warp w of the warpgroup holds rows 16w .. 16w + 15, laid out like an m16 mma fragment.
+        let w16 = 16 * (lane >> 5);
         match (self.op, self.operand) {
+            (Op::Wgmma { .. }, Operand::Acc) => {
+                (w16 + g + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t + (i & 1))
+            }
+            (Op::Wgmma { k: 32, .. }, Operand::A(_)) => (
+                w16 + g + 8 * ((i >> 2) & 1),
+                4 * t + (i & 3) + 16 * (i >> 3),
+            ),
+            (Op::Wgmma { .. }, Operand::A(_)) => {
+                (w16 + g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2))
+            }
+            (Op::Wgmma { .. }, Operand::B(_)) => {
+                unreachable!("wgmma's B operand is in shared memory: see SmemLayout")
+            }
             // wmma on sm_80+ is two mma.m16n8k16 side by side: x[0..4] is the left n8 tile, x[4..8] the right.
             (Op::Wmma16x16x16, Operand::Acc)
             | (Op::Mma16x8x16, Operand::Acc)
@@ -211,6 +269,9 @@ impl LayoutId {
             (Op::Mma16x8x16, Operand::B(_)) => "frag::m16n8k16_b",
             (Op::Mma16x8x32, Operand::A(_)) => "frag::m16n8k32_a",
             (Op::Mma16x8x32, Operand::B(_)) => "frag::m16n8k32_b",
+            (Op::Wgmma { .. }, Operand::Acc) => "frag::wgmma_d",
+            (Op::Wgmma { k: 32, .. }, _) => "frag::wgmma_a_k32",
+            (Op::Wgmma { .. }, _) => "frag::wgmma_a_k16",
             (_, Operand::Acc) => "frag::mma_c",
         }
     }
@@ -218,7 +279,7 @@ impl LayoutId {
     /// The model's table.
     pub fn model(&self) -> Layout {
         let mut entries = Vec::new();
-        for lane in 0..32 {
+        for lane in 0..self.threads() {
             for reg in 0..self.regs() {
                 let (row, col) = self.coord(lane, reg);
                 entries.push(Entry {
@@ -321,12 +382,12 @@ impl Layout {
     pub fn check_coverage(&self) -> Result<(), String> {
         let (rows, cols) = self.id.shape();
         let m = self.id.multiplicity() as usize;
-        if self.entries.len() != 32 * self.id.regs() as usize {
+        if self.entries.len() != (self.id.threads() * self.id.regs()) as usize {
             return Err(format!(
                 "{}: {} slots, expected {}",
                 self.id,
                 self.entries.len(),
-                32 * self.id.regs()
+                self.id.threads() * self.id.regs()
             ));
         }
         let inv = self.inverse();
@@ -351,32 +412,60 @@ impl Layout {
     }
 
     /// The grid a reviewer reads: one `lane.reg` per slot holding the cell, `/`-separated when several do.
+    /// A tile wider than 64 columns (wgmma N = 128, 256) is drawn 64 columns wide when the rest repeats it
+    /// with the register shifted by 32 per 64 columns, which is checked here cell by cell and stated; when it
+    /// does not repeat, every column is drawn.
     pub fn draw(&self) -> String {
         let (rows, cols) = self.id.shape();
         let inv = self.inverse();
-        let cells: Vec<Vec<String>> = (0..rows)
-            .map(|r| {
-                (0..cols)
-                    .map(|c| {
-                        inv.get(&(r, c)).map_or("?".into(), |v| {
-                            v.iter()
-                                .map(|(l, i)| format!("{l}.{i}"))
-                                .collect::<Vec<_>>()
-                                .join("/")
-                        })
-                    })
-                    .collect()
+        let slot_text = |r: u32, c: u32| -> String {
+            inv.get(&(r, c)).map_or("?".into(), |v| {
+                v.iter()
+                    .map(|(l, i)| format!("{l}.{i}"))
+                    .collect::<Vec<_>>()
+                    .join("/")
             })
+        };
+        let repeats = cols > 64
+            && (0..rows).all(|r| {
+                (64..cols).all(|c| {
+                    let base = inv.get(&(r, c % 64));
+                    let here = inv.get(&(r, c));
+                    match (base, here) {
+                        (Some(b), Some(h)) => {
+                            b.iter()
+                                .map(|&(l, i)| (l, i + 32 * (c / 64)))
+                                .collect::<Vec<_>>()
+                                == *h
+                        }
+                        _ => false,
+                    }
+                })
+            });
+        let shown = if repeats { 64 } else { cols };
+        let cells: Vec<Vec<String>> = (0..rows)
+            .map(|r| (0..shown).map(|c| slot_text(r, c)).collect())
             .collect();
         let w = cells.iter().flatten().map(|s| s.len()).max().unwrap_or(1);
+        let who = if self.id.is_wgmma() {
+            "cell = thread.reg, thread = 32·warp + lane of the warpgroup"
+        } else {
+            "cell = lane.reg"
+        };
         let mut s = format!(
-            "{} — {rows}×{cols}, {} elements per lane, each cell held by {} slot(s); cell = lane.reg\n",
+            "{} — {rows}×{cols}, {} elements per {}, each cell held by {} slot(s); {who}\n",
             self.id,
             self.id.regs(),
+            if self.id.is_wgmma() { "thread" } else { "lane" },
             self.id.multiplicity()
         );
+        if repeats {
+            s.push_str(&format!(
+                "columns 64..{cols} repeat columns 0..64 with reg + 32 per 64 columns (checked for every cell)\n"
+            ));
+        }
         s.push_str(&format!("{:>4} ", ""));
-        for c in 0..cols {
+        for c in 0..shown {
             s.push_str(&format!(" {:>w$}", format!("c{c}")));
         }
         s.push('\n');
@@ -463,7 +552,7 @@ mod tests {
         for id in LAYOUTS.iter().filter(|l| l.operand == Operand::Acc) {
             let inv = id.model().inverse();
             assert!(inv.values().all(|v| v.len() == 1), "{id}");
-            assert_eq!(inv.len() as u32, 32 * id.regs(), "{id}");
+            assert_eq!(inv.len() as u32, id.threads() * id.regs(), "{id}");
         }
     }
 
@@ -480,7 +569,8 @@ mod tests {
                     quad_orbit(o.lanes[0]),
                     "{id} row {row}: the xor shuffle leaves the quad"
                 );
-                assert_eq!(o.lanes[0], 4 * (row % 8), "{id} row {row}");
+                let warp_base = if id.is_wgmma() { 32 * (row / 16) } else { 0 };
+                assert_eq!(o.lanes[0], warp_base + 4 * (row % 8), "{id} row {row}");
                 // Each owner holds the row in the same registers, and together they hold every column once.
                 let mut cols_seen = Vec::new();
                 for &lane in &o.lanes {
@@ -520,9 +610,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn inverse_after_forward_is_identity(layout in 0..LAYOUTS.len(), lane in 0u32..32, reg in 0u32..32) {
+        fn inverse_after_forward_is_identity(layout in 0..LAYOUTS.len(), lane in 0u32..128, reg in 0u32..128) {
             let id = LAYOUTS[layout];
-            let reg = reg % id.regs();
+            let (lane, reg) = (lane % id.threads(), reg % id.regs());
             let (r, c) = id.coord(lane, reg);
             let inv = id.model().inverse();
             prop_assert!(inv[&(r, c)].contains(&(lane, reg)));

@@ -134,7 +134,7 @@ fn fp8_value(code: u8, dtype: DType) -> Option<f32> {
 }
 
 /// The bits of `v` in `dtype`, which must hold it exactly: probes use only small integers and powers of two.
-fn encode(v: f32, dtype: DType) -> Result<u32> {
+pub(crate) fn encode(v: f32, dtype: DType) -> Result<u32> {
     let bits = match dtype {
         DType::F16 => f16::from_f32(v).to_bits() as u32,
         DType::Bf16 => bf16::from_f32(v).to_bits() as u32,
@@ -154,7 +154,7 @@ fn encode(v: f32, dtype: DType) -> Result<u32> {
 }
 
 /// A lane's elements packed low to high into `words` 32-bit registers.
-fn pack(vals: &[f32], words: usize, dtype: DType) -> Result<Vec<u32>> {
+pub(crate) fn pack(vals: &[f32], words: usize, dtype: DType) -> Result<Vec<u32>> {
     let per = vals.len() / words;
     let bits = 32 / per;
     let mut out = vec![0u32; words];

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use frag_layout::probe::{header_on_device, mma_product_errors, probe_all, quad_rowmax};
+use frag_layout::probe_wgmma::probe_wgmma_all;
 use frag_layout::*;
 use lab::{Arch, Source, Suite};
 
@@ -67,6 +68,7 @@ fn swap_regs(l: &Layout, r0: u32, r1: u32) -> Layout {
 fn main() {
     let mut t = Suite::new();
     t.kernels(KERNELS);
+    t.kernels(WGMMA_PROBES);
 
     for arch in [Arch::Sm80, Arch::Sm89] {
         for id in LAYOUTS.iter().filter(|l| l.exists_on(arch)) {
@@ -78,9 +80,32 @@ fn main() {
             });
         }
     }
-    for id in LAYOUTS.iter().filter(|l| l.exists_on(PROBED_ARCH)) {
-        let name = snapshot_name(PROBED_ARCH, id);
-        let id = *id;
+    for (arch, id) in [PROBED_ARCH, Arch::Sm90a].into_iter().flat_map(|a| {
+        LAYOUTS
+            .iter()
+            .filter(move |l| l.exists_on(a))
+            .map(move |l| (a, *l))
+    }) {
+        let name = snapshot_name(arch, &id);
+        t.model(
+            &format!("committed_probe_equals_model::{name}"),
+            move || {
+                let (desc, body) = committed(&name)?;
+                ensure!(
+                    desc.starts_with("source: probed"),
+                    "{name}.snap is labelled `{desc}`, not probed data"
+                );
+                let drawing = id.model().draw();
+                ensure!(
+                    body.trim_end() == drawing.trim_end(),
+                    "{name}: the model no longer draws the probed snapshot:\n{drawing}"
+                );
+                Ok(())
+            },
+        );
+    }
+    for id in smem_layouts() {
+        let name = id.key();
         t.model(
             &format!("committed_probe_equals_model::{name}"),
             move || {
@@ -99,7 +124,10 @@ fn main() {
         );
     }
     t.model("row_ownership_of_both_accumulators", || {
-        for id in LAYOUTS.iter().filter(|l| l.operand == Operand::Acc) {
+        for id in LAYOUTS
+            .iter()
+            .filter(|l| l.operand == Operand::Acc && !l.is_wgmma())
+        {
             let o = row_owners(&id.model(), 9);
             ensure!(
                 o.lanes == vec![4, 5, 6, 7] && o.lanes == quad_orbit(5),
@@ -247,6 +275,95 @@ fn main() {
         );
         Ok(())
     });
+    for id in LAYOUTS.iter().filter(|l| l.is_wgmma()) {
+        let id = *id;
+        t.gpu(&format!("probe::{}", id.key()), move |gpu| {
+            let probed = probe_wgmma_all(gpu)?
+                .regs
+                .get(&id)
+                .ok_or_else(|| anyhow!("{id} was not probed"))?;
+            probed.check_coverage().map_err(|e| anyhow!("{e}"))?;
+            let drawing = probed.draw();
+            let d = probed.diff(&id.model());
+            let desc = format!("source: probed on {} (sm_90a)", gpu.name);
+            snapshot(&snapshot_name(Arch::Sm90a, &id), &desc, &drawing);
+            ensure!(
+                d.is_empty(),
+                "{id}: probe and model differ in {} slots:\n{}",
+                d.len(),
+                d.iter().take(40).cloned().collect::<Vec<_>>().join("\n")
+            );
+            Ok(())
+        });
+    }
+    for id in smem_layouts() {
+        t.gpu(&format!("probe::{}", id.key()), move |gpu| {
+            let probed = probe_wgmma_all(gpu)?
+                .smem
+                .get(&id)
+                .ok_or_else(|| anyhow!("{id} was not probed"))?;
+            let d = probed.diff(&id.model());
+            let desc = format!("source: probed on {} (sm_90a)", gpu.name);
+            snapshot(&id.key(), &desc, &probed.draw());
+            ensure!(
+                d.is_empty(),
+                "{id}: probe and model differ in {} cells:\n{}",
+                d.len(),
+                d.iter().take(40).cloned().collect::<Vec<_>>().join("\n")
+            );
+            Ok(())
+        });
+    }
+    t.gpu("wgmma_probe_summary", |gpu| {
+        let p = probe_wgmma_all(gpu)?;
+        let (all, eq) = p.cells_equal_to_model();
+        eprintln!(
+            "wgmma probes on {}: {} register layouts, {} shared-memory layouts, {all} cells, {eq} equal to the model",
+            gpu.name,
+            p.regs.len(),
+            p.smem.len()
+        );
+        ensure!(all == eq, "{} of {all} probed wgmma cells differ from the model", all - eq);
+        Ok(())
+    });
+    t.gpu("wgmma_mutated_model_is_caught", |gpu| {
+        // The classic descriptor mistake: LBO and SBO swapped for the no-swizzle layout.
+        let p = probe_wgmma_all(gpu)?;
+        let id = smem_layouts()
+            .into_iter()
+            .find(|l| l.swizzle == Swizzle::None && l.operand == SmemOperand::B)
+            .ok_or_else(|| anyhow!("no plain B layout"))?;
+        let good = id.desc();
+        let bad = Desc {
+            lbo: good.sbo,
+            sbo: good.lbo,
+            ..good
+        };
+        let mut wrong = id.model();
+        for ((row, k), b) in wrong.entries.iter_mut() {
+            *b = bad.byte_of(*row, *k * id.elem_bytes());
+        }
+        let d = p.smem[&id].diff(&wrong);
+        ensure!(!d.is_empty(), "swapped LBO/SBO went unnoticed");
+        // And a swizzle applied with one bit too few.
+        let id = smem_layouts()
+            .into_iter()
+            .find(|l| l.swizzle == Swizzle::B128 && l.operand == SmemOperand::B)
+            .ok_or_else(|| anyhow!("no sw128 B layout"))?;
+        let mut wrong = id.model();
+        let desc = id.desc();
+        for ((row, k), b) in wrong.entries.iter_mut() {
+            *b = Swizzle::B64.apply(desc.start + (row / 8) * desc.sbo + (row % 8) * 128 + *k * id.elem_bytes());
+        }
+        let d2 = p.smem[&id].diff(&wrong);
+        ensure!(!d2.is_empty(), "a 64B swizzle in place of 128B went unnoticed");
+        eprintln!(
+            "mutated wgmma models: swapped LBO/SBO → {} cells differ; 64B for 128B swizzle → {} cells differ",
+            d.len(),
+            d2.len()
+        );
+        Ok(())
+    });
     t.gpu("header_matches_the_model_on_device", |gpu| {
         let rows = header_on_device(gpu)?;
         let mut checked = 0;
@@ -277,6 +394,41 @@ fn main() {
                     row * 16 + 15
                 );
             }
+        }
+        Ok(())
+    });
+    t.gpu("catalogue_json_equals_the_wgmma_probes", |gpu| {
+        let probed = &probe_wgmma_all(gpu)?.regs;
+        let cat: Vec<Record> = catalogue()
+            .into_iter()
+            .filter(|r| r.arch == "sm_90a")
+            .collect();
+        ensure!(
+            cat.len() == probed.len(),
+            "catalogue has {} sm_90a layouts, {} were probed",
+            cat.len(),
+            probed.len()
+        );
+        for (id, layout) in probed {
+            let want = Record::new(Arch::Sm90a, layout);
+            ensure!(
+                cat.contains(&want),
+                "{id}: `xtask layouts --json` differs from the probe"
+            );
+        }
+        let smem = &probe_wgmma_all(gpu)?.smem;
+        let cat = smem_catalogue();
+        ensure!(
+            cat.len() == smem.len(),
+            "{} smem records, {} probed",
+            cat.len(),
+            smem.len()
+        );
+        for (id, l) in smem {
+            ensure!(
+                cat.contains(&SmemRecord::new(l)),
+                "{id}: `xtask layouts --json` differs from the probe"
+            );
         }
         Ok(())
     });

@@ -87,8 +87,11 @@ pub struct KernelSpec {
     pub source: &'static Source,
     pub budget: Budget,
     /// The architectures it must compile for: `Arch::REQUIRED` unless the hardware lacks the instructions
-    /// (fp8 `mma.sync` needs sm_89).
+    /// (fp8 `mma.sync` needs sm_89; wgmma and setmaxnreg need sm_90a, and such kernels list sm_90a alone).
     pub archs: &'static [Arch],
+    /// SASS opcodes the kernel exists to use (`QGMMA` for an FP8 wgmma kernel, `UTMALDG` for TMA loads): the
+    /// compile test fails when one is absent, since the compiler may silently take a slower path.
+    pub sass: &'static [&'static str],
 }
 
 /// A compiled translation unit: cubin bytes, and each entry's resources.
@@ -103,6 +106,21 @@ pub struct Cubin {
 }
 
 impl Cubin {
+    /// ptxas's and NVRTC's warnings and performance notes, one line each. Every one fails a budget check:
+    /// C7512 (wgmma serialised) and C7508 (setmaxnreg ignored) are silent slowdowns that ptxas prints as
+    /// `info` lines naming no kernel, so they count against every kernel of the source.
+    pub fn warnings(&self) -> Vec<String> {
+        self.log
+            .lines()
+            .filter(|l| {
+                l.to_ascii_lowercase().contains("warning")
+                    || l.contains("Performance Loss")
+                    || l.contains("(C75")
+            })
+            .map(|l| l.trim().to_string())
+            .collect()
+    }
+
     /// The report of one kernel, or an error naming the kernels the source does define.
     pub fn kernel(&self, name: &str) -> Result<&Resources> {
         self.resources.iter().find(|r| r.kernel == name).ok_or_else(|| {
@@ -347,8 +365,40 @@ impl KernelSpec {
         })
     }
 
+    /// The architecture to build this kernel for on a device of architecture `device`: the device's own, or
+    /// sm_90a on an sm_90 device for kernels that need Hopper's architecture-specific instructions.
+    pub fn target_for(&self, device: Arch) -> Result<Arch> {
+        if self.archs.contains(&device) {
+            Ok(device)
+        } else if device == Arch::Sm90 && self.archs.contains(&Arch::Sm90a) {
+            Ok(Arch::Sm90a)
+        } else {
+            Err(self.refusal(device))
+        }
+    }
+
+    /// Why this kernel is not built for `arch`.
+    pub fn refusal(&self, arch: Arch) -> anyhow::Error {
+        let list: Vec<&str> = self.archs.iter().map(|a| a.name()).collect();
+        anyhow!(
+            "{}/{} is built only for [{}], not {arch}{}",
+            self.block,
+            self.name,
+            list.join(", "),
+            if self.archs == [Arch::Sm90a] {
+                ": it uses Hopper's architecture-specific instructions (wgmma / setmaxnreg), which need sm_90a"
+            } else {
+                ""
+            }
+        )
+    }
+
     /// Compiles this kernel's source for `arch` and returns the cubin with this kernel's resources checked present.
+    /// An architecture the kernel does not list is refused by name, before NVRTC sees it.
     pub fn compile(&self, arch: Arch) -> Result<(Arc<Cubin>, Resources)> {
+        if !self.archs.contains(&arch) {
+            return Err(self.refusal(arch));
+        }
         let cubin =
             compile(self.source, arch, &[]).map_err(|e| match e.downcast::<CompileError>() {
                 Ok(mut ce) => {
@@ -390,10 +440,35 @@ impl KernelSpec {
         Ok(KernelSpec { source, ..*self })
     }
 
-    /// Compiles and checks the budget; the error lists every violation.
+    /// Compiles and checks the budget, the ptxas warnings and the SASS the kernel must contain; the error lists
+    /// every violation.
     pub fn check_budget(&self, arch: Arch) -> Result<Resources> {
-        let (_, r) = self.compile(arch)?;
-        let v = self.budget.violations(&r);
+        let (cubin, r) = self.compile(arch)?;
+        let mut v = self.budget.violations(&r);
+        v.extend(cubin.warnings().into_iter().map(|w| {
+            let why = if w.contains("C7512") {
+                " (wgmma serialised for want of registers: a silent slowdown)"
+            } else if w.contains("C7508") {
+                " (setmaxnreg ignored: it needs __launch_bounds__(threads, 1) and one branch per role)"
+            } else {
+                ""
+            };
+            format!("ptxas warning: {w}{why}")
+        }));
+        if !self.sass.is_empty() {
+            let h = crate::sass::histogram(&cubin, self.name)?;
+            for op in self.sass {
+                if !h.contains_key(*op) {
+                    let mut have: Vec<&String> = h.keys().collect();
+                    have.retain(|k| {
+                        k.contains("MMA") || k.starts_with("UTMA") || k.starts_with("SYNCS")
+                    });
+                    v.push(format!(
+                        "SASS has no {op} (the kernel exists to use it); its MMA/TMA/SYNCS opcodes: {have:?}"
+                    ));
+                }
+            }
+        }
         if v.is_empty() {
             Ok(r)
         } else {

@@ -121,9 +121,11 @@ impl Gpu {
         self.load_with(spec, &[])
     }
 
-    /// As [`Gpu::load`], with extra NVRTC options such as `-DSTAGES=3`.
+    /// As [`Gpu::load`], with extra NVRTC options such as `-DSTAGES=3`. A kernel that needs sm_90a is built for
+    /// sm_90a on an sm_90 device; one this device cannot run is refused by name, before any launch.
     pub fn load_with(&self, spec: &KernelSpec, extra: &[&str]) -> Result<Kernel> {
-        let cubin = crate::compile::compile(spec.source, self.arch, extra)?;
+        let target = spec.target_for(self.arch)?;
+        let cubin = crate::compile::compile(spec.source, target, extra)?;
         let resources = cubin.kernel(spec.name)?.clone();
         // By the cubin (one per source content, arch and options): a mutated header under the same file name
         // must get its own module.
@@ -140,10 +142,7 @@ impl Gpu {
                         .ctx
                         .load_module(Ptx::from_binary(cubin.image.clone()))
                         .with_context(|| {
-                            format!(
-                                "loading the cubin of `{}` ({})",
-                                spec.source.file, self.arch
-                            )
+                            format!("loading the cubin of `{}` ({target})", spec.source.file)
                         })?;
                     m.insert(key, module.clone());
                     module

@@ -15,6 +15,7 @@ pub const KERNELS: &[KernelSpec] = &[KernelSpec {
     source: &SOURCE,
     budget: Budget::new(32, 1024),
     archs: &Arch::REQUIRED,
+    sass: &[],
 }];
 
 /// The model, in f64: y[i] = a·x[i] + y[i]. (The kernel computes element i in thread i^1, through shared memory.)

@@ -2,7 +2,7 @@
 use anyhow::Result;
 use libtest_mimic::{Arguments, Failed, Trial};
 
-use crate::compile::KernelSpec;
+use crate::compile::{Arch, KernelSpec};
 use crate::gpu::{Gate, Gpu, gate, require_gpu_from_env, status};
 
 /// Test names carry their kind as a prefix; the runner's table counts them by it.
@@ -61,13 +61,42 @@ impl Suite {
         self
     }
 
-    /// For each kernel and each required architecture: it compiles, and its ptxas report fits its budget.
+    /// For each kernel and each architecture it lists: it compiles, its ptxas report fits its budget, ptxas
+    /// warns of nothing and its SASS holds the opcodes it exists to use. A kernel that skips some of
+    /// `Arch::REQUIRED` (sm_90a-only kernels, fp8 mma.sync on sm_80) gets one more test, `refuses_other_archs`:
+    /// building it for those is refused by name. Nothing is reported as passed for an architecture it was
+    /// not built for.
     pub fn kernels(&mut self, specs: &[KernelSpec]) -> &mut Self {
         for spec in specs {
             for &arch in spec.archs {
                 let spec = *spec;
                 self.compile(&format!("{}::{arch}", spec.name), move || {
                     spec.check_budget(arch).map(|_| ())
+                });
+            }
+            let others: Vec<Arch> = Arch::REQUIRED
+                .into_iter()
+                .filter(|a| !spec.archs.contains(a))
+                .collect();
+            if !others.is_empty() {
+                let spec = *spec;
+                self.compile(&format!("{}::refuses_other_archs", spec.name), move || {
+                    for arch in others {
+                        match spec.compile(arch) {
+                            Ok(_) => anyhow::bail!(
+                                "{} was built for {arch}, which it does not list",
+                                spec.name
+                            ),
+                            Err(e) => {
+                                let e = format!("{e:#}");
+                                anyhow::ensure!(
+                                    e.contains("is built only for") && e.contains(arch.name()),
+                                    "the refusal for {arch} does not say why: {e}"
+                                );
+                            }
+                        }
+                    }
+                    Ok(())
                 });
             }
         }

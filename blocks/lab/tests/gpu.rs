@@ -15,6 +15,7 @@ const BROKEN_KERNEL: KernelSpec = KernelSpec {
     source: &BROKEN,
     budget: Budget::new(255, 0),
     archs: &Arch::REQUIRED,
+    sass: &[],
 };
 const MISSING_KERNEL: KernelSpec = KernelSpec {
     name: "no_such_kernel",
@@ -32,6 +33,30 @@ const SPILLY_KERNEL: KernelSpec = KernelSpec {
     source: &SPILLY,
     budget: Budget::new(255, 0),
     archs: &Arch::REQUIRED,
+    sass: &[],
+};
+const NEEDS_QGMMA: KernelSpec = KernelSpec {
+    name: "hello_axpy",
+    sass: &["QGMMA"],
+    ..hello::KERNELS[0]
+};
+const HOPPER_ONLY: KernelSpec = KernelSpec {
+    archs: &[Arch::Sm90a],
+    ..hello::KERNELS[0]
+};
+const UNBOUNDED_SETMAXNREG: Source = Source {
+    file: "unbounded_setmaxnreg.cu",
+    // setmaxnreg with no register cap at entry (no __launch_bounds__(threads, 1)): ptxas ignores it, C7508.
+    code: "extern \"C\" __global__ void unbounded(float* y) {\n  if (threadIdx.x < 128) {\n    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 40;\\n\");\n  } else {\n    asm volatile(\"setmaxnreg.inc.sync.aligned.u32 232;\\n\");\n    y[threadIdx.x] = 1.0f;\n  }\n}\n",
+    headers: &[],
+};
+const UNBOUNDED_KERNEL: KernelSpec = KernelSpec {
+    block: "lab",
+    name: "unbounded",
+    source: &UNBOUNDED_SETMAXNREG,
+    budget: Budget::new(255, 0),
+    archs: &[Arch::Sm90a],
+    sass: &[],
 };
 const NESTED: &[Header] = &[Header {
     name: "lab/nested.cuh",
@@ -119,6 +144,38 @@ fn main() {
         ensure!(
             r.stack_bytes >= 1024 && v.iter().any(|m| m.contains("stack frame")),
             "{r}: {v:?}"
+        );
+        Ok(())
+    });
+    t.compile("missing_sass_opcode_fails_the_check", || {
+        let err = format!("{:#}", NEEDS_QGMMA.check_budget(Arch::Sm90).unwrap_err());
+        ensure!(err.contains("SASS has no QGMMA"), "{err}");
+        Ok(())
+    });
+    t.compile(
+        "sm90a_kernels_are_refused_elsewhere_and_chosen_on_sm90",
+        || {
+            let err = format!("{:#}", HOPPER_ONLY.compile(Arch::Sm80).unwrap_err());
+            ensure!(
+                err.contains("is built only for [sm_90a], not sm_80") && err.contains("wgmma"),
+                "{err}"
+            );
+            ensure!(HOPPER_ONLY.target_for(Arch::Sm90)? == Arch::Sm90a);
+            ensure!(HOPPER_ONLY.target_for(Arch::Sm89).is_err());
+            ensure!(hello::KERNELS[0].target_for(Arch::Sm90)? == Arch::Sm90);
+            Ok(())
+        },
+    );
+    t.compile("ptxas_warning_fails_the_budget", || {
+        let err = format!(
+            "{:#}",
+            UNBOUNDED_KERNEL.check_budget(Arch::Sm90a).unwrap_err()
+        );
+        ensure!(
+            err.contains("ptxas warning")
+                && err.contains("C7508")
+                && err.contains("setmaxnreg ignored"),
+            "setmaxnreg without a register cap must fail by its warning: {err}"
         );
         Ok(())
     });

@@ -23,6 +23,7 @@ const fn k(name: &'static str) -> KernelSpec {
         source: &SOURCE,
         budget: Budget::new(128, 0),
         archs: &Arch::REQUIRED,
+        sass: &[],
     }
 }
 

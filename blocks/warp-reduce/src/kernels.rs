@@ -36,6 +36,7 @@ const fn k(name: &'static str) -> KernelSpec {
         source: &SOURCE,
         budget: Budget::new(64, 256),
         archs: &Arch::REQUIRED,
+        sass: &[],
     }
 }
 
