@@ -8,6 +8,8 @@ pub fn all_kernels() -> Vec<KernelSpec> {
     v.extend(online_softmax::kernels());
     v.extend(fp8_codec::kernels());
     v.extend(cp_async_ring::kernels());
+    v.extend(wgmma::kernels());
+    v.extend(tma_ring::kernels());
     v.extend(composed::kernels());
     v
 }

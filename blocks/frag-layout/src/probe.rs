@@ -134,7 +134,7 @@ fn fp8_value(code: u8, dtype: DType) -> Option<f32> {
 }
 
 /// The bits of `v` in `dtype`, which must hold it exactly: probes use only small integers and powers of two.
-pub(crate) fn encode(v: f32, dtype: DType) -> Result<u32> {
+pub fn exact_bits(v: f32, dtype: DType) -> Result<u32> {
     let bits = match dtype {
         DType::F16 => f16::from_f32(v).to_bits() as u32,
         DType::Bf16 => bf16::from_f32(v).to_bits() as u32,
@@ -159,7 +159,7 @@ pub(crate) fn pack(vals: &[f32], words: usize, dtype: DType) -> Result<Vec<u32>>
     let bits = 32 / per;
     let mut out = vec![0u32; words];
     for (j, &v) in vals.iter().enumerate() {
-        out[j / per] |= encode(v, dtype)? << (bits * (j % per));
+        out[j / per] |= exact_bits(v, dtype)? << (bits * (j % per));
     }
     Ok(out)
 }
@@ -517,12 +517,15 @@ mod tests {
             for v in [
                 0.0, 1.0, 2.0, 3.0, 5.0, 6.0, 7.0, 8.0, 16.0, 32.0, 64.0, -1.0, -2.0,
             ] {
-                encode(v, dtype).unwrap();
+                exact_bits(v, dtype).unwrap();
             }
         }
-        assert!(encode(9.0, DType::E5m2).is_err(), "9 needs 3 mantissa bits");
-        assert_eq!(encode(1.0, DType::E4m3).unwrap(), 0x38);
-        assert_eq!(encode(1.0, DType::E5m2).unwrap(), 0x3C);
+        assert!(
+            exact_bits(9.0, DType::E5m2).is_err(),
+            "9 needs 3 mantissa bits"
+        );
+        assert_eq!(exact_bits(1.0, DType::E4m3).unwrap(), 0x38);
+        assert_eq!(exact_bits(1.0, DType::E5m2).unwrap(), 0x3C);
         assert_eq!(fp8_value(0x7E, DType::E4m3), Some(448.0));
         assert_eq!(fp8_value(0x7F, DType::E4m3), None);
         assert_eq!(fp8_value(0x7B, DType::E5m2), Some(57344.0));

@@ -9,7 +9,7 @@ use lab::numerics::{check_written, poisoned};
 
 use crate::kernels::wgmma_probe;
 use crate::model::{DType, Entry, LAYOUTS, Layout, LayoutId, Op, Operand, WGMMA_NS};
-use crate::probe::{encode, pack};
+use crate::probe::{exact_bits, pack};
 use crate::smem::{Desc, SmemLayout, SmemLayoutId, SmemOperand, Swizzle, smem_layouts};
 
 /// The K of one instruction for an input type.
@@ -45,7 +45,7 @@ fn image(
     for row in 0..rows {
         for k in 0..wgmma_k(dtype) {
             let at = desc.byte_of(row, k * eb) as usize;
-            let bits = encode(f(row, k), dtype)?;
+            let bits = exact_bits(f(row, k), dtype)?;
             for b in 0..eb as usize {
                 img[at + b] = (bits >> (8 * b)) as u8;
             }
@@ -284,7 +284,7 @@ pub fn probe_smem(gpu: &Gpu, id: SmemLayoutId, acc64: &Layout) -> Result<SmemLay
     let digits_img = |p: u32| -> Result<Vec<u8>> {
         let mut img = vec![0u8; tile as usize];
         for at in (0..tile).step_by(eb as usize) {
-            let bits = encode(digit(at, p), dtype)?;
+            let bits = exact_bits(digit(at, p), dtype)?;
             for b in 0..eb {
                 img[(at + b) as usize] = (bits >> (8 * b)) as u8;
             }

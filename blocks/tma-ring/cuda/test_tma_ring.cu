@@ -1,0 +1,91 @@
+// test_tma_ring.cu: each head's [S, D] rows through the TMA ring, every stage written out by every consumer warpgroup.
+#include "tma_ring.cuh"
+#include "warp_roles.cuh"
+
+// Block (b, h) = blockIdx.x = b * heads + h. Warpgroup 0 is the producer (one thread issues), warpgroups
+// 1..CONSUMERS each copy every tile's whole stage to out[c][bh][t] and release it once, after a named barrier
+// among their own 128 threads.
+template <int STAGES, int ROWS, int D_BYTES, wgmma::Swizzle SW, int ELEM, int CONSUMERS, bool SETMAXNREG>
+__device__ void ring_copy(const tma::Map* map, int seq, int heads, unsigned char* out, int max_tiles) {
+  using T = tma::Tile<ROWS, D_BYTES, SW, ELEM>;
+  __shared__ tma::Barriers<STAGES> bars;
+  extern __shared__ unsigned char raw[];
+  unsigned char* tiles = raw + ((1024 - (tma::smem(raw) & 1023)) & 1023);  // swizzled tiles start 1024-aligned
+  const tma::Ring<STAGES> ring{&bars};
+  if (threadIdx.x == 0) ring.init(CONSUMERS);
+  __syncthreads();
+  const int bh = blockIdx.x, b = bh / heads, h = bh % heads;
+  const int n_tiles = (seq + ROWS - 1) / ROWS;
+  const int wg = roles::warpgroup();
+  if (wg == 0) {
+    if constexpr (SETMAXNREG) roles::release_registers<40>();
+    if (threadIdx.x == 0) {
+      tma::prefetch(map);
+      for (int t = 0; t < n_tiles; ++t) {
+        ring.acquire(t, T::kBytes);
+        T::load(map, ring.full(t), tiles + ring.stage(t) * T::kBytes, t * ROWS, h, b);
+      }
+    }
+  } else {
+    if constexpr (SETMAXNREG) roles::claim_registers<232>();
+    const int c = wg - 1, ct = roles::thread_in_group();
+    const long long heads_all = (long long)gridDim.x;
+    for (int t = 0; t < n_tiles; ++t) {
+      ring.wait_full(t);
+      const uint4* src = reinterpret_cast<const uint4*>(tiles + ring.stage(t) * T::kBytes);
+      uint4* dst = reinterpret_cast<uint4*>(out + ((c * heads_all + bh) * max_tiles + t) * T::kBytes);
+      for (int i = ct; i < int(T::kBytes / 16); i += 128) dst[i] = src[i];
+      roles::sync(1 + c, 128);  // all 128 threads of this consumer have read the stage
+      if (ct == 0) ring.release(t);
+    }
+  }
+}
+
+#define LAB_TMA_RING(N, ROWS, DB, SW, ELEM, C, NAME, REGS, THREADS)                                       \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                                \
+      NAME(const __grid_constant__ tma::Map map, int seq, int heads, unsigned char* out, int max_tiles) { \
+    ring_copy<N, ROWS, DB, wgmma::Swizzle::SW, ELEM, C, REGS>(&map, seq, heads, out, max_tiles);           \
+  }
+
+// setmaxnreg exists on sm_90a alone: these are compiled there only.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Registers per role: 384 threads cap every thread at 168 registers on entry. The producer warpgroup gives
+// registers back (40) and fills x[] in shared memory; after a named barrier with the consumers (all 384
+// threads), each consumer thread claims 232 and keeps kLive values live at once, more than 168 can hold, so
+// without the claim ptxas spills. out[t'] for consumer thread t' = sum_i (i + 1) * x[(t' + i) % kLive] * 2^r.
+constexpr int kLive = 176;
+extern "C" __global__ void __launch_bounds__(384, 1) roles_claim(const float* in, float* out, int rounds) {
+  __shared__ float x[kLive];
+  const int wg = roles::warpgroup();
+  if (wg == 0) {
+    roles::release_registers<40>();
+    for (int i = roles::thread_in_group(); i < kLive; i += 128) x[i] = in[i];
+    roles::arrive(1, 384);  // x is written: the consumers may go
+  } else {
+    roles::claim_registers<232>();
+    roles::sync(1, 384);
+    const int t = threadIdx.x - 128;
+    float v[kLive];
+#pragma unroll
+    for (int i = 0; i < kLive; ++i) v[i] = x[(t + i) % kLive];
+    for (int r = 0; r < rounds; ++r) {
+#pragma unroll
+      for (int i = 0; i < kLive; ++i) v[i] = v[i] * 2.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kLive; ++i) s += float(i + 1) * v[i];
+    out[t] = s;
+  }
+}
+
+LAB_TMA_RING(2, 64, 128, B128, 1, 2, tma_n2_r64_d128_sw128_e1_c2, true, 384)
+LAB_TMA_RING(3, 64, 64, B64, 1, 1, tma_n3_r64_d64_sw64_e1_c1, true, 256)
+LAB_TMA_RING(4, 64, 128, B32, 1, 2, tma_n4_r64_d128_sw32_e1_c2, true, 384)
+LAB_TMA_RING(2, 128, 128, B128, 2, 2, tma_n2_r128_d128_sw128_e2_c2, true, 384)
+LAB_TMA_RING(3, 64, 128, None, 1, 1, tma_n3_r64_d128_none_e1_c1, true, 256)
+LAB_TMA_RING(4, 32, 256, B128, 2, 2, tma_n4_r32_d256_sw128_e2_c2, true, 384)
+#endif
+// The ring alone needs only sm_90: the same copy without setmaxnreg.
+LAB_TMA_RING(2, 64, 128, B128, 1, 1, tma_plain_n2_r64_d128_sw128_e1_c1, false, 256)

@@ -1,0 +1,122 @@
+// tma_ring.cuh: an N-stage ring of TMA tile loads (cp.async.bulk.tensor) completing on mbarriers, producer to consumers (sm_90).
+//
+// Two mbarriers per stage. full[s]: the producer arms it with the tile's byte count (arrive.expect_tx) and
+// the copy engine completes it as the bytes land. empty[s]: every consumer arrives once when it is done
+// with the stage. Tile t lives in stage t % STAGES; its barriers are in phase (t / STAGES) & 1.
+//   producer (one thread):  ring.acquire(t, bytes); tma::load_tile(...)         for t = 0, 1, ...
+//   consumer:               ring.wait_full(t); read stage(t); ring.release(t)   (one release per consumer)
+// acquire(t) first waits for empty[stage(t)]'s previous phase: a fresh barrier counts its phase "-1" as
+// complete, so the first STAGES tiles go out at once.
+// The tile a load_tile() writes is the canonical K-major wgmma tile of wgmma.cuh (k_major): one TMA box per
+// swizzle-width panel, so a TMA map and a wgmma descriptor are made from one wgmma::Swizzle.
+#pragma once
+#include "wgmma.cuh"
+
+namespace tma {
+
+// CUtensorMap as the kernel sees it: passed by value as `const __grid_constant__ tma::Map`.
+struct alignas(64) Map {
+  unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ unsigned smem(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+// ---- mbarrier ----
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem(bar)), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the other threads and to the copy engine; a barrier follows.
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem(bar)) : "memory");
+}
+__device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Waits until the phase of parity `parity` has completed. Tests bound the spin (LAB_TMA_SPIN_LIMIT), so
+// that a broken mutant ends with wrong bytes instead of a hung device.
+__device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) {
+#ifdef LAB_TMA_SPIN_LIMIT
+  for (long long i = 0; !try_wait(bar, parity) && i < LAB_TMA_SPIN_LIMIT; ++i) {
+  }
+#else
+  while (!try_wait(bar, parity)) {
+  }
+#endif
+}
+
+// ---- the copy engine ----
+__device__ __forceinline__ void prefetch(const Map* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+// One box of a 4-D map (coordinates innermost first, in elements) into shared memory; completes on `bar`.
+__device__ __forceinline__ void load_4d(const Map* map, unsigned long long* bar, void* dst, int c0, int c1, int c2,
+                                        int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::
+          "r"(smem(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem(bar))
+      : "memory");
+}
+
+// A [ROWS x D_BYTES] tile of rows row0.. of head (h, b), as wgmma::k_major lays it out: D_BYTES / panel boxes of
+// [ROWS][panel] bytes, panel = wgmma::row_bytes(SW), one after the other. Rows past the tensor's end are zeros
+// (the map's out-of-bounds fill); the barrier still counts every byte of every box.
+template <int ROWS, int D_BYTES, wgmma::Swizzle SW, int ELEM>
+struct Tile {
+  static constexpr int kPanel = int(wgmma::row_bytes(SW));
+  static constexpr int kPanels = D_BYTES / kPanel;
+  static constexpr unsigned kBytes = unsigned(ROWS * D_BYTES);
+  static_assert(D_BYTES % kPanel == 0, "a tile is whole panels");
+  static_assert(ROWS <= 256, "a TMA box has at most 256 rows");
+  __device__ static void load(const Map* map, unsigned long long* bar, unsigned char* dst, int row0, int h, int b) {
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) load_4d(map, bar, dst + p * ROWS * kPanel, p * kPanel / ELEM, row0, h, b);
+  }
+};
+
+// ---- the ring ----
+template <int STAGES>
+struct Barriers {
+  unsigned long long full[STAGES];
+  unsigned long long empty[STAGES];
+};
+
+template <int STAGES>
+struct Ring {
+  static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
+  Barriers<STAGES>* bars;
+
+  __device__ static int stage(int t) { return t % STAGES; }
+  __device__ static unsigned phase(int t) { return unsigned(t / STAGES) & 1u; }
+
+  // One thread, before any other use; then a block-wide barrier. `consumers` arrivals release a stage.
+  __device__ void init(int consumers) const {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&bars->full[s], 1);
+      mbar_init(&bars->empty[s], unsigned(consumers));
+    }
+    fence_barrier_init();
+  }
+  // Producer: waits until every consumer released tile t - STAGES, then arms full[stage(t)] for `bytes`.
+  __device__ void acquire(int t, unsigned bytes) const {
+    wait(&bars->empty[stage(t)], phase(t) ^ 1u);
+    arrive_expect_tx(&bars->full[stage(t)], bytes);
+  }
+  __device__ unsigned long long* full(int t) const { return &bars->full[stage(t)]; }
+  // Consumer: tile t has landed in stage(t).
+  __device__ void wait_full(int t) const { wait(&bars->full[stage(t)], phase(t)); }
+  // Consumer: done with tile t (once per consumer, after all its threads finished reading).
+  __device__ void release(int t) const { arrive(&bars->empty[stage(t)]); }
+};
+
+}  // namespace tma

@@ -1,0 +1,91 @@
+// The tma-ring test kernels: one per ring shape, with their budgets and the SASS each must contain.
+use frag_layout::Swizzle;
+use lab::{Arch, Budget, Header, KernelSpec, Source};
+
+use crate::model::Shape;
+
+pub const HEADERS: &[Header] = &[
+    Header {
+        name: "tma_ring.cuh",
+        code: include_str!("../cuda/tma_ring.cuh"),
+    },
+    Header {
+        name: "warp_roles.cuh",
+        code: include_str!("../cuda/warp_roles.cuh"),
+    },
+];
+
+pub const SOURCE: Source = Source {
+    file: "test_tma_ring.cu",
+    code: include_str!("../cuda/test_tma_ring.cu"),
+    headers: &[frag_layout::WGMMA_HEADERS, wgmma::HEADERS, HEADERS],
+};
+
+const fn s(
+    stages: usize,
+    rows: usize,
+    d_bytes: usize,
+    swizzle: Swizzle,
+    elem: usize,
+    consumers: usize,
+    setmaxnreg: bool,
+) -> Shape {
+    Shape {
+        stages,
+        rows,
+        d_bytes,
+        swizzle,
+        elem,
+        consumers,
+        setmaxnreg,
+    }
+}
+
+/// 2, 3 and 4 stages; every swizzle; fp8 and f16 rows of 64 to 256 bytes; one or two consumer warpgroups.
+pub const SHAPES: &[Shape] = &[
+    s(2, 64, 128, Swizzle::B128, 1, 2, true),
+    s(3, 64, 64, Swizzle::B64, 1, 1, true),
+    s(4, 64, 128, Swizzle::B32, 1, 2, true),
+    s(2, 128, 128, Swizzle::B128, 2, 2, true),
+    s(3, 64, 128, Swizzle::None, 1, 1, true),
+    s(4, 32, 256, Swizzle::B128, 2, 2, true),
+    s(2, 64, 128, Swizzle::B128, 1, 1, false),
+];
+
+const TMA_SASS: &[&str] = &["UTMALDG", "SYNCS"];
+
+const fn k(name: &'static str, archs: &'static [Arch]) -> KernelSpec {
+    // The producer drops to 40 registers and the consumers claim 232 (ptxas reports the largest).
+    KernelSpec {
+        block: "tma-ring",
+        name,
+        source: &SOURCE,
+        budget: Budget::new(232, 64),
+        archs,
+        sass: TMA_SASS,
+    }
+}
+
+pub const KERNELS: &[KernelSpec] = &[
+    k("tma_n2_r64_d128_sw128_e1_c2", &[Arch::Sm90a]),
+    k("tma_n3_r64_d64_sw64_e1_c1", &[Arch::Sm90a]),
+    k("tma_n4_r64_d128_sw32_e1_c2", &[Arch::Sm90a]),
+    k("tma_n2_r128_d128_sw128_e2_c2", &[Arch::Sm90a]),
+    k("tma_n3_r64_d128_none_e1_c1", &[Arch::Sm90a]),
+    k("tma_n4_r32_d256_sw128_e2_c2", &[Arch::Sm90a]),
+    k("tma_plain_n2_r64_d128_sw128_e1_c1", &[Arch::Sm90]),
+];
+
+/// The register-claim test: consumers hold 176 live values under a 168-register entry cap.
+pub const ROLES_CLAIM: KernelSpec = KernelSpec {
+    block: "tma-ring",
+    name: "roles_claim",
+    source: &SOURCE,
+    budget: Budget::new(232, 1024),
+    archs: &[Arch::Sm90a],
+    sass: &[],
+};
+
+pub fn kernel(shape: &Shape) -> KernelSpec {
+    KernelSpec::find(KERNELS, &shape.kernel())
+}

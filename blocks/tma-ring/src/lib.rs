@@ -1,0 +1,21 @@
+//! Block `tma-ring`: an N-stage ring of TMA tile loads completing on mbarriers, from a producer warp to consumer
+//! warpgroups, with the warp-specialisation helpers (setmaxnreg per role, named barriers) it runs under.
+//!
+//! `cuda/tma_ring.cuh` is the device API (mbarriers, `cp.async.bulk.tensor`, `Ring`, `Tile`); `cuda/warp_roles.cuh`
+//! the role helpers. [`MapSpec`] builds the host's tensor map with each of the driver's rules checked by name.
+//! [`check`] runs the ring's protocol through the mbarrier parity rule under any interleaving; [`Shape::tile_byte`]
+//! is where each byte of a tile lands (the canonical wgmma tile of frag-layout's model).
+mod kernels;
+mod map;
+mod model;
+
+pub use kernels::{HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE, kernel};
+pub use map::{Elem, MapSpec, TensorMap};
+pub use model::{Mbarrier, Shape, check, phase, source_byte, stage};
+
+/// Every kernel of this block, for `cargo xtask ptxas`.
+pub fn kernels() -> Vec<lab::KernelSpec> {
+    let mut v = KERNELS.to_vec();
+    v.push(ROLES_CLAIM);
+    v
+}

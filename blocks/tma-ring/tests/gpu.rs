@@ -1,0 +1,268 @@
+// tma-ring's test binary: every byte of every tile of every ring shape, both tensor layouts, tails, and mutants.
+use anyhow::{Result, ensure};
+use lab::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use lab::{Arch, Gpu, KernelSpec, Suite};
+use tma_ring::*;
+
+const BATCH: usize = 2;
+const HEADS: usize = 3;
+/// Bounds every mbarrier spin of the test builds, so that a broken mutant ends instead of hanging the device.
+const SPIN: &str = "-DLAB_TMA_SPIN_LIMIT=20000000";
+
+/// What one run saw: bytes checked, and the first wrong ones.
+struct Seen {
+    bytes: usize,
+    wrong: Vec<String>,
+}
+
+/// Copies a [B, H, S, D] (or [B, S, H, D]) tensor through the ring of `shape` and checks every byte of every
+/// tile that every consumer wrote out: data rows against the source through the swizzle model, rows past S
+/// against zero.
+fn run(gpu: &Gpu, spec: &KernelSpec, shape: &Shape, seq: usize, bshd: bool) -> Result<Seen> {
+    let d_elems = shape.d_bytes / shape.elem;
+    let row = shape.d_bytes;
+    let mut src = vec![0u8; BATCH * HEADS * seq * row];
+    for b in 0..BATCH {
+        for h in 0..HEADS {
+            for s in 0..seq {
+                let at = if bshd {
+                    ((b * seq + s) * HEADS + h) * row
+                } else {
+                    ((b * HEADS + h) * seq + s) * row
+                };
+                for kb in 0..row {
+                    src[at + kb] = source_byte(b, h, s, kb);
+                }
+            }
+        }
+    }
+    let st = &gpu.stream;
+    let dsrc = st.clone_htod(&src)?;
+    let elem = if shape.elem == 1 { Elem::U8 } else { Elem::U16 };
+    let spec_map = MapSpec::heads(
+        elem,
+        BATCH as u64,
+        HEADS as u64,
+        seq as u64,
+        d_elems as u64,
+        bshd,
+        shape.rows as u32,
+        shape.swizzle,
+    );
+    let map = {
+        let (ptr, _sync) = dsrc.device_ptr(st);
+        spec_map.encode(ptr)?
+    };
+    let tiles = seq.div_ceil(shape.rows);
+    let bh = BATCH * HEADS;
+    let mut out = st.clone_htod(&vec![
+        0xCDu8;
+        shape.consumers * bh * tiles * shape.tile_bytes()
+    ])?;
+    let k = gpu.load_with(spec, &[SPIN])?;
+    let cfg = LaunchConfig {
+        grid_dim: (bh as u32, 1, 1),
+        block_dim: (shape.threads(), 1, 1),
+        shared_mem_bytes: shape.smem_bytes() as u32,
+    };
+    let (seq_i, heads_i, tiles_i) = (seq as i32, HEADS as i32, tiles as i32);
+    // SAFETY: kernel(const __grid_constant__ tma::Map, int seq, int heads, u8* out[consumers][bh][tiles][tile],
+    // int max_tiles); the map describes `dsrc`, which outlives the launch (the stream is synchronised below).
+    unsafe {
+        st.launch_builder(&k.func)
+            .arg(&map)
+            .arg(&seq_i)
+            .arg(&heads_i)
+            .arg(&mut out)
+            .arg(&tiles_i)
+            .launch(cfg)?
+    };
+    let out = st.clone_dtoh(&out)?;
+    let mut wrong = Vec::new();
+    let mut bytes = 0;
+    for c in 0..shape.consumers {
+        for b in 0..BATCH {
+            for h in 0..HEADS {
+                for t in 0..tiles {
+                    let base = ((c * bh + b * HEADS + h) * tiles + t) * shape.tile_bytes();
+                    for r in 0..shape.rows {
+                        let s = t * shape.rows + r;
+                        for kb in 0..row {
+                            let want = if s < seq { source_byte(b, h, s, kb) } else { 0 };
+                            let got = out[base + shape.tile_byte(r, kb)];
+                            bytes += 1;
+                            if got != want && wrong.len() < 6 {
+                                wrong.push(format!(
+                                    "consumer {c}, head ({b}, {h}), tile {t}, row {r}, byte {kb}: {got:#04x}, want {want:#04x}"
+                                ));
+                            } else if got != want {
+                                wrong.push(String::new());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Seen { bytes, wrong })
+}
+
+const SEQS: [usize; 5] = [1, 63, 64, 200, 1000];
+
+fn all_cases(gpu: &Gpu, spec: &KernelSpec, shape: &Shape) -> Result<usize> {
+    let mut bytes = 0;
+    for bshd in [false, true] {
+        for seq in SEQS {
+            let seen = run(gpu, spec, shape, seq, bshd)?;
+            ensure!(
+                seen.wrong.is_empty(),
+                "{} S = {seq} {}: {} of {} bytes wrong: {}",
+                spec.name,
+                if bshd { "[B,S,H,D]" } else { "[B,H,S,D]" },
+                seen.wrong.len(),
+                seen.bytes,
+                seen.wrong
+                    .iter()
+                    .filter(|w| !w.is_empty())
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            bytes += seen.bytes;
+        }
+    }
+    Ok(bytes)
+}
+
+/// Runs of a mutant over S = 1000, both layouts: how many came out wrong.
+fn mutant(gpu: &Gpu, from: &str, to: &str) -> Result<(usize, usize)> {
+    let shape = SHAPES[0];
+    let spec = kernel(&shape).mutated("tma_ring.cuh", from, to)?;
+    let (mut bad, mut all) = (0, 0);
+    for bshd in [false, true] {
+        for _ in 0..4 {
+            all += 1;
+            bad += !run(gpu, &spec, &shape, 1000, bshd)?.wrong.is_empty() as usize;
+        }
+    }
+    Ok((bad, all))
+}
+
+fn main() {
+    let mut t = Suite::new();
+    t.kernels(&kernels());
+    t.compile("claimed_registers_take_effect", || {
+        // With the claim, the consumers' 176 live values fit; without it, the 168-register entry cap spills.
+        let (_, r) = ROLES_CLAIM.compile(Arch::Sm90a)?;
+        ensure!(
+            r.spill_stores == 0 && r.stack_bytes == 0,
+            "claimed, yet: {r}"
+        );
+        let bad =
+            ROLES_CLAIM.mutated("warp_roles.cuh", "setmaxnreg.inc.sync.aligned.u32 %0;", "")?;
+        let (_, rb) = bad.compile(Arch::Sm90a)?;
+        ensure!(
+            rb.spill_stores > 0 || rb.stack_bytes > 0,
+            "without setmaxnreg.inc the consumers should spill under the 168 cap: {rb}"
+        );
+        eprintln!("setmaxnreg: {r}\nwithout the claim: {rb}");
+        Ok(())
+    });
+    t.gpu("roles_hand_over_through_a_named_barrier", |gpu| {
+        let x: Vec<f32> = (0..176).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+        let rounds = 3;
+        let st = &gpu.stream;
+        let k = gpu.load(&ROLES_CLAIM)?;
+        let din = st.clone_htod(&x)?;
+        let mut dout = st.clone_htod(&lab::numerics::poisoned::<f32>(256))?;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (384, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let r_i = rounds as i32;
+        // SAFETY: roles_claim(const float* in[176], float* out[256], int rounds), 384 threads.
+        unsafe {
+            st.launch_builder(&k.func)
+                .arg(&din)
+                .arg(&mut dout)
+                .arg(&r_i)
+                .launch(cfg)?
+        };
+        let out = st.clone_dtoh(&dout)?;
+        for t in 0..256 {
+            let want: f64 = (0..176)
+                .map(|i| (i + 1) as f64 * x[(t + i) % 176] as f64 * 2f64.powi(rounds))
+                .sum();
+            ensure!(
+                out[t] as f64 == want,
+                "consumer thread {t}: {} , want {want}",
+                out[t]
+            );
+        }
+        Ok(())
+    });
+    t.model("the_kernel_table_covers_every_shape", || {
+        for s in SHAPES {
+            kernel(s);
+        }
+        ensure!(
+            SHAPES.len() == KERNELS.len(),
+            "a kernel without a shape, or the reverse"
+        );
+        Ok(())
+    });
+    for shape in SHAPES {
+        let shape = *shape;
+        let spec = kernel(&shape);
+        t.gpu(&format!("copy::{}", spec.name), move |gpu| {
+            let bytes = all_cases(gpu, &spec, &shape)?;
+            eprintln!(
+                "{}: {bytes} bytes exact (S = {SEQS:?}, both layouts)",
+                spec.name
+            );
+            Ok(())
+        });
+    }
+    t.gpu("mutant::consumer_waits_on_the_wrong_parity", |gpu| {
+        let (bad, all) = mutant(
+            gpu,
+            "wait(&bars->full[stage(t)], phase(t));",
+            "wait(&bars->full[stage(t)], phase(t) ^ 1u);",
+        )?;
+        eprintln!("consumer parity flipped: {bad} of {all} runs wrong");
+        ensure!(
+            bad == all,
+            "a consumer reading before the tile landed went unnoticed in {} runs",
+            all - bad
+        );
+        Ok(())
+    });
+    t.gpu("mutant::producer_skips_the_empty_wait", |gpu| {
+        let (bad, all) = mutant(
+            gpu,
+            "    wait(&bars->empty[stage(t)], phase(t) ^ 1u);\n",
+            "",
+        )?;
+        eprintln!("producer ignores empty: {bad} of {all} runs wrong");
+        ensure!(
+            bad > 0,
+            "overwriting a stage still being read went unnoticed in all {all} runs"
+        );
+        Ok(())
+    });
+    t.gpu("mutant::expect_tx_short", |gpu| {
+        let (bad, all) = mutant(
+            gpu,
+            "arrive_expect_tx(&bars->full[stage(t)], bytes);",
+            "arrive_expect_tx(&bars->full[stage(t)], bytes / 2);",
+        )?;
+        eprintln!("expect_tx of half the tile: {bad} of {all} runs wrong");
+        ensure!(
+            bad > 0,
+            "a barrier armed for half the bytes went unnoticed in all {all} runs"
+        );
+        Ok(())
+    });
+    t.run()
+}

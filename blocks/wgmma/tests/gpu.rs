@@ -1,0 +1,280 @@
+// wgmma's test binary: the header against the model at compile time, exact integer GEMMs on the device, and mutants.
+use anyhow::{Result, anyhow, ensure};
+use frag_layout::Swizzle;
+use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
+use lab::numerics::{Inputs, check_written, poisoned};
+use lab::{Arch, Gpu, KernelSpec, Source, Suite};
+use wgmma::*;
+
+/// What one GEMM run found: cells compared and the wrong ones (first few named).
+struct Outcome {
+    cells: usize,
+    wrong: Vec<String>,
+}
+
+fn run(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    p: Pairing,
+    n: u32,
+    sw: Swizzle,
+    seed: u64,
+) -> Result<Outcome> {
+    let (m, nn) = (64usize, n as usize);
+    let k = K_BYTES / p.elem_bytes();
+    let r = value_range(p.a);
+    let mut inp = Inputs::seeded(seed);
+    let a = inp.integers(m * k, -r, r);
+    let b = inp.integers(nn * k, -r, r);
+    let want = gemm(&a, &b, m, nn, k);
+    let s = &gpu.stream;
+    let kern = gpu.load(spec)?;
+    let (da, db) = (
+        s.clone_htod(&to_bytes(&a, p.a)?)?,
+        s.clone_htod(&to_bytes(&b, p.b)?)?,
+    );
+    let mut dd = s.clone_htod(&poisoned::<f32>(m * nn))?;
+    let swz = sw.tma_code() as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: ((m + nn) * K_BYTES + 1024) as u32,
+    };
+    // SAFETY: gemm(const u8* a[64][K_BYTES], const u8* b[n][K_BYTES], int swizzle, float* d[64][n]); one
+    // warpgroup; both tiles in dynamic shared memory.
+    unsafe {
+        s.launch_builder(&kern.func)
+            .arg(&da)
+            .arg(&db)
+            .arg(&swz)
+            .arg(&mut dd)
+            .launch(cfg)?
+    };
+    let got = s.clone_dtoh(&dd)?;
+    check_written(&got, spec.name)?;
+    let mut wrong = Vec::new();
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        if g as f64 != w {
+            wrong.push(format!("D({}, {}) = {g}, A·Bᵀ = {w}", i / nn, i % nn));
+        }
+    }
+    Ok(Outcome {
+        cells: got.len(),
+        wrong,
+    })
+}
+
+/// Every swizzle, three seeds: the number of cells checked, or the first wrong ones.
+fn exact_everywhere(gpu: &Gpu, spec: &KernelSpec, p: Pairing, n: u32) -> Result<usize> {
+    let mut cells = 0;
+    for sw in Swizzle::ALL {
+        for seed in 0..3 {
+            let o = run(gpu, spec, p, n, sw, seed)?;
+            ensure!(
+                o.wrong.is_empty(),
+                "{} with {} swizzle, seed {seed}: {} of {} cells wrong, e.g. {}",
+                spec.name,
+                sw.name(),
+                o.wrong.len(),
+                o.cells,
+                o.wrong
+                    .iter()
+                    .take(4)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+            cells += o.cells;
+        }
+    }
+    Ok(cells)
+}
+
+/// A mutant of the N = 256 FP8 GEMM (A from shared memory and from registers): how many runs of the 4
+/// swizzles × 8 seeds come out wrong.
+fn wrong_runs(gpu: &Gpu, from: &str, to: &str) -> Result<(usize, usize)> {
+    let p = PAIRINGS[0];
+    let (mut bad, mut all) = (0, 0);
+    for a_regs in [false, true] {
+        let spec = p.kernel(256, a_regs).mutated("wgmma.cuh", from, to)?;
+        for sw in Swizzle::ALL {
+            for seed in 0..8 {
+                all += 1;
+                if !run(gpu, &spec, p, 256, sw, seed)?.wrong.is_empty() {
+                    bad += 1;
+                }
+            }
+        }
+    }
+    Ok((bad, all))
+}
+
+/// The two-GEMM kernel through one B tile (128B swizzle): wrong cells of D1 and D2.
+fn reuse(gpu: &Gpu, spec: &KernelSpec, seed: u64) -> Result<(usize, usize)> {
+    let p = PAIRINGS[0];
+    let (m, n, k) = (64usize, 128usize, K_BYTES);
+    let mut inp = Inputs::seeded(seed);
+    let a = inp.integers(m * k, -3, 3);
+    let b1 = inp.integers(n * k, -3, 3);
+    let b2 = inp.integers(n * k, -3, 3);
+    let (w1, w2) = (gemm(&a, &b1, m, n, k), gemm(&a, &b2, m, n, k));
+    let s = &gpu.stream;
+    let kern = gpu.load(spec)?;
+    let da = s.clone_htod(&to_bytes(&a, p.a)?)?;
+    let db1 = s.clone_htod(&to_bytes(&b1, p.b)?)?;
+    let db2 = s.clone_htod(&to_bytes(&b2, p.b)?)?;
+    let mut dd = s.clone_htod(&poisoned::<f32>(2 * m * n))?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: ((m + n) * k + 1024) as u32,
+    };
+    // SAFETY: reuse(const u8* a[64][128], const u8* b1[128][128], const u8* b2[128][128], float* d[2][64][128]).
+    unsafe {
+        s.launch_builder(&kern.func)
+            .arg(&da)
+            .arg(&db1)
+            .arg(&db2)
+            .arg(&mut dd)
+            .launch(cfg)?
+    };
+    let got = s.clone_dtoh(&dd)?;
+    check_written(&got, spec.name)?;
+    let bad1 = got[..m * n]
+        .iter()
+        .zip(&w1)
+        .filter(|(g, w)| **g as f64 != **w)
+        .count();
+    let bad2 = got[m * n..]
+        .iter()
+        .zip(&w2)
+        .filter(|(g, w)| **g as f64 != **w)
+        .count();
+    Ok((bad1, bad2))
+}
+
+const WAIT_ASM: &str =
+    "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" ::\"n\"(N) : \"memory\");";
+
+const PUBLISH: &str = "  proxy_fence();\n  __syncthreads();";
+
+fn main() {
+    let mut t = Suite::new();
+    t.kernels(&kernels());
+
+    t.compile("header_agrees_with_the_model", || {
+        let code: &'static str = Box::leak(header_checks().into_boxed_str());
+        let src: &'static Source = Box::leak(Box::new(Source {
+            file: "wgmma_header_checks.cu",
+            code,
+            headers: &[frag_layout::WGMMA_HEADERS, HEADERS],
+        }));
+        lab::compile(src, Arch::Sm90a, &[]).map(|_| ())
+    });
+    t.compile("mutated_header_is_caught", || {
+        // A stride byte offset of 4 rows instead of 8: the model's static_asserts must fail, naming the tile.
+        let spec = PAIRINGS[0].kernel(64, false).mutated(
+            "wgmma.cuh",
+            "16u, 8u * w, s};",
+            "16u, 4u * w, s};",
+        )?;
+        let code: &'static str = Box::leak(header_checks().into_boxed_str());
+        let src: &'static Source = Box::leak(Box::new(Source {
+            file: "wgmma_header_checks.cu",
+            code,
+            headers: spec.source.headers,
+        }));
+        let err = format!(
+            "{:#}",
+            lab::compile(src, Arch::Sm90a, &[])
+                .err()
+                .ok_or_else(|| anyhow!("the mutated header compiled"))?
+        );
+        ensure!(
+            err.contains("Swizzle::B"),
+            "the failure does not name the tile: {err}"
+        );
+        Ok(())
+    });
+    t.compile("publishing_shared_memory_emits_the_proxy_fence", || {
+        // FENCE.VIEW.ASYNC.S is fence.proxy.async.shared::cta in SASS: without it, wgmma may read stale bytes.
+        let spec = PAIRINGS[0].kernel(64, false);
+        let (cubin, _) = spec.compile(Arch::Sm90a)?;
+        let h = lab::sass::histogram(&cubin, spec.name)?;
+        ensure!(h.contains_key("FENCE"), "no FENCE in {}: {h:?}", spec.name);
+        let bad = spec.mutated("wgmma.cuh", PUBLISH, "  __syncthreads();")?;
+        let (cubin, _) = bad.compile(Arch::Sm90a)?;
+        let hb = lab::sass::histogram(&cubin, spec.name)?;
+        ensure!(
+            hb.get("FENCE") < h.get("FENCE"),
+            "removing fence.proxy.async left the SASS's FENCE count at {:?}",
+            hb.get("FENCE")
+        );
+        Ok(())
+    });
+
+    for p in PAIRINGS {
+        for n in NS {
+            for a_regs in [false, true] {
+                let spec = p.kernel(n, a_regs);
+                t.gpu(&format!("gemm_exact::{}", spec.name), move |gpu| {
+                    let cells = exact_everywhere(gpu, &spec, p, n)?;
+                    eprintln!(
+                        "{}: {cells} cells exact over 4 swizzles × 3 seeds",
+                        spec.name
+                    );
+                    Ok(())
+                });
+            }
+        }
+    }
+
+    t.gpu("mutant::wrong_stride_byte_offset", |gpu| {
+        let (bad, all) = wrong_runs(gpu, "16u, 8u * w, s};", "16u, 4u * w, s};")?;
+        eprintln!("SBO of 4 rows: {bad} of {all} runs wrong");
+        // None has its own SBO, so the three swizzled modes of both A sources must all fail.
+        ensure!(
+            bad >= 3 * 8 * 2,
+            "a wrong stride byte offset went unnoticed in {} runs",
+            all - bad
+        );
+        Ok(())
+    });
+    t.gpu("reuse_of_a_tile_after_the_wait_is_exact", |gpu| {
+        for seed in 0..4 {
+            let (b1, b2) = reuse(gpu, &REUSE, seed)?;
+            ensure!(
+                b1 + b2 == 0,
+                "seed {seed}: {b1} wrong cells in D1, {b2} in D2"
+            );
+        }
+        Ok(())
+    });
+    t.gpu("mutant::missing_wait", |gpu| {
+        // Without wgmma.wait_group, B2's stores race the first GEMM's reads of B1. (Reading the accumulators
+        // early is no test: ptxas waits before accumulator reads on its own; the SASS is unchanged.)
+        let bad_spec = REUSE.mutated("wgmma.cuh", WAIT_ASM, "")?;
+        let (mut wrong, runs) = (0, 16);
+        for seed in 0..runs {
+            let (b1, _) = reuse(gpu, &bad_spec, seed)?;
+            wrong += (b1 > 0) as usize;
+        }
+        eprintln!("no wgmma.wait_group before reusing a tile: D1 wrong in {wrong} of {runs} runs");
+        ensure!(
+            wrong > 0,
+            "overwriting an in-flight wgmma's tile went unnoticed in all {runs} runs"
+        );
+        Ok(())
+    });
+    t.gpu("mutant::missing_proxy_fence", |gpu| {
+        let (bad, all) = wrong_runs(gpu, PUBLISH, "  __syncthreads();")?;
+        // The device may well read the right bytes anyway (the race is narrow); the SASS cannot hide it.
+        let spec = PAIRINGS[0].kernel(256, false).mutated("wgmma.cuh", PUBLISH, "  __syncthreads();")?;
+        let (cubin, _) = spec.compile(Arch::Sm90a)?;
+        let fences = lab::sass::histogram(&cubin, spec.name)?.get("FENCE").copied().unwrap_or(0);
+        eprintln!("no fence.proxy.async: {bad} of {all} runs wrong on the device; {fences} FENCE left in the SASS");
+        ensure!(bad > 0 || fences == 0, "a missing proxy fence went unnoticed by the device and the SASS");
+        Ok(())
+    });
+    t.run()
+}
