@@ -45,14 +45,11 @@ pub struct MapSpec {
 }
 
 impl MapSpec {
-    /// The lab's K/V map over a [B, H, S, D] (`bshd = false`) or [B, S, H, D] tensor: dims (D, S, H, B), a box of
-    /// one swizzle panel × `rows` rows of one head.
+    /// The lab's K/V map over a [B, H, S, D] (`bshd = false`) or [B, S, H, D] tensor of sizes `[b, h, s, d]`:
+    /// dims (D, S, H, B), a box of one swizzle panel × `rows` rows of one head.
     pub fn heads(
         elem: Elem,
-        b: u64,
-        h: u64,
-        s: u64,
-        d: u64,
+        [b, h, s, d]: [u64; 4],
         bshd: bool,
         rows: u32,
         sw: Swizzle,
@@ -75,7 +72,7 @@ impl MapSpec {
     /// Every rule cuTensorMapEncodeTiled enforces that the lab relies on, each failing by name.
     pub fn check(&self, address: u64) -> Result<()> {
         ensure!(
-            address % 16 == 0,
+            address.is_multiple_of(16),
             "tensor map: the global address {address:#x} is not 16-byte aligned"
         );
         for (i, &d) in self.dims.iter().enumerate() {
@@ -86,7 +83,7 @@ impl MapSpec {
         }
         for (i, &s) in self.strides.iter().enumerate() {
             ensure!(
-                s % 16 == 0 && s < 1 << 40,
+                s.is_multiple_of(16) && s < 1 << 40,
                 "tensor map: the stride of dim {} = {s} bytes is not a multiple of 16 below 2^40",
                 i + 1
             );
@@ -99,7 +96,7 @@ impl MapSpec {
         }
         let inner = self.boxes[0] as u64 * self.elem.bytes();
         ensure!(
-            inner % 16 == 0,
+            inner.is_multiple_of(16),
             "tensor map: the box's inner extent is {inner} bytes, not a multiple of 16"
         );
         if self.swizzle != Swizzle::None {
@@ -159,10 +156,10 @@ mod tests {
 
     #[test]
     fn strides_follow_the_tensor_layout() {
-        let m = MapSpec::heads(Elem::U8, 2, 3, 100, 128, false, 64, Swizzle::B128);
+        let m = MapSpec::heads(Elem::U8, [2, 3, 100, 128], false, 64, Swizzle::B128);
         assert_eq!(m.strides, [128, 100 * 128, 3 * 100 * 128]);
         assert_eq!(m.boxes, [128, 64, 1, 1]);
-        let m = MapSpec::heads(Elem::U16, 2, 3, 100, 64, true, 64, Swizzle::B64);
+        let m = MapSpec::heads(Elem::U16, [2, 3, 100, 64], true, 64, Swizzle::B64);
         assert_eq!(m.strides, [3 * 128, 128, 100 * 3 * 128]);
         assert_eq!(m.boxes, [32, 64, 1, 1]);
         m.check(0x1000).unwrap();
@@ -170,7 +167,7 @@ mod tests {
 
     #[test]
     fn each_broken_rule_is_named() {
-        let m = MapSpec::heads(Elem::U8, 1, 1, 64, 128, false, 64, Swizzle::B128);
+        let m = MapSpec::heads(Elem::U8, [1, 1, 64, 128], false, 64, Swizzle::B128);
         assert!(format!("{}", m.check(0x1008).unwrap_err()).contains("not 16-byte aligned"));
         let bad = MapSpec {
             boxes: [128, 300, 1, 1],

@@ -41,10 +41,7 @@ fn run(gpu: &Gpu, spec: &KernelSpec, shape: &Shape, seq: usize, bshd: bool) -> R
     let elem = if shape.elem == 1 { Elem::U8 } else { Elem::U16 };
     let spec_map = MapSpec::heads(
         elem,
-        BATCH as u64,
-        HEADS as u64,
-        seq as u64,
-        d_elems as u64,
+        [BATCH as u64, HEADS as u64, seq as u64, d_elems as u64],
         bshd,
         shape.rows as u32,
         shape.swizzle,
@@ -180,7 +177,7 @@ fn main() {
             block_dim: (384, 1, 1),
             shared_mem_bytes: 0,
         };
-        let r_i = rounds as i32;
+        let r_i: i32 = rounds;
         // SAFETY: roles_claim(const float* in[176], float* out[256], int rounds), 384 threads.
         unsafe {
             st.launch_builder(&k.func)
