@@ -8,7 +8,10 @@ use crate::registry::all_kernels;
 
 pub fn run(archs: &[String], check: bool) -> Result<bool> {
     let archs: Vec<Arch> = if archs.is_empty() {
-        Arch::REQUIRED.to_vec()
+        // Hopper-only kernels (wgmma, setmaxnreg) are built for sm_90a alone, so it is checked too.
+        let mut a = Arch::REQUIRED.to_vec();
+        a.push(Arch::Sm90a);
+        a
     } else {
         archs
             .iter()
@@ -20,9 +23,9 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
     let mut cubins: HashMap<(&str, Arch), std::result::Result<std::sync::Arc<Cubin>, String>> =
         HashMap::new();
     println!(
-        "| block | kernel | arch | regs | smem B | barriers | stack B | spill st/ld B | budget regs/smem | status |"
+        "| block | kernel | arch | regs | smem B | barriers | stack B | spill st/ld B | budget regs/smem | SASS required | status |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let (mut failures, mut rows) = (0usize, 0usize);
     for k in &kernels {
         for &arch in archs.iter().filter(|a| k.archs.contains(a)) {
@@ -40,14 +43,15 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
                 Err(e) => {
                     failures += 1;
                     println!(
-                        "| {} | {} | {arch} | | | | | | {budget} | COMPILE ERROR |",
+                        "| {} | {} | {arch} | | | | | | {budget} | | COMPILE ERROR |",
                         k.block, k.name
                     );
                     eprintln!("{e}");
                     continue;
                 }
             };
-            let v = k.budget.violations(&r);
+            let cubin = c.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let v = k.violations(cubin, &r)?;
             let status = if v.is_empty() {
                 "ok".to_string()
             } else {
@@ -57,7 +61,7 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
                 failures += 1;
             }
             println!(
-                "| {} | {} | {arch} | {} | {} | {} | {} | {}/{} | {budget} | {status} |",
+                "| {} | {} | {arch} | {} | {} | {} | {} | {}/{} | {budget} | {} | {status} |",
                 k.block,
                 k.name,
                 r.registers,
@@ -65,7 +69,8 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
                 r.barriers,
                 r.stack_bytes,
                 r.spill_stores,
-                r.spill_loads
+                r.spill_loads,
+                k.sass.join(" ")
             );
         }
     }

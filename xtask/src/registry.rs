@@ -10,6 +10,7 @@ pub fn all_kernels() -> Vec<KernelSpec> {
     v.extend(cp_async_ring::kernels());
     v.extend(wgmma::kernels());
     v.extend(tma_ring::kernels());
+    v.extend(fp8_relayout::kernels());
     v.extend(composed::kernels());
     v
 }

@@ -453,10 +453,26 @@ impl KernelSpec {
     /// every violation.
     pub fn check_budget(&self, arch: Arch) -> Result<Resources> {
         let (cubin, r) = self.compile(arch)?;
-        let mut v = self.budget.violations(&r);
+        let v = self.violations(&cubin, &r)?;
+        if v.is_empty() {
+            Ok(r)
+        } else {
+            Err(anyhow!(
+                "{}/{} on {arch} breaks its budget: {}",
+                self.block,
+                self.name,
+                v.join("; ")
+            ))
+        }
+    }
+
+    /// Every way this kernel's build breaks its commitments: the budget (registers, shared memory, no stack,
+    /// no spills), ptxas's performance warnings, and the SASS opcodes it exists to use.
+    pub fn violations(&self, cubin: &Cubin, r: &Resources) -> Result<Vec<String>> {
+        let mut v = self.budget.violations(r);
         v.extend(cubin.warnings(self.name).into_iter().map(|w| {
-            let why = if w.contains("C7512") {
-                " (wgmma serialised for want of registers: a silent slowdown)"
+            let why = if w.contains("C7512") || w.contains("C7515") {
+                " (wgmma serialised: a silent slowdown)"
             } else if w.contains("C7508") {
                 " (setmaxnreg ignored: it needs __launch_bounds__(threads, 1) and one branch per role)"
             } else {
@@ -465,7 +481,7 @@ impl KernelSpec {
             format!("ptxas warning: {w}{why}")
         }));
         if !self.sass.is_empty() {
-            let h = crate::sass::histogram(&cubin, self.name)?;
+            let h = crate::sass::histogram(cubin, self.name)?;
             for op in self.sass {
                 if !h.contains_key(*op) {
                     let mut have: Vec<&String> = h.keys().collect();
@@ -478,15 +494,6 @@ impl KernelSpec {
                 }
             }
         }
-        if v.is_empty() {
-            Ok(r)
-        } else {
-            Err(anyhow!(
-                "{}/{} on {arch} breaks its budget: {}",
-                self.block,
-                self.name,
-                v.join("; ")
-            ))
-        }
+        Ok(v)
     }
 }

@@ -116,6 +116,41 @@ pub fn parse_sass(listing: &str) -> BTreeMap<String, usize> {
     h
 }
 
+/// The SASS opcode histogram of one kernel on every architecture it is built for, as a table to review on
+/// diff (blocks commit it as an insta snapshot). Local-memory traffic (LDL / STL) is an error.
+pub fn table(spec: &crate::KernelSpec) -> Result<String> {
+    let mut cols = Vec::new();
+    for &arch in spec.archs {
+        let (cubin, _) = spec.compile(arch)?;
+        cols.push((arch, histogram(&cubin, spec.name)?));
+    }
+    let mut ops: Vec<&String> = cols.iter().flat_map(|(_, h)| h.keys()).collect();
+    ops.sort();
+    ops.dedup();
+    let mut s = format!(
+        "SASS opcodes of {} (nvdisasm; modifiers dropped)\n",
+        spec.name
+    );
+    s.push_str(&format!("{:<10}", "opcode"));
+    for (arch, _) in &cols {
+        s.push_str(&format!("{:>8}", arch.name()));
+    }
+    s.push('\n');
+    for op in ops {
+        s.push_str(&format!("{op:<10}"));
+        for (_, h) in &cols {
+            s.push_str(&format!("{:>8}", h.get(op).copied().unwrap_or(0)));
+        }
+        s.push('\n');
+    }
+    if s.lines()
+        .any(|l| l.starts_with("LDL ") || l.starts_with("STL "))
+    {
+        bail!("{} uses local memory:\n{s}", spec.name);
+    }
+    Ok(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,8 @@ use crate::gpu::{Gate, Gpu, gate, require_gpu_from_env, status};
 pub const MODEL: &str = "model::";
 pub const COMPILE: &str = "compile::";
 pub const GPU: &str = "gpu::";
+/// Set in the child process of [`Suite::gpu_isolated`] to the one test it runs.
+const ISOLATED: &str = "LAB_ISOLATED_TEST";
 
 /// A block's test binary (`tests/gpu.rs`, `harness = false`). Build it, add tests, then [`Suite::run`].
 #[derive(Debug)]
@@ -119,6 +121,39 @@ impl Suite {
         self.trials
             .push(trial.with_ignored_flag(matches!(self.gate, Gate::Skip(_))));
         self
+    }
+
+    /// A GPU test run in a child process of this test binary: for mutants that may kill the CUDA context (an
+    /// illegal mbarrier state, a trap), which would otherwise fail every later test of the process. The child
+    /// runs `f` alone; this test passes when the child's does, and shows its output either way.
+    pub fn gpu_isolated(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&Gpu) -> Result<()> + Send + 'static,
+    ) -> &mut Self {
+        let full = format!("{GPU}{name}");
+        if std::env::var(ISOLATED).ok().as_deref() == Some(full.as_str()) {
+            return self.gpu(name, f);
+        }
+        self.gpu(name, move |_| {
+            let out = std::process::Command::new(std::env::current_exe()?)
+                .args(["--exact", &full, "--test-threads", "1", "--nocapture"])
+                .env(ISOLATED, &full)
+                .output()?;
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            eprint!("{stderr}");
+            if out.status.success() && stdout.contains("1 passed") {
+                Ok(())
+            } else {
+                anyhow::bail!(
+                    "the isolated run of {full} failed ({}):\n{stdout}",
+                    out.status
+                )
+            }
+        })
     }
 
     /// Runs the suite with libtest's command line, and exits.

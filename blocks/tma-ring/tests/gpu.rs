@@ -131,7 +131,9 @@ fn all_cases(gpu: &Gpu, spec: &KernelSpec, shape: &Shape) -> Result<usize> {
     Ok(bytes)
 }
 
-/// Runs of a mutant over S = 1000, both layouts: how many came out wrong.
+/// Runs of a mutant over S = 1000, both layouts: how many came out wrong. A launch the device aborts (an
+/// mbarrier driven into an illegal state) counts as caught and ends the runs, since the context is gone; the
+/// mutant tests run in a process of their own (`gpu_isolated`) for that reason.
 fn mutant(gpu: &Gpu, from: &str, to: &str) -> Result<(usize, usize)> {
     let shape = SHAPES[0];
     let spec = kernel(&shape).mutated("tma_ring.cuh", from, to)?;
@@ -139,15 +141,40 @@ fn mutant(gpu: &Gpu, from: &str, to: &str) -> Result<(usize, usize)> {
     for bshd in [false, true] {
         for _ in 0..4 {
             all += 1;
-            bad += !run(gpu, &spec, &shape, 1000, bshd)?.wrong.is_empty() as usize;
+            match run(gpu, &spec, &shape, 1000, bshd) {
+                Ok(seen) => bad += !seen.wrong.is_empty() as usize,
+                Err(e)
+                    if format!("{e:?}").contains("CUDA_ERROR_LAUNCH_FAILED")
+                        || format!("{e:?}").contains("CUDA_ERROR_ILLEGAL") =>
+                {
+                    eprintln!("the device aborted the mutant: {e:#}");
+                    return Ok((bad + 1, all));
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok((bad, all))
 }
 
+/// SASS histograms of the kernels a reviewer reads on diff, as insta snapshots.
+fn sass_snapshots(t: &mut Suite, specs: &[KernelSpec]) {
+    for spec in specs {
+        let spec = *spec;
+        t.compile(&format!("sass_histogram::{}", spec.name), move || {
+            let table = lab::sass::table(&spec)?;
+            insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
+                insta::assert_snapshot!(format!("sass__{}", spec.name), table);
+            });
+            Ok(())
+        });
+    }
+}
+
 fn main() {
     let mut t = Suite::new();
     t.kernels(&kernels());
+    sass_snapshots(&mut t, &[KERNELS[0], KERNELS[6], ROLES_CLAIM]);
     t.compile("claimed_registers_take_effect", || {
         // With the claim, the consumers' 176 live values fit; without it, the 168-register entry cap spills.
         let (_, r) = ROLES_CLAIM.compile(Arch::Sm90a)?;
@@ -221,7 +248,7 @@ fn main() {
             Ok(())
         });
     }
-    t.gpu("mutant::consumer_waits_on_the_wrong_parity", |gpu| {
+    t.gpu_isolated("mutant::consumer_waits_on_the_wrong_parity", |gpu| {
         let (bad, all) = mutant(
             gpu,
             "wait(&bars->full[stage(t)], phase(t));",
@@ -235,7 +262,7 @@ fn main() {
         );
         Ok(())
     });
-    t.gpu("mutant::producer_skips_the_empty_wait", |gpu| {
+    t.gpu_isolated("mutant::producer_skips_the_empty_wait", |gpu| {
         let (bad, all) = mutant(
             gpu,
             "    wait(&bars->empty[stage(t)], phase(t) ^ 1u);\n",
@@ -248,7 +275,7 @@ fn main() {
         );
         Ok(())
     });
-    t.gpu("mutant::expect_tx_short", |gpu| {
+    t.gpu_isolated("mutant::expect_tx_short", |gpu| {
         let (bad, all) = mutant(
             gpu,
             "arrive_expect_tx(&bars->full[stage(t)], bytes);",

@@ -26,7 +26,7 @@ __device__ void reduce_rows(const Frag (&frags)[NF], int kv_valid, float* red, f
 template <int NF, int WN>
 __device__ void reduce_wmma(const float* tile, int kv_valid, float* out) {
   __shared__ float red[WN * 16];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5;
   constexpr int kCols = WN * NF * 16;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NF];
 #pragma unroll

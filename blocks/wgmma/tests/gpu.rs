@@ -158,9 +158,32 @@ const WAIT_ASM: &str =
 
 const PUBLISH: &str = "  proxy_fence();\n  __syncthreads();";
 
+/// SASS histograms of the kernels a reviewer reads on diff, as insta snapshots.
+fn sass_snapshots(t: &mut Suite, specs: &[KernelSpec]) {
+    for spec in specs {
+        let spec = *spec;
+        t.compile(&format!("sass_histogram::{}", spec.name), move || {
+            let table = lab::sass::table(&spec)?;
+            insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
+                insta::assert_snapshot!(format!("sass__{}", spec.name), table);
+            });
+            Ok(())
+        });
+    }
+}
+
 fn main() {
     let mut t = Suite::new();
     t.kernels(&kernels());
+    sass_snapshots(
+        &mut t,
+        &[
+            PAIRINGS[0].kernel(128, false),
+            PAIRINGS[0].kernel(128, true),
+            PAIRINGS[4].kernel(128, false),
+            REUSE,
+        ],
+    );
 
     t.compile("header_agrees_with_the_model", || {
         let code: &'static str = Box::leak(header_checks().into_boxed_str());

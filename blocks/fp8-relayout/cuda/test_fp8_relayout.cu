@@ -1,0 +1,109 @@
+// test_fp8_relayout.cu: each relayout alone on host data (bit-exact checks), and P.V through wgmma end to end.
+#include "fp8_relayout.cuh"
+
+// in: [64][N] f32 row-major. out[t][s][q]: thread t's A register q of K-step s.
+template <int N>
+__device__ void acc_to_a(const float* in, float scale, unsigned* out) {
+  const int t = threadIdx.x;
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = in[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)];
+  unsigned a[N / 32][4];
+  relayout::acc_to_a_e4m3<N>(acc, scale, a);
+#pragma unroll
+  for (int s = 0; s < N / 32; ++s)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) out[(t * (N / 32) + s) * 4 + q] = a[s][q];
+}
+extern "C" __global__ void __launch_bounds__(128) acc_to_a_n64(const float* in, float scale, unsigned* out) {
+  acc_to_a<64>(in, scale, out);
+}
+extern "C" __global__ void __launch_bounds__(128) acc_to_a_n128(const float* in, float scale, unsigned* out) {
+  acc_to_a<128>(in, scale, out);
+}
+extern "C" __global__ void __launch_bounds__(128) acc_to_a_n256(const float* in, float scale, unsigned* out) {
+  acc_to_a<256>(in, scale, out);
+}
+
+// in: [ROWS][COLS] bytes row-major; out: the transposed tile's bytes as they sit in shared memory (DST layout).
+template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST>
+__device__ void transpose(const unsigned char* in, unsigned char* out) {
+  extern __shared__ unsigned char raw[];
+  unsigned char* src = raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023);
+  constexpr unsigned kSrcBytes = wgmma::tile_bytes(SRC, ROWS, COLS);
+  unsigned char* dst = src + (kSrcBytes + 1023) / 1024 * 1024;
+  constexpr unsigned kDstBytes = wgmma::tile_bytes(DST, COLS, ROWS);
+  for (int i = threadIdx.x; i < ROWS * COLS / 4; i += blockDim.x) {
+    const int r = i / (COLS / 4), c = i % (COLS / 4) * 4;
+    *reinterpret_cast<unsigned*>(src + wgmma::tile_byte(SRC, ROWS, r, c)) =
+        *reinterpret_cast<const unsigned*>(in + r * COLS + c);
+  }
+  for (int i = threadIdx.x; i < int(kDstBytes); i += blockDim.x) dst[i] = 0xCD;
+  __syncthreads();
+  relayout::transpose_tile<ROWS, COLS, SRC, DST, 128>(src, dst, threadIdx.x);
+  __syncthreads();
+  for (int i = threadIdx.x; i < int(kDstBytes); i += blockDim.x) out[i] = dst[i];
+}
+#define LAB_TRANSPOSE(R, C, S, D)                                                                              \
+  extern "C" __global__ void __launch_bounds__(128) transpose_r##R##_c##C##_##S##_##D(const unsigned char* in, \
+                                                                                       unsigned char* out) {   \
+    transpose<R, C, wgmma::Swizzle::S, wgmma::Swizzle::D>(in, out);                                            \
+  }
+LAB_TRANSPOSE(64, 64, B64, B64)
+LAB_TRANSPOSE(64, 128, B128, B64)
+LAB_TRANSPOSE(128, 128, B128, B128)
+LAB_TRANSPOSE(128, 64, None, B128)
+LAB_TRANSPOSE(64, 128, B32, None)
+
+// out [64][N] of T from in [64][N] f32 through frag::wgmma_d and store_rows.
+template <class T, int N>
+__device__ void store(const float* in, float scale, T* out, int valid_rows) {
+  const int t = threadIdx.x;
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = in[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)];
+  relayout::store_rows<T, N>(acc, scale, out, N, valid_rows);
+}
+extern "C" __global__ void __launch_bounds__(128) store_n128_bf16(const float* in, float scale, __nv_bfloat16* out,
+                                                                   int valid_rows) {
+  store<__nv_bfloat16, 128>(in, scale, out, valid_rows);
+}
+extern "C" __global__ void __launch_bounds__(128) store_n64_f16(const float* in, float scale, __half* out,
+                                                                int valid_rows) {
+  store<__half, 64>(in, scale, out, valid_rows);
+}
+
+// O[64][D] = P[64][KEYS] V[KEYS][D]: P (f32, as a Q.K^T accumulator) through acc_to_a_e4m3, V (E4M3 rows, as a
+// TMA tile would hold them: canonical [KEYS][D] tile) through transpose_tile into the K-major B operand, one
+// wgmma per 32 keys, O through store_rows. Every step is a block of this lab; the product is exact for the
+// integer inputs the host picks.
+template <int KEYS, int D, wgmma::Swizzle VSW, wgmma::Swizzle BSW, class T>
+__device__ void pv(const float* p, const unsigned char* v, T* o) {
+  extern __shared__ unsigned char raw[];
+  unsigned char* vs = raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023);
+  unsigned char* bt = vs + (wgmma::tile_bytes(VSW, KEYS, D) + 1023) / 1024 * 1024;
+  const int t = threadIdx.x;
+  for (int i = t; i < KEYS * D / 4; i += 128) {
+    const int r = i / (D / 4), c = i % (D / 4) * 4;
+    *reinterpret_cast<unsigned*>(vs + wgmma::tile_byte(VSW, KEYS, r, c)) =
+        *reinterpret_cast<const unsigned*>(v + r * D + c);
+  }
+  __syncthreads();
+  relayout::transpose_tile<KEYS, D, VSW, BSW, 128>(vs, bt, t);
+  wgmma::publish_smem();
+  float s[KEYS / 2];
+#pragma unroll
+  for (int i = 0; i < KEYS / 2; ++i) s[i] = p[frag::wgmma_d_row(t, i) * KEYS + frag::wgmma_d_col(t, i)];
+  unsigned a[KEYS / 32][4];
+  relayout::acc_to_a_e4m3<KEYS>(s, 1.0f, a);
+  float acc[D / 2];
+  wgmma::gemm_rs_sync<D, wg::e4m3, wg::e4m3, KEYS / 32>(acc, a, BSW, bt);
+  relayout::store_rows<T, D>(acc, 1.0f, o, D, 64);
+}
+extern "C" __global__ void __launch_bounds__(128, 1) pv_k128_d64_f16(const float* p, const unsigned char* v, __half* o) {
+  pv<128, 64, wgmma::Swizzle::B64, wgmma::Swizzle::B128, __half>(p, v, o);
+}
+extern "C" __global__ void __launch_bounds__(128, 1) pv_k64_d128_bf16(const float* p, const unsigned char* v,
+                                                                      __nv_bfloat16* o) {
+  pv<64, 128, wgmma::Swizzle::B128, wgmma::Swizzle::B64, __nv_bfloat16>(p, v, o);
+}

@@ -1,0 +1,93 @@
+// The fp8-relayout test kernels: each relayout alone, and P.V end to end through wgmma; sources and budgets.
+use lab::{Arch, Budget, Header, KernelSpec, Source};
+
+pub const HEADERS: &[Header] = &[Header {
+    name: "fp8_relayout.cuh",
+    code: include_str!("../cuda/fp8_relayout.cuh"),
+}];
+
+pub const SOURCE: Source = Source {
+    file: "test_fp8_relayout.cu",
+    code: include_str!("../cuda/test_fp8_relayout.cu"),
+    headers: &[
+        frag_layout::HEADERS,
+        frag_layout::WGMMA_HEADERS,
+        wgmma::HEADERS,
+        HEADERS,
+    ],
+};
+
+const fn k(name: &'static str, sass: &'static [&'static str]) -> KernelSpec {
+    KernelSpec {
+        block: "fp8-relayout",
+        name,
+        source: &SOURCE,
+        budget: Budget::new(168, 0),
+        archs: &[Arch::Sm90a],
+        sass,
+    }
+}
+
+pub const ACC_TO_A: [(u32, KernelSpec); 3] = [
+    (64, k("acc_to_a_n64", &["SHFL", "PRMT"])),
+    (128, k("acc_to_a_n128", &["SHFL", "PRMT"])),
+    (256, k("acc_to_a_n256", &["SHFL", "PRMT"])),
+];
+
+/// (rows, cols, source swizzle, destination swizzle, kernel).
+pub const TRANSPOSES: [(
+    u32,
+    u32,
+    frag_layout::Swizzle,
+    frag_layout::Swizzle,
+    KernelSpec,
+); 5] = {
+    use frag_layout::Swizzle::*;
+    [
+        (64, 64, B64, B64, k("transpose_r64_c64_B64_B64", &["PRMT"])),
+        (
+            64,
+            128,
+            B128,
+            B64,
+            k("transpose_r64_c128_B128_B64", &["PRMT"]),
+        ),
+        (
+            128,
+            128,
+            B128,
+            B128,
+            k("transpose_r128_c128_B128_B128", &["PRMT"]),
+        ),
+        (
+            128,
+            64,
+            None,
+            B128,
+            k("transpose_r128_c64_None_B128", &["PRMT"]),
+        ),
+        (
+            64,
+            128,
+            B32,
+            None,
+            k("transpose_r64_c128_B32_None", &["PRMT"]),
+        ),
+    ]
+};
+
+pub const STORE_BF16: KernelSpec = k("store_n128_bf16", &[]);
+pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
+/// (keys, d, kernel): O = P·V through every relayout and the FP8 wgmma.
+pub const PV: [(usize, usize, KernelSpec); 2] = [
+    (128, 64, k("pv_k128_d64_f16", &["QGMMA"])),
+    (64, 128, k("pv_k64_d128_bf16", &["QGMMA"])),
+];
+
+pub fn all() -> Vec<KernelSpec> {
+    let mut v: Vec<KernelSpec> = ACC_TO_A.iter().map(|x| x.1).collect();
+    v.extend(TRANSPOSES.iter().map(|x| x.4));
+    v.extend([STORE_BF16, STORE_F16]);
+    v.extend(PV.iter().map(|x| x.2));
+    v
+}

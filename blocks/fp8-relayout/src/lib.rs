@@ -1,0 +1,16 @@
+//! Block `fp8-relayout`: the moves between wgmma layouts an FP8 attention stage needs, bit-exact.
+//!
+//! `cuda/fp8_relayout.cuh`: the Q·Kᵀ accumulator to the E4M3 register A operand of P·V (convert, shuffle, byte
+//! permute), an 8-bit tile transpose between canonical K-major tiles (V rows to the K-major B operand), and
+//! the f32 accumulator to bf16 / f16 rows. [`a_words`] and [`transposed`] are what they must produce, from the
+//! probed frag-layout tables and the fp8-codec model.
+mod kernels;
+mod model;
+
+pub use kernels::{ACC_TO_A, HEADERS, PV, SOURCE, STORE_BF16, STORE_F16, TRANSPOSES};
+pub use model::{a_words, transposed};
+
+/// Every kernel of this block, for `cargo xtask ptxas`.
+pub fn kernels() -> Vec<lab::KernelSpec> {
+    kernels::all()
+}

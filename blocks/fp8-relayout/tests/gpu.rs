@@ -1,0 +1,321 @@
+// fp8-relayout's test binary: each relayout bit-exact over all lanes and values, P·V end to end, and mutants.
+use anyhow::{Result, ensure};
+use fp8_relayout::*;
+use half::{bf16, f16};
+use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
+use lab::numerics::{Inputs, check_written, poisoned};
+use lab::{Gpu, KernelSpec, Suite};
+
+const WG: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (128, 1, 1),
+    shared_mem_bytes: 0,
+};
+
+/// Values that reach every E4M3 rounding case once scaled: zeros of both signs, subnormals, halfway points,
+/// the saturation edge and far beyond it, and random normals.
+fn tile(n: usize, seed: u64) -> Vec<f32> {
+    let mut inp = Inputs::seeded(seed);
+    let mut v = inp.normal(64 * n, 0.0, 40.0);
+    let edge = [
+        0.0,
+        -0.0,
+        1e-3,
+        -1e-3,
+        0.0078125,
+        0.013671875,
+        448.0,
+        464.0,
+        480.0,
+        -500.0,
+        1e6,
+        -1e9,
+        3.5,
+        5.25,
+    ];
+    for (i, e) in edge.iter().enumerate() {
+        v[i * 7 % (64 * n)] = *e;
+    }
+    v
+}
+
+/// Differences between the device's A words and the model's, named by thread, step and register.
+fn acc_to_a_diff(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    n: usize,
+    seed: u64,
+    scale: f32,
+) -> Result<Vec<String>> {
+    let p = tile(n, seed);
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let dp = s.clone_htod(&p)?;
+    let mut out = s.clone_htod(&vec![0xDEAD_BEEFu32; 128 * n / 32 * 4])?;
+    // SAFETY: acc_to_a(const float* in[64][n], float scale, unsigned* out[128][n/32][4]); one warpgroup.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dp)
+            .arg(&scale)
+            .arg(&mut out)
+            .launch(WG)?
+    };
+    let got = s.clone_dtoh(&out)?;
+    let want = a_words(&p, n, scale);
+    let steps = n / 32;
+    Ok(got
+        .iter()
+        .zip(&want)
+        .enumerate()
+        .filter(|(_, (g, w))| g != w)
+        .map(|(i, (g, w))| {
+            format!(
+                "thread {} step {} a[{}] = {g:#010x}, want {w:#010x}",
+                i / (4 * steps),
+                i / 4 % steps,
+                i % 4
+            )
+        })
+        .collect())
+}
+
+fn transpose_diff(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    rows: usize,
+    cols: usize,
+    dst: frag_layout::Swizzle,
+    seed: u64,
+) -> Result<usize> {
+    let mut inp = Inputs::seeded(seed);
+    let src: Vec<u8> = inp
+        .integers(rows * cols, 0, 255)
+        .into_iter()
+        .map(|v| v as u8)
+        .collect();
+    let want = transposed(&src, rows, cols, dst, 0xCD);
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let din = s.clone_htod(&src)?;
+    let mut out = s.clone_htod(&vec![0u8; want.len()])?;
+    let cfg = LaunchConfig {
+        shared_mem_bytes: 4 * 32768,
+        ..WG
+    };
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        4 * 32768,
+    )?;
+    // SAFETY: transpose(const u8* in[rows][cols], u8* out[dst tile bytes]); one warpgroup.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&din)
+            .arg(&mut out)
+            .launch(cfg)?
+    };
+    let got = s.clone_dtoh(&out)?;
+    Ok(got.iter().zip(&want).filter(|(g, w)| g != w).count())
+}
+
+/// O = P·V through the relayouts and wgmma, against the exact product: wrong cells.
+fn pv_wrong(gpu: &Gpu, keys: usize, d: usize, spec: &KernelSpec, seed: u64) -> Result<usize> {
+    let mut inp = Inputs::seeded(seed);
+    let p = inp.integers(64 * keys, 0, 2);
+    let v = inp.integers(keys * d, -2, 2);
+    let v8: Vec<u8> = v
+        .iter()
+        .map(|&x| fp8_codec::encode(x, fp8_codec::Saturation::SatFinite, fp8_codec::Format::E4M3))
+        .collect();
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let (dp, dv) = (s.clone_htod(&p)?, s.clone_htod(&v8)?);
+    let mut o = s.clone_htod(&vec![0xFFFFu16; 64 * d])?;
+    let cfg = LaunchConfig {
+        shared_mem_bytes: 3 * 16384 + 1024,
+        ..WG
+    };
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        3 * 16384 + 1024,
+    )?;
+    // SAFETY: pv(const float* p[64][keys], const u8* v[keys][d], T* o[64][d]); T is 16-bit.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dp)
+            .arg(&dv)
+            .arg(&mut o)
+            .launch(cfg)?
+    };
+    let got = s.clone_dtoh(&o)?;
+    let bf = spec.name.ends_with("bf16");
+    let mut wrong = 0;
+    for r in 0..64 {
+        for c in 0..d {
+            let want: f32 = (0..keys).map(|kk| p[r * keys + kk] * v[kk * d + c]).sum();
+            let g = if bf {
+                bf16::from_bits(got[r * d + c]).to_f32()
+            } else {
+                f16::from_bits(got[r * d + c]).to_f32()
+            };
+            wrong += (g != want) as usize;
+        }
+    }
+    Ok(wrong)
+}
+
+fn store_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, valid: i32, seed: u64) -> Result<usize> {
+    let mut inp = Inputs::seeded(seed);
+    let x = inp.normal(64 * n, 0.0, 3.0);
+    let scale = 0.37f32;
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let dx = s.clone_htod(&x)?;
+    let mut o = s.clone_htod(&vec![0xFFFFu16; 64 * n])?;
+    // SAFETY: store(const float* in[64][n], float scale, T* out[64][n], int valid_rows); T is 16-bit.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dx)
+            .arg(&scale)
+            .arg(&mut o)
+            .arg(&valid)
+            .launch(WG)?
+    };
+    let got = s.clone_dtoh(&o)?;
+    let bf = spec.name.ends_with("bf16");
+    let mut wrong = 0;
+    for (i, &g) in got.iter().enumerate() {
+        let v = x[i] * scale;
+        let want = if (i / n) as i32 >= valid {
+            0xFFFF
+        } else if bf {
+            bf16::from_f32(v).to_bits()
+        } else {
+            f16::from_f32(v).to_bits()
+        };
+        wrong += (g != want) as usize;
+    }
+    Ok(wrong)
+}
+
+/// SASS histograms of the kernels a reviewer reads on diff, as insta snapshots.
+fn sass_snapshots(t: &mut Suite, specs: &[KernelSpec]) {
+    for spec in specs {
+        let spec = *spec;
+        t.compile(&format!("sass_histogram::{}", spec.name), move || {
+            let table = lab::sass::table(&spec)?;
+            insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
+                insta::assert_snapshot!(format!("sass__{}", spec.name), table);
+            });
+            Ok(())
+        });
+    }
+}
+
+fn main() {
+    let mut t = Suite::new();
+    t.kernels(&kernels());
+    sass_snapshots(&mut t, &[ACC_TO_A[1].1, TRANSPOSES[2].4, PV[0].2]);
+    for (n, spec) in ACC_TO_A {
+        t.gpu(&format!("acc_to_a_e4m3::n{n}"), move |gpu| {
+            for (seed, scale) in [(0, 1.0), (1, 3.0), (2, 0.125), (3, 11.0)] {
+                let d = acc_to_a_diff(gpu, &spec, n as usize, seed, scale)?;
+                ensure!(
+                    d.is_empty(),
+                    "seed {seed} scale {scale}: {} words differ, e.g. {}",
+                    d.len(),
+                    d[..d.len().min(4)].join("; ")
+                );
+            }
+            eprintln!(
+                "acc_to_a_e4m3 n{n}: {} words bit-exact × 4 inputs",
+                128 * n / 32 * 4
+            );
+            Ok(())
+        });
+    }
+    for (rows, cols, src, dst, spec) in TRANSPOSES {
+        t.gpu(&format!("transpose::{}", spec.name), move |gpu| {
+            let _ = src;
+            for seed in 0..3 {
+                let bad = transpose_diff(gpu, &spec, rows as usize, cols as usize, dst, seed)?;
+                ensure!(
+                    bad == 0,
+                    "seed {seed}: {bad} bytes of the transposed tile differ"
+                );
+            }
+            Ok(())
+        });
+    }
+    t.gpu("store_rows::bf16_and_f16_with_tails", |gpu| {
+        for valid in [64, 63, 17, 1] {
+            ensure!(
+                store_diff(gpu, &STORE_BF16, 128, valid, 5)? == 0,
+                "bf16, {valid} rows"
+            );
+            ensure!(
+                store_diff(gpu, &STORE_F16, 64, valid, 6)? == 0,
+                "f16, {valid} rows"
+            );
+        }
+        Ok(())
+    });
+    for (keys, d, spec) in PV {
+        t.gpu(&format!("pv_exact::{}", spec.name), move |gpu| {
+            for seed in 0..4 {
+                let bad = pv_wrong(gpu, keys, d, &spec, seed)?;
+                ensure!(
+                    bad == 0,
+                    "seed {seed}: {bad} of {} cells of O = P·V wrong",
+                    64 * d
+                );
+            }
+            Ok(())
+        });
+    }
+    t.gpu("mutant::byte_permute_halves_swapped", |gpu| {
+        let bad = ACC_TO_A[1].1.mutated(
+            "fp8_relayout.cuh",
+            "(q >> 1) ? 0x7632u : 0x5410u",
+            "(q >> 1) ? 0x5410u : 0x7632u",
+        )?;
+        let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0)?;
+        ensure!(!d.is_empty(), "swapped byte-permute halves went unnoticed");
+        eprintln!("swapped halves: {} words differ", d.len());
+        Ok(())
+    });
+    t.gpu("mutant::shuffle_from_the_wrong_lane", |gpu| {
+        let bad = ACC_TO_A[1]
+            .1
+            .mutated("fp8_relayout.cuh", "src1 = src0 + 1;", "src1 = src0;")?;
+        let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0)?;
+        ensure!(
+            !d.is_empty(),
+            "reading both halves from one lane went unnoticed"
+        );
+        Ok(())
+    });
+    t.gpu("mutant::transpose_byte_order", |gpu| {
+        let (rows, cols, _, dst, spec) = TRANSPOSES[0];
+        let bad = spec.mutated(
+            "fp8_relayout.cuh",
+            "__byte_perm(w[0], w[1], 0x5140)",
+            "__byte_perm(w[0], w[1], 0x4150)",
+        )?;
+        let n = transpose_diff(gpu, &bad, rows as usize, cols as usize, dst, 0)?;
+        ensure!(n > 0, "a wrong transpose permute went unnoticed");
+        Ok(())
+    });
+    t.gpu("mutant::store_row_mask_off_by_one", |gpu| {
+        let bad = STORE_BF16.mutated(
+            "fp8_relayout.cuh",
+            "if (row < valid_rows)",
+            "if (row <= valid_rows)",
+        )?;
+        ensure!(
+            store_diff(gpu, &bad, 128, 17, 5)? > 0,
+            "writing one row too many went unnoticed"
+        );
+        Ok(())
+    });
+    t.run()
+}
