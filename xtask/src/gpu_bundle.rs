@@ -1,5 +1,6 @@
 // `cargo xtask gpu-bundle`: packs the test binaries and a runner for a GPU machine with no Rust; and the runner.
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
@@ -102,7 +103,19 @@ pub fn run(bundle: &Path, out: &Path) -> Result<bool> {
     let mut log = String::new();
     let results = runner::run_all(&bins, &[], &mut log)?;
     let title = format!("gpu-bundle: {}, {}", device_words(), today());
-    let (mut summary, ok) = runner::summarize(&results, &title);
+    let (mut summary, mut ok) = runner::summarize(&results, &title);
+    // compute-sanitizer over the asynchronous-copy tests, where the toolkit has it (the GPU machine does).
+    if Command::new("compute-sanitizer")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
+        let v = crate::sanitize::run(&bundle.join("bin"), &root, &mut log)?;
+        ok &= v.iter().all(|x| x.ok);
+        summary.push_str(&crate::sanitize::table(&v));
+    } else {
+        summary.push_str("\ncompute-sanitizer: not found on this machine, NOT run\n");
+    }
     summary.push_str(&format!(
         "tests ran in {:.1} s\n",
         t0.elapsed().as_secs_f64()

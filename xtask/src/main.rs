@@ -7,6 +7,7 @@ mod layouts;
 mod ptxas;
 mod registry;
 mod runner;
+mod sanitize;
 mod test_blocks;
 #[cfg(test)]
 mod tidy;

@@ -3,7 +3,7 @@ use anyhow::{Result, ensure};
 use fp8_relayout::*;
 use half::{bf16, f16};
 use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
-use lab::numerics::{Inputs, check_written, poisoned};
+use lab::numerics::Inputs;
 use lab::{Gpu, KernelSpec, Suite};
 
 const WG: LaunchConfig = LaunchConfig {

@@ -58,16 +58,19 @@ __device__ void gemm(const unsigned char* a, const unsigned char* b, int swz, fl
   for (int i = 0; i < N / 2; ++i) d_out[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)] = d[i];
 }
 
-// Two GEMMs through one B tile: D1 = A B1^T, then B2 is written over B1 and D2 = A B2^T. The wait between
-// them is all that keeps the second tile's stores from racing the first GEMM's reads (ptxas inserts waits
+// Two GEMMs through one B tile: D1 = kRepeat * A B1^T (kRepeat passes over the tile, so that the first GEMM is
+// long), then B2 is written over B1 and D2 = A B2^T. The wait between them is all that keeps B2's stores, which
+// go out last K-step first and from registers loaded beforehand, from racing the first GEMM's reads (ptxas waits
 // before accumulator reads on its own, never before shared-memory stores). d: [2][64][N].
+constexpr int kRepeat = 8;
 template <class TA, class TB, int N>
 __device__ void reuse(const unsigned char* a, const unsigned char* b1, const unsigned char* b2, float* d_out) {
   extern __shared__ unsigned char raw[];
   const unsigned addr = wgmma::smem_addr(raw);
   unsigned char* sa = raw + ((1024 - (addr & 1023)) & 1023);
   unsigned char* sb = sa + 64 * kKBytes;
-  const wgmma::Swizzle sw = wgmma::Swizzle::B128;
+  constexpr wgmma::Swizzle sw = wgmma::Swizzle::B128;
+  constexpr int kWords = N * kKBytes / 4 / 128;  // B2 words per thread
   const int t = threadIdx.x;
   for (int i = t; i < 64 * kKBytes / 4; i += 128) {
     const int row = i / (kKBytes / 4), kb = i % (kKBytes / 4) * 4;
@@ -79,16 +82,23 @@ __device__ void reuse(const unsigned char* a, const unsigned char* b1, const uns
     *reinterpret_cast<unsigned*>(sb + wgmma::tile_byte(sw, N, row, kb)) =
         *reinterpret_cast<const unsigned*>(b1 + row * kKBytes + kb);
   }
+  unsigned w2[kWords];  // word j: row (t + 128 j) % N, bytes from the end of K backwards
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    const int i = t + 128 * j, row = i % N, kb = kKBytes - 4 - i / N * 4;
+    w2[j] = *reinterpret_cast<const unsigned*>(b2 + row * kKBytes + kb);
+  }
   wgmma::publish_smem();
   float d1[N / 2], d2[N / 2];
   wgmma::fence();
-  wgmma::mma_ss<N, TA, TB, kSteps>(d1, sw, sa, sw, sb, false);
+#pragma unroll
+  for (int r = 0; r < kRepeat; ++r) wgmma::mma_ss<N, TA, TB, kSteps>(d1, sw, sa, sw, sb, r > 0);
   wgmma::commit();
   wgmma::wait<0>();  // the first GEMM has read B1
-  for (int i = t; i < N * kKBytes / 4; i += 128) {
-    const int row = i / (kKBytes / 4), kb = i % (kKBytes / 4) * 4;
-    *reinterpret_cast<unsigned*>(sb + wgmma::tile_byte(sw, N, row, kb)) =
-        *reinterpret_cast<const unsigned*>(b2 + row * kKBytes + kb);
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    const int i = t + 128 * j, row = i % N, kb = kKBytes - 4 - i / N * 4;
+    *reinterpret_cast<unsigned*>(sb + wgmma::tile_byte(sw, N, row, kb)) = w2[j];
   }
   wgmma::publish_smem();
   wgmma::fence();

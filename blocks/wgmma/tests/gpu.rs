@@ -117,7 +117,9 @@ fn reuse(gpu: &Gpu, spec: &KernelSpec, seed: u64) -> Result<(usize, usize)> {
     let a = inp.integers(m * k, -3, 3);
     let b1 = inp.integers(n * k, -3, 3);
     let b2 = inp.integers(n * k, -3, 3);
-    let (w1, w2) = (gemm(&a, &b1, m, n, k), gemm(&a, &b2, m, n, k));
+    // The first GEMM passes over its tile REPEAT times (a long GEMM, a wide race window for the mutant).
+    let w1: Vec<f64> = gemm(&a, &b1, m, n, k).iter().map(|v| v * REPEAT).collect();
+    let w2 = gemm(&a, &b2, m, n, k);
     let s = &gpu.stream;
     let kern = gpu.load(spec)?;
     let da = s.clone_htod(&to_bytes(&a, p.a)?)?;
@@ -152,6 +154,8 @@ fn reuse(gpu: &Gpu, spec: &KernelSpec, seed: u64) -> Result<(usize, usize)> {
         .count();
     Ok((bad1, bad2))
 }
+
+const REPEAT: f64 = 8.0;
 
 const WAIT_ASM: &str =
     "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" ::\"n\"(N) : \"memory\");";
