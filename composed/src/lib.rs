@@ -8,7 +8,10 @@ mod run;
 mod stages;
 
 pub use run::{OnDevice, run, validate};
-pub use stages::{DIMS, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, Stage, bc};
+pub use stages::{
+    DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, Stage,
+    bc,
+};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {

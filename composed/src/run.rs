@@ -170,8 +170,12 @@ impl OnDevice {
             softmax_scale: self.qz.softmax_scale,
         };
         let cfg = LaunchConfig {
-            grid_dim: (s.sq.div_ceil(64) as u32, s.heads() as u32, 1),
-            block_dim: (128, 1, 1),
+            grid_dim: (
+                s.sq.div_ceil(stage.rows_per_block()) as u32,
+                s.heads() as u32,
+                1,
+            ),
+            block_dim: (stage.threads() as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         // SAFETY: stageN_dD(sdpa::Params) with the grid and block it was written for; every pointer holds the

@@ -15,6 +15,10 @@ pub const HEADERS: &[Header] = &[
         name: "register_softmax.cuh",
         code: include_str!("../cuda/register_softmax.cuh"),
     },
+    Header {
+        name: "wgmma_softmax.cuh",
+        code: include_str!("../cuda/wgmma_softmax.cuh"),
+    },
 ];
 
 const BLOCK_HEADERS: &[&[Header]] = &[
@@ -23,6 +27,9 @@ const BLOCK_HEADERS: &[&[Header]] = &[
     online_softmax::HEADERS,
     cp_async_ring::HEADERS,
     fp8_codec::HEADERS,
+    frag_layout::WGMMA_HEADERS,
+    wgmma::HEADERS,
+    fp8_relayout::HEADERS,
     HEADERS,
 ];
 
@@ -41,6 +48,7 @@ pub const STAGE2: Source = source!("stage2.cu");
 pub const STAGE3A: Source = source!("stage3a.cu");
 pub const STAGE3B: Source = source!("stage3b.cu");
 pub const STAGE4: Source = source!("stage4.cu");
+pub const STAGE5: Source = source!("stage5.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
@@ -49,10 +57,18 @@ pub enum Stage {
     S3a,
     S3b,
     S4,
+    S5,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 5] = [Stage::S1, Stage::S2, Stage::S3a, Stage::S3b, Stage::S4];
+    pub const ALL: [Stage; 6] = [
+        Stage::S1,
+        Stage::S2,
+        Stage::S3a,
+        Stage::S3b,
+        Stage::S4,
+        Stage::S5,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -61,6 +77,7 @@ impl Stage {
             Stage::S3a => "stage3a",
             Stage::S3b => "stage3b",
             Stage::S4 => "stage4",
+            Stage::S5 => "stage5",
         }
     }
 
@@ -70,7 +87,7 @@ impl Stage {
             .find(|st| st.name() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4"
+                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4, stage5"
                 )
             })
     }
@@ -86,7 +103,42 @@ impl Stage {
                 "softmax in registers on the accumulator fragments, no score buffer (frag-layout, warp-reduce, online-softmax)"
             }
             Stage::S4 => "stage3b with the 3-stage K/V ring",
+            Stage::S5 => {
+                "Q·Kᵀ and P·V on FP8 wgmma (sm_90a), P rounded to E4M3 in registers (×2^8, FlashAttention-3's Max_offset), V transposed to K-major in shared memory; two warpgroups of 64 query rows share 128-key tiles from the cp.async ring"
+            }
         }
+    }
+
+    /// What the stage needs to run: the architecture it is built for and how it is launched.
+    pub fn needs(self) -> String {
+        let archs: Vec<&str> = self.kernel(64).archs.iter().map(|a| a.name()).collect();
+        format!(
+            "{}; {} threads a block, {} query rows a block, {} keys a tile, D = 64 or 128",
+            archs.join(" / "),
+            self.threads(),
+            self.rows_per_block(),
+            self.bc(64)
+        )
+    }
+
+    /// Threads of one block.
+    pub fn threads(self) -> usize {
+        if self == Stage::S5 { 256 } else { 128 }
+    }
+
+    /// Query rows one block owns.
+    pub fn rows_per_block(self) -> usize {
+        if self == Stage::S5 { 128 } else { 64 }
+    }
+
+    /// Keys per K/V tile.
+    pub fn bc(self, d: usize) -> usize {
+        if self == Stage::S5 { 128 } else { bc(d) }
+    }
+
+    /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stage, f16 for the others.
+    pub fn fp8_p(self) -> bool {
+        self == Stage::S5
     }
 
     pub fn source(self) -> &'static Source {
@@ -96,6 +148,7 @@ impl Stage {
             Stage::S3a => &STAGE3A,
             Stage::S3b => &STAGE3B,
             Stage::S4 => &STAGE4,
+            Stage::S5 => &STAGE5,
         }
     }
 
@@ -105,6 +158,10 @@ impl Stage {
 
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).
     pub fn smem_bytes(self, d: usize) -> usize {
+        if self == Stage::S5 {
+            // 1024 for alignment, Q (128 rows), the K and V rings (2 × 2 stages × 128 keys), Vᵀ (D × 128).
+            return 1024 + 128 * d + 2 * 2 * 128 * d + d * 128;
+        }
         let (bq, bc) = (64, bc(d));
         // Q, K and V as half, rows padded by 8 halves (sdpa_common.cuh's kLd).
         let common = 2 * self.ring_stages() * bc * d + (bq + 2 * bc) * (d + 8) * 2;
@@ -113,7 +170,7 @@ impl Stage {
             + match self {
                 Stage::S1 | Stage::S3a => bq * bc * 4 + stats,
                 Stage::S2 => bq * bc * 4 + stats + bq * bc * 2,
-                Stage::S3b | Stage::S4 => 0,
+                Stage::S3b | Stage::S4 | Stage::S5 => 0,
             }
     }
 
@@ -126,6 +183,9 @@ impl Stage {
 pub fn bc(d: usize) -> usize {
     if d == 64 { 64 } else { 32 }
 }
+
+/// P's scale in the FP8 wgmma stage, log2 units: P = exp2(s·c − m·c + 8), in (0, 256] (`kFp8POffset`).
+pub const FP8_P_OFFSET: i32 = 8;
 
 /// The head dimensions the stages are built for.
 pub const DIMS: [usize; 2] = [64, 128];
@@ -144,6 +204,18 @@ const fn k(name: &'static str, source: &'static Source) -> KernelSpec {
     }
 }
 
+const fn k90a(name: &'static str, source: &'static Source) -> KernelSpec {
+    // 256 threads, one block an SM (launch bounds (256, 1)): S (64 f32) + O (up to 64) + P's A registers.
+    KernelSpec {
+        block: "composed",
+        name,
+        source,
+        budget: Budget::new(232, 0),
+        archs: &[Arch::Sm90a],
+        sass: &["QGMMA"],
+    }
+}
+
 pub const KERNELS: &[KernelSpec] = &[
     k("stage1_d64", &STAGE1),
     k("stage1_d128", &STAGE1),
@@ -155,4 +227,6 @@ pub const KERNELS: &[KernelSpec] = &[
     k("stage3b_d128", &STAGE3B),
     k("stage4_d64", &STAGE4),
     k("stage4_d128", &STAGE4),
+    k90a("stage5_d64", &STAGE5),
+    k90a("stage5_d128", &STAGE5),
 ];

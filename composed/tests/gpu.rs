@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{Result, ensure};
 use composed::{OnDevice, Stage, bc, run};
 use fixtures::{
-    Attention, Quantized, Raw, Shape, emulate, quantize_per_head, quantize_per_tensor, reference,
-    reference_unquantized,
+    Attention, Quantized, Raw, Shape, emulate, emulate_fp8p, quantize_per_head,
+    quantize_per_tensor, reference, reference_unquantized,
 };
 use lab::numerics::{Tolerance, error_stats};
 use lab::{Gpu, Suite};
@@ -150,7 +150,22 @@ struct Prepared {
     raw: Raw,
     qz: Quantized,
     reference: Attention<f64>,
+    /// The f16-P stages' rounding points (tiles of `bc(d)` keys).
     emulation: Attention<f32>,
+    /// The FP8 wgmma stage's: P × 2^8 rounded to E4M3, tiles of 128 keys; made on first use.
+    emulation_fp8: OnceLock<Attention<f32>>,
+}
+
+impl Prepared {
+    fn emulation_for(&self, stage: Stage) -> &Attention<f32> {
+        if stage.fp8_p() {
+            self.emulation_fp8.get_or_init(|| {
+                emulate_fp8p(&self.qz, stage.bc(self.qz.shape.d), composed::FP8_P_OFFSET)
+            })
+        } else {
+            &self.emulation
+        }
+    }
 }
 
 /// Case name → its inputs and references, filled by whichever stage's test gets there first.
@@ -178,6 +193,7 @@ fn prepared(case: &Case) -> Arc<Prepared> {
             qz,
             reference,
             emulation,
+            emulation_fp8: OnceLock::new(),
         })
     })
     .clone()
@@ -204,7 +220,8 @@ fn check(stage: Stage, case: &Case, p: &Prepared, dev: &Attention<f32>) -> Resul
         (fp8_codec::decode(c, fp8_codec::Format::E4M3) * p.qz.v_scale[h]).abs() as f64
     });
     let floor = 2f64.powi(-20) * vmax.fold(0.0, f64::max);
-    let (e_dev, e_emu) = (max_abs(&dev.o, &r.o), max_abs(&p.emulation.o, &r.o));
+    let emulation = p.emulation_for(stage);
+    let (e_dev, e_emu) = (max_abs(&dev.o, &r.o), max_abs(&emulation.o, &r.o));
     let stats = error_stats(
         &dev.o,
         &r.o,
@@ -244,7 +261,7 @@ fn check(stage: Stage, case: &Case, p: &Prepared, dev: &Attention<f32>) -> Resul
         "{}: O error {e_dev:.3e} > 2 × emulation's {e_emu:.3e} + {floor:.1e}: {stats}",
         case.name
     );
-    let e_emu_lse = max_abs(&p.emulation.lse, &r.lse);
+    let e_emu_lse = max_abs(&emulation.lse, &r.lse);
     for (i, (&got, &want)) in dev.lse.iter().zip(&r.lse).enumerate() {
         let tol = 2.0 * e_emu_lse + 8.0 * 2f64.powi(-24) * (1.0 + want.abs());
         ensure!(

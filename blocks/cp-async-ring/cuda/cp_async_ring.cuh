@@ -25,8 +25,16 @@ __device__ __forceinline__ void wait_group() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// STAGES tiles of ROWS rows of COLS elements of ELEM bytes, copied by THREADS threads.
-template <int STAGES, int ROWS, int COLS, int ELEM, int THREADS>
+// Where byte b (a multiple of 16) of row r of a tile goes in its stage: row after row, by default.
+template <int ROW_BYTES>
+struct RowMajor {
+  __device__ static int offset(int r, int b) { return r * ROW_BYTES + b; }
+};
+
+// STAGES tiles of ROWS rows of COLS elements of ELEM bytes, copied by THREADS threads. PLACE::offset(r, b) puts
+// each 16-byte chunk of a tile: row-major by default; a swizzled tile (a wgmma operand) is any permutation of
+// 16-byte chunks within the tile's kRowBytes * ROWS bytes.
+template <int STAGES, int ROWS, int COLS, int ELEM, int THREADS, class PLACE = RowMajor<COLS * ELEM>>
 struct Ring {
   static constexpr int kRowBytes = COLS * ELEM;
   static constexpr int kChunks = kRowBytes / 16;  // 16-byte copies per row
@@ -61,7 +69,7 @@ struct Ring {
         const int row = t * ROWS + r;
         const bool real = row < rows;
         // A row past the end reads nothing (src-size 0) from a valid address: row 0.
-        cp_async_16(dst + r * kRowBytes + k * 16, src + (real ? row * stride : 0) + k * 16, real ? 16 : 0);
+        cp_async_16(dst + PLACE::offset(r, k * 16), src + (real ? row * stride : 0) + k * 16, real ? 16 : 0);
       }
     }
   }

@@ -83,6 +83,9 @@ pub const KERNELS: &[KernelSpec] = &[
     k("ring_n4_r32_c64_e1"),
 ];
 
+/// The 2-stage ring of 64 rows × 128 bytes placing chunks as wgmma's 128-byte-swizzled tile.
+pub const SWIZZLED: KernelSpec = k("ring_n2_r64_c128_e1_sw128");
+
 pub fn kernel(shape: &Shape) -> KernelSpec {
     KernelSpec::find(KERNELS, &shape.kernel())
 }

@@ -5,10 +5,12 @@
 mod kernels;
 mod model;
 
-pub use kernels::{HEADERS, KERNELS, SHAPES, SOURCE, Shape, kernel};
+pub use kernels::{HEADERS, KERNELS, SHAPES, SOURCE, SWIZZLED, Shape, kernel};
 pub use model::{Event, Ring, check, schedule, valid_rows};
 
 /// Every kernel of this block, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {
-    KERNELS.to_vec()
+    let mut v = KERNELS.to_vec();
+    v.push(SWIZZLED);
+    v
 }

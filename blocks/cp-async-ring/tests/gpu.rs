@@ -45,7 +45,22 @@ fn source(layout: Layout, seq: usize, row_bytes: usize) -> Vec<u8> {
 
 /// Copies through the ring of `shape` (kernel `spec`); checks every byte of every tile and each tile's valid
 /// row count. Returns the number of bytes checked.
+/// Where byte b of row i of a tile sits in its stage.
+type Place = dyn Fn(usize, usize) -> usize;
+
 fn run(gpu: &Gpu, spec: &KernelSpec, shape: &Shape, layout: Layout, seq: usize) -> Result<usize> {
+    let rb = shape.row_bytes();
+    run_placed(gpu, spec, shape, layout, seq, &move |i, b| i * rb + b)
+}
+
+fn run_placed(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    shape: &Shape,
+    layout: Layout,
+    seq: usize,
+    place: &Place,
+) -> Result<usize> {
     let rb = shape.row_bytes();
     let (rs, hs) = strides(layout, seq, rb);
     let tiles = seq.div_ceil(shape.rows);
@@ -87,7 +102,7 @@ fn run(gpu: &Gpu, spec: &KernelSpec, shape: &Shape, layout: Layout, seq: usize) 
             for i in 0..shape.rows {
                 let r = t * shape.rows + i;
                 for w in 0..rb / 4 {
-                    let at = ((h * tiles + t) * shape.rows + i) * rb + 4 * w;
+                    let at = (h * tiles + t) * shape.tile_bytes() + place(i, 4 * w);
                     let want = if r < seq { word(h, r, w) } else { [0; 4] };
                     if out[at..at + 4] != want {
                         bail!(
@@ -112,6 +127,7 @@ fn seqs(shape: &Shape) -> Vec<usize> {
 fn main() {
     let mut t = Suite::new();
     t.kernels(KERNELS);
+    t.kernels(&[SWIZZLED]);
     for shape in SHAPES {
         t.gpu(&format!("copy::{}", shape.kernel()), move |gpu| {
             let (mut bytes, mut cases) = (0, 0);
@@ -128,6 +144,22 @@ fn main() {
             Ok(())
         });
     }
+    t.gpu("copy::swizzled_into_a_wgmma_tile", |gpu| {
+        // 64 rows of 128 bytes placed as frag-layout's (probed) 128-byte-swizzled K-major tile.
+        let shape = Shape::new(2, 64, 128, 1);
+        let place = |i: usize, b: usize| {
+            frag_layout::Desc::k_major(frag_layout::Swizzle::B128, 64, 128, (b / 32) as u32)
+                .byte_of(i as u32, (b % 32) as u32) as usize
+        };
+        let mut bytes = 0;
+        for layout in [Layout::Bhsd, Layout::Bshd] {
+            for seq in seqs(&shape) {
+                bytes += run_placed(gpu, &SWIZZLED, &shape, layout, seq, &place)?;
+            }
+        }
+        eprintln!("swizzled placement: {bytes} bytes exact");
+        Ok(())
+    });
     let mutants: [(&str, &str, &str); 2] = [
         ("wait removed", "    wait_group<STAGES - 1>();\n", ""),
         (

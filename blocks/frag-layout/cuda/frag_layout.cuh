@@ -73,6 +73,15 @@ struct MmaC {
   __host__ __device__ static constexpr int row(int lane, int i) { return mma_c_row(lane, i); }
   __host__ __device__ static constexpr int col(int lane, int i) { return mma_c_col(lane, i); }
 };
+// A wgmma D of N columns as a layout type, for the row-wise code above (warp-reduce, online-softmax): a thread
+// holds N/2 elements of two rows; col() depends on the lane's quad position only.
+template <int N>
+struct WgmmaD {
+  static constexpr int kElems = N / 2;
+  static constexpr int kCols = N;
+  __host__ __device__ static constexpr int row(int t, int i) { return wgmma_d_row(t, i); }
+  __host__ __device__ static constexpr int col(int t, int i) { return wgmma_d_col(t, i); }
+};
 // Registers of one mma C fragment; a wmma accumulator fragment has the same `.x[]` shape.
 template <class L>
 struct Regs {

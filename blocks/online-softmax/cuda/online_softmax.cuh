@@ -30,8 +30,10 @@ __device__ __forceinline__ void init(RowState& st) {
 }
 
 // One K/V tile: turns the score fragments S into P in place, updates m and l, and returns the factor O must
-// be rescaled by before P·V is added. Columns col0 + ... >= kv_valid are masked.
-template <class L, int NF, class Frag>
+// be rescaled by before P·V is added. Columns col0 + ... >= kv_valid are masked. P_OFFSET (log2 units) scales
+// every P by 2^P_OFFSET, so that P in (0, 2^P_OFFSET] uses FP8's range (FlashAttention-3's Max_offset); l
+// carries the same factor, so O / l is unchanged and finish<L, P_OFFSET> takes it out of the LSE.
+template <class L, int P_OFFSET = 0, int NF, class Frag>
 __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2]) {
   const int lane = threadIdx.x & 31;
   float mx[2], m_use[2];
@@ -49,7 +51,11 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
     for (int i = 0; i < L::kElems; ++i) {
       const int h = frag::acc_half(i);
       const bool valid = col0 + f * L::kCols + L::col(lane, i) < kv_valid;
-      s[f].x[i] = valid ? exp2f(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
+      if constexpr (P_OFFSET == 0) {
+        s[f].x[i] = valid ? exp2f(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
+      } else {
+        s[f].x[i] = valid ? exp2f(fmaf(s[f].x[i], c, float(P_OFFSET) - m_use[h] * c)) : 0.0f;
+      }
     }
   float ps[2];
   wr::row_sum<L>(s, col0, kv_valid, ps);
@@ -66,14 +72,18 @@ __device__ __forceinline__ void rescale(Frag (&o)[NO], const float (&alpha)[2]) 
     for (int i = 0; i < L::kElems; ++i) o[f].x[i] *= alpha[frag::acc_half(i)];
 }
 
-// O = O / l (0 where l = 0) and the rows' LSE.
-template <class L, int NO, class Frag>
+// O = O / l (0 where l = 0) and the rows' LSE (less the 2^P_OFFSET that step<L, P_OFFSET> put into l).
+template <class L, int P_OFFSET = 0, int NO, class Frag>
 __device__ __forceinline__ void finish(Frag (&o)[NO], const RowState& st, float scale, float (&lse)[2]) {
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     inv[h] = st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f;
-    lse[h] = st.l[h] > 0.0f ? st.m[h] * scale + logf(st.l[h]) : wr::neg_inf();
+    if constexpr (P_OFFSET == 0) {
+      lse[h] = st.l[h] > 0.0f ? st.m[h] * scale + logf(st.l[h]) : wr::neg_inf();
+    } else {
+      lse[h] = st.l[h] > 0.0f ? st.m[h] * scale + (logf(st.l[h]) - float(P_OFFSET) * 0.6931471805599453f) : wr::neg_inf();
+    }
   }
 #pragma unroll
   for (int f = 0; f < NO; ++f)

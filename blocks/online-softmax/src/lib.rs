@@ -7,7 +7,9 @@ mod kernels;
 mod model;
 
 pub use kernels::{ATTEND_BC16, ATTEND_BC32, D, HEADERS, KERNELS, SOURCE};
-pub use model::{Out, Problem, max_abs_diff, mirror_f32, o_bound, one_shot, online_f64};
+pub use model::{
+    Out, Problem, max_abs_diff, mirror_f32, mirror_f32_with, o_bound, one_shot, online_f64,
+};
 
 /// Every kernel of this block, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {

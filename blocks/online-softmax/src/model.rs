@@ -111,6 +111,19 @@ pub fn online_f64(p: &Problem, tiles: &[usize]) -> Out<f64> {
 /// device does it, P rounded to f16 for P·V (l sums the unrounded P), f32 accumulation. The emulation that
 /// FlashAttention's tolerance rule compares against.
 pub fn mirror_f32(p: &Problem, bc: usize) -> Out<f32> {
+    mirror_f32_with(p, bc, 0, |e| f16::from_f32(e).to_f32())
+}
+
+/// `mirror_f32` with P scaled by 2^`p_offset` (the device's `step<L, P_OFFSET>`: exp2(s·c + (offset − m·c)))
+/// and rounded by `round` for P·V (f16 for the WMMA stages, E4M3 for the FP8 wgmma ones); l sums the unrounded
+/// P, and the LSE takes the offset back out.
+pub fn mirror_f32_with(
+    p: &Problem,
+    bc: usize,
+    p_offset: i32,
+    round: impl Fn(f32) -> f32,
+) -> Out<f32> {
+    let off = p_offset as f32;
     let c = p.scale * std::f32::consts::LOG2_E; // the device's 1.4426950408889634f, rounded to f32 alike
     let mut out = Out {
         o: vec![0.0f32; p.rows * p.d],
@@ -134,15 +147,20 @@ pub fn mirror_f32(p: &Problem, bc: usize) -> Out<f32> {
             let alpha = ((m - m_use) * c).exp2();
             let pj: Vec<f32> = js
                 .clone()
-                .map(|j| p.s[r * p.sk + j].mul_add(c, -m_use * c).exp2())
+                .map(|j| {
+                    let bias = if p_offset == 0 {
+                        -m_use * c
+                    } else {
+                        off - m_use * c
+                    };
+                    p.s[r * p.sk + j].mul_add(c, bias).exp2()
+                })
                 .collect();
             l = alpha * l + pj.iter().sum::<f32>();
             for (k, ok) in o.iter_mut().enumerate() {
                 let mut acc = alpha * *ok;
                 for (t, &e) in pj.iter().enumerate() {
-                    acc = f16::from_f32(e)
-                        .to_f32()
-                        .mul_add(p.v[(j0 + t) * p.d + k], acc);
+                    acc = round(e).mul_add(p.v[(j0 + t) * p.d + k], acc);
                 }
                 *ok = acc;
             }
@@ -151,7 +169,11 @@ pub fn mirror_f32(p: &Problem, bc: usize) -> Out<f32> {
         let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
         o.iter_mut().for_each(|x| *x *= inv);
         out.lse[r] = if l > 0.0 {
-            m * p.scale + l.ln()
+            if p_offset == 0 {
+                m * p.scale + l.ln()
+            } else {
+                m * p.scale + (l.ln() - off * std::f32::consts::LN_2)
+            }
         } else {
             f32::NEG_INFINITY
         };

@@ -131,19 +131,21 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[ST
 // The synchronous tile GEMM: fence, the K-steps, commit, wait for all, pin d. What a test (or a first stage)
 // calls when it has nothing to overlap.
 template <int N, class TA, class TB, int STEPS>
-__device__ __forceinline__ void gemm_ss_sync(float (&d)[N / 2], Swizzle sa, const void* a, Swizzle sb, const void* b) {
+__device__ __forceinline__ void gemm_ss_sync(float (&d)[N / 2], Swizzle sa, const void* a, Swizzle sb, const void* b,
+                                             bool accumulate = false) {
   fence_operand(d);
   fence();
-  mma_ss<N, TA, TB, STEPS>(d, sa, a, sb, b, false);
+  mma_ss<N, TA, TB, STEPS>(d, sa, a, sb, b, accumulate);
   commit();
   wait<0>();
   fence_operand(d);
 }
 template <int N, class TA, class TB, int STEPS>
-__device__ __forceinline__ void gemm_rs_sync(float (&d)[N / 2], const unsigned (&a)[STEPS][4], Swizzle sb, const void* b) {
+__device__ __forceinline__ void gemm_rs_sync(float (&d)[N / 2], const unsigned (&a)[STEPS][4], Swizzle sb, const void* b,
+                                             bool accumulate = false) {
   fence_operand(d);
   fence();
-  mma_rs<N, TA, TB, STEPS>(d, a, sb, b, false);
+  mma_rs<N, TA, TB, STEPS>(d, a, sb, b, accumulate);
   commit();
   wait<0>();
   fence_operand(d);

@@ -47,12 +47,16 @@ fn stages() {
             s.smem_bytes(128),
             s.describe()
         );
+        println!("{:<8} needs: {}", "", s.needs());
     }
     println!(
         "All stages: E4M3 Q, K, V [B, H, S, D] with per-(b, h) scales; D = 64 or 128; any S ≥ 1; Sq ≠ Sk allowed;"
     );
     println!(
-        "sm_80 or later (cp.async, mma.sync); outputs O f16 [B, H, Sq, D] and LSE f32 [B, H, Sq]."
+        "outputs O f16 [B, H, Sq, D] and LSE f32 [B, H, Sq]. stage1-4 run on sm_80 or later (cp.async, mma.sync);"
+    );
+    println!(
+        "stage5 needs an sm_90 GPU (built for sm_90a: wgmma): elsewhere `run` refuses it by name before any launch."
     );
 }
 

@@ -1,0 +1,88 @@
+// wgmma_softmax.cuh: the body of stage 5: Q·Kᵀ and P·V on FP8 wgmma (sm_90a), the online softmax on the accumulators.
+#pragma once
+#include "cp_async_ring.cuh"
+#include "fp8_relayout.cuh"
+#include "online_softmax.cuh"
+#include "sdpa_common.cuh"
+#include "wgmma.cuh"
+
+namespace sdpa {
+
+// Ring chunks go straight into the canonical K-major wgmma tile (a 16-byte chunk never straddles a swizzle unit).
+template <int ROWS, wgmma::Swizzle SW>
+struct WgmmaPlace {
+  __device__ static int offset(int r, int b) { return int(wgmma::tile_byte(SW, ROWS, r, b)); }
+};
+
+// P is exp2(s·c − m·c + 8) in (0, 256]: E4M3's range is used from 2^-9 · 256 up (FlashAttention-3's Max_offset).
+constexpr int kFp8POffset = 8;
+
+// WGS consumer warpgroups of 64 query rows each share K/V tiles of 128 keys, which the cp.async ring (STAGES
+// deep) lands as swizzled K-major tiles. Per tile: V is transposed into the K-major B operand of P·V
+// (fp8-relayout), S = Q·Kᵀ on wgmma (Q and K from shared memory), osm::step on S in registers, P to E4M3 A
+// registers (fp8-relayout), O += P·V on wgmma. The Q, K, V scales fold into the exponent and the epilogue.
+template <int D, int WGS, int STAGES>
+__device__ void wgmma_attention(const Params& p) {
+  constexpr int BC = 128, BQ = 64 * WGS, THREADS = 128 * WGS;
+  constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;  // rows of D bytes
+  constexpr wgmma::Swizzle SWT = wgmma::Swizzle::B128;                                 // Vᵀ rows of BC bytes
+  using Ring = ring::Ring<STAGES, BC, D, 1, THREADS, WgmmaPlace<BC, SW>>;
+  using SL = frag::WgmmaD<BC>;
+  using OL = frag::WgmmaD<D>;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sq = smem_raw + ((1024 - (wgmma::smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* ring_k = sq + BQ * D;
+  unsigned char* ring_v = ring_k + Ring::kBytes;
+  unsigned char* vt = ring_v + Ring::kBytes;
+  const int bh = blockIdx.y, q0 = blockIdx.x * BQ, wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
+  const Ring rk{ring_k, p.k + (long long)bh * p.sk * D, D, p.sk};
+  const Ring rv{ring_v, p.v + (long long)bh * p.sk * D, D, p.sk};
+  for (int s = 0; s < STAGES - 1; ++s) {
+    rk.copy(s);
+    rv.copy(s);
+    ring::commit();
+  }
+  // Q: each warpgroup's 64 rows as its own canonical tile; rows past Sq are zeros. Published with the first tile.
+  const unsigned char* q = p.q + (long long)bh * p.sq * D;
+  for (int i = threadIdx.x; i < BQ * D / 16; i += THREADS) {
+    const int row = i / (D / 16), ch = i % (D / 16);
+    const uint4 v = q0 + row < p.sq ? *reinterpret_cast<const uint4*>(q + (long long)(q0 + row) * D + 16 * ch)
+                                    : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(sq + row / 64 * 64 * D + wgmma::tile_byte(SW, 64, row % 64, 16 * ch)) = v;
+  }
+  osm::RowState st;
+  osm::init(st);
+  frag::Regs<OL> o[1];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
+  for (int tt = 0; tt < rk.tiles(); ++tt) {
+    rk.copy(tt + STAGES - 1);
+    rv.copy(tt + STAGES - 1);
+    ring::commit();
+    const unsigned char* kt = rk.wait(tt);
+    relayout::transpose_tile<BC, D, SW, SWT, THREADS>(rv.tile_ptr(tt), vt, threadIdx.x);
+    wgmma::publish_smem();  // Q, the ring's K and the stores of Vᵀ, for the tensor cores
+    frag::Regs<SL> s[1];
+    wgmma::gemm_ss_sync<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, sq + wg * 64 * D, SW, kt);
+    float alpha[2];
+    osm::step<SL, kFp8POffset>(s, tt * BC, p.sk, c, st, alpha);
+    osm::rescale<OL>(o, alpha);
+    unsigned a[BC / 32][4];
+    relayout::acc_to_a_e4m3<BC>(s[0].x, 1.0f, a);
+    wgmma::gemm_rs_sync<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, vt, true);
+    rk.release(tt);  // every warpgroup is done with K, V and Vᵀ of this tile
+  }
+  float lse[2];
+  osm::finish<OL, kFp8POffset>(o, st, scale, lse);
+  const int row0 = q0 + 64 * wg;
+  relayout::store_rows<__half, D>(o[0].x, p.v_scale[bh], p.o + ((long long)bh * p.sq + row0) * D, D, p.sq - row0);
+  if ((t & 3) == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + frag::wgmma_d_row(t, 2 * h);
+      if (r < p.sq) p.lse[(long long)bh * p.sq + r] = lse[h];
+    }
+}
+
+}  // namespace sdpa
