@@ -1,5 +1,6 @@
 # torch_sdpa.py: PyTorch's fp16 SDPA (cuDNN and flash backends) timed like the lab's stages; one JSON line a case.
 import json
+import math
 import sys
 
 import torch
@@ -40,9 +41,73 @@ def time_one(backend, shape, warmup=20, iters=200, sets=3):
     return us[len(us) // 2], us[round((len(us) - 1) * 0.9)]
 
 
+def time_cudnn_fp8(shape, warmup=20, iters=200, sets=3):
+    """cuDNN's own FP8 SDPA (graph.sdpa_fp8 from nvidia-cudnn-frontend): E4M3 Q, K, V [B, H, S, D], unit
+    descales, FP8 O (what Hopper requires), no stats; one CUDA graph per input set, replayed between events."""
+    import cudnn  # the wheel travels with the bundle (--no-deps); its absence is reported by the caller
+
+    b, h, s, d = shape
+    handle = cudnn.create_handle()
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ones = torch.ones(1, 1, 1, 1, dtype=torch.float32, device="cuda")
+    runs = []
+    for _ in range(sets):
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
+        o = torch.empty_like(q)
+        amax_s = torch.empty(1, 1, 1, 1, dtype=torch.float32, device="cuda")
+        amax_o = torch.empty_like(amax_s)
+        g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+        tq, tk, tv = (g.tensor(dim=list(x.shape), stride=list(x.stride()), data_type=e4m3) for x in (q, k, v))
+        sc = [g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for _ in range(6)]
+        to, _, tas, tao = g.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2],
+                                    descale_s=sc[3], scale_s=sc[4], scale_o=sc[5], generate_stats=False,
+                                    attn_scale=1.0 / math.sqrt(d), use_causal_mask=False)
+        to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_data_type(e4m3)
+        for t in (tas, tao):
+            t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        ws = torch.empty(g.get_workspace_size(), device="cuda", dtype=torch.uint8)
+        pack = {tq: q, tk: k, tv: v, to: o, tas: amax_s, tao: amax_o}
+        pack.update({t: ones for t in sc})
+        runs.append((g, pack, ws))
+    side = torch.cuda.Stream()
+    graphs = []
+    with torch.cuda.stream(side):
+        cudnn.set_stream(handle=handle, stream=side.cuda_stream)
+        for g, pack, ws in runs:
+            g.execute(pack, ws, handle=handle)
+        side.synchronize()
+        for g, pack, ws in runs:
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg, stream=side):
+                cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+                g.execute(pack, ws, handle=handle)
+            graphs.append(cg)
+    for i in range(warmup):
+        graphs[i % sets].replay()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for i, (a, e) in enumerate(events):
+        a.record()
+        graphs[i % sets].replay()
+        e.record()
+    torch.cuda.synchronize()
+    us = sorted(a.elapsed_time(e) * 1e3 for a, e in events)
+    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)]
+
+
 def main():
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
     for shape in SHAPES:
+        try:
+            p50, p90 = time_cudnn_fp8(shape)
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape, "p50_us": p50, "p90_us": p90}), flush=True)
+        except Exception as e:  # no wheel, or cuDNN refuses the shape: reported, never silently absent
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}), flush=True)
         for name, backend in BACKENDS.items():
             try:
                 p50, p90 = time_one(backend, shape)

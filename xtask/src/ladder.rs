@@ -26,9 +26,11 @@ fn shape_name(s: &Shape) -> String {
 
 /// (implementation, shape) → (p50 µs, p90 µs).
 type Results = BTreeMap<(String, String), (f64, f64)>;
+/// (implementation, shape) → why it has no time (a backend that refused, a missing wheel): shown in the table.
+type Refusals = BTreeMap<(String, String), String>;
 
 /// PyTorch's fp16 SDPA through `composed/bench/torch_sdpa.py`, when `python3 -c "import torch"` works.
-fn torch(root: &Path, results: &mut Results) -> Result<String> {
+fn torch(root: &Path, results: &mut Results, refusals: &mut Refusals) -> Result<String> {
     let ok = Command::new("python3")
         .args(["-c", "import torch; assert torch.cuda.is_available()"])
         .status();
@@ -64,7 +66,14 @@ fn torch(root: &Path, results: &mut Results) -> Result<String> {
             (Some(a), Some(b)) => {
                 results.insert((name, shape), (a, b));
             }
-            _ => eprintln!("{name} {shape}: {}", v["error"]),
+            _ => {
+                let why = v["error"]
+                    .as_str()
+                    .unwrap_or("no time reported")
+                    .to_string();
+                eprintln!("{name} {shape}: {why}");
+                refusals.insert((name, shape), why);
+            }
         }
     }
     Ok(header)
@@ -145,9 +154,14 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
             );
         }
     }
-    let torch_header = torch(&root, &mut results)?;
+    let mut refusals = Refusals::new();
+    let torch_header = torch(&root, &mut results, &mut refusals)?;
     let mut impls: Vec<String> = Stage::ALL.iter().map(|s| s.name().to_string()).collect();
-    impls.extend(["torch-cudnn".to_string(), "torch-flash".to_string()]);
+    impls.extend([
+        "torch-cudnn-fp8".to_string(),
+        "torch-cudnn".to_string(),
+        "torch-flash".to_string(),
+    ]);
     let mut md = String::new();
     let _ = writeln!(
         md,
@@ -159,20 +173,29 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
         md,
         "replays, then {iters} replays, each between two CUDA events: p50 and p90 of those times. TFLOP/s = 4·B·H·Sq·Sk·D / p50."
     );
-    let _ = writeln!(md, "{torch_header} (fp16 inputs, same shapes, same run).\n");
     let _ = writeln!(
         md,
-        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN p50 |"
+        "{torch_header} (fp16 inputs, same shapes, same run); torch-cudnn-fp8 is cuDNN's own FP8 SDPA (`graph.sdpa_fp8`, nvidia-cudnn-frontend, E4M3 in and out, unit descales).\n"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN fp16 p50 | p50 ÷ cuDNN FP8 p50 |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     for shape in SHAPES {
         let sn = shape_name(&shape);
         let cudnn = results
             .get(&("torch-cudnn".to_string(), sn.clone()))
             .map(|v| v.0);
+        let cudnn_fp8 = results
+            .get(&("torch-cudnn-fp8".to_string(), sn.clone()))
+            .map(|v| v.0);
         let mut prev: Option<f64> = None;
         for imp in &impls {
             let Some(&(p50, p90)) = results.get(&(imp.clone(), sn.clone())) else {
+                if let Some(why) = refusals.get(&(imp.clone(), sn.clone())) {
+                    let _ = writeln!(md, "| {sn} | {imp} | — | — | — | — | — | not run: {why} |");
+                }
                 continue;
             };
             let speedup = match (imp.starts_with("stage"), prev) {
@@ -183,9 +206,10 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
                 prev = Some(p50);
             }
             let ratio = cudnn.map_or("—".into(), |c| format!("{:.2}", p50 / c));
+            let ratio8 = cudnn_fp8.map_or("—".into(), |c| format!("{:.2}", p50 / c));
             let _ = writeln!(
                 md,
-                "| {sn} | {imp} | {p50:.1} | {p90:.1} | {:.2} | {speedup} | {ratio} |",
+                "| {sn} | {imp} | {p50:.1} | {p90:.1} | {:.2} | {speedup} | {ratio} | {ratio8} |",
                 shape.flops() / (p50 * 1e-6) / 1e12
             );
         }

@@ -4,6 +4,7 @@ mod ci;
 mod gpu_bundle;
 mod ladder;
 mod layouts;
+mod profile;
 mod ptxas;
 mod registry;
 mod runner;
@@ -56,6 +57,15 @@ enum Task {
         #[arg(long, default_value_t = 200)]
         iters: usize,
     },
+    /// On the GPU machine: one stage at one shape under Nsight Compute (ncu), summarised: throughputs,
+    /// occupancy, the tensor pipe, the top warp stalls.
+    Profile {
+        #[arg(long)]
+        stage: String,
+        /// B,H,Sq,Sk,D (or B,H,S,D)
+        #[arg(long)]
+        shape: String,
+    },
     /// Print every fragment layout the lab knows (sm_90 entries are the ones the device probes check).
     Layouts {
         /// One JSON array of {arch, op, operand, dtype, source, entries: [[lane, reg, row, col], ...]}.
@@ -80,6 +90,7 @@ fn main() -> ExitCode {
         Task::GpuBundle { dir } => gpu_bundle::build(dir).map(|()| true),
         Task::Ci => ci::run(),
         Task::Ladder { out, iters } => ladder::run(&out, iters),
+        Task::Profile { stage, shape } => profile::run(&stage, &shape),
         Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
         Task::Toolchain => lab::toolchain().map(|tc| {
             println!(

@@ -53,14 +53,25 @@ __device__ __forceinline__ void acc_to_a_e4m3(const float (&acc)[N / 2], float s
   }
 }
 
+// Which 4x4-byte block (rb, cb) = (rows 4rb.., bytes 4cb..) lane l moves in task k: rb = l, cb = (l >> 1) ^ (k % 16),
+// plus 16 (k / 16). For 128-byte-swizzled tiles on both sides (V of D = 128 into Vᵀ of 128 keys) the warp's
+// loads see 32 different (cb % 16, row parity) and its stores 32 different (rb % 16, rb / 16 ^ cb % 2): every
+// access hits 32 banks (fp8_relayout::transpose_conflicts counts them). A task covers 32 block rows x 16 block
+// columns; the tasks of a tile cover each block once.
+__host__ __device__ constexpr int transpose_rb(int l) { return l; }
+__host__ __device__ constexpr int transpose_cb(int l, int k) { return ((l >> 1) ^ (k % 16)) + 16 * (k / 16); }
+
 // dst[c][r] = src[r][c] for a ROWS x COLS byte tile, both in the canonical K-major layout (SRC: ROWS rows of COLS
 // bytes; DST: COLS rows of ROWS bytes), by THREADS threads (tid = 0 .. THREADS-1). The caller publishes dst
 // (wgmma::publish_smem) before a wgmma reads it.
 template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, int THREADS>
 __device__ __forceinline__ void transpose_tile(const unsigned char* src, unsigned char* dst, int tid) {
-  static_assert(ROWS % 4 == 0 && COLS % 4 == 0, "4x4-byte blocks");
-  for (int blk = tid; blk < (ROWS / 4) * (COLS / 4); blk += THREADS) {
-    const int r0 = blk / (COLS / 4) * 4, c0 = blk % (COLS / 4) * 4;
+  static_assert(ROWS % 128 == 0 && COLS % 64 == 0, "tasks of 128 rows x 64 bytes");
+  constexpr int kTasks = (ROWS / 128) * (COLS / 64) * 16, kWarps = THREADS / 32;
+  const int lane = tid & 31;
+  for (int task = tid / 32; task < kTasks; task += kWarps) {
+    const int k = task % (COLS / 64 * 16), rtask = task / (COLS / 64 * 16);
+    const int r0 = 4 * (transpose_rb(lane) + 32 * rtask), c0 = 4 * transpose_cb(lane, k);
     unsigned w[4];  // w[i]: row r0 + i, bytes c0 .. c0 + 3
 #pragma unroll
     for (int i = 0; i < 4; ++i)

@@ -49,11 +49,11 @@ __device__ void transpose(const unsigned char* in, unsigned char* out) {
                                                                                        unsigned char* out) {   \
     transpose<R, C, wgmma::Swizzle::S, wgmma::Swizzle::D>(in, out);                                            \
   }
-LAB_TRANSPOSE(64, 64, B64, B64)
-LAB_TRANSPOSE(64, 128, B128, B64)
+LAB_TRANSPOSE(128, 64, B64, B128)
 LAB_TRANSPOSE(128, 128, B128, B128)
-LAB_TRANSPOSE(128, 64, None, B128)
-LAB_TRANSPOSE(64, 128, B32, None)
+LAB_TRANSPOSE(256, 128, B128, B128)
+LAB_TRANSPOSE(128, 64, None, B64)
+LAB_TRANSPOSE(128, 128, B32, None)
 
 // out [64][N] of T from in [64][N] f32 through frag::wgmma_d and store_rows.
 template <class T, int N>
@@ -103,7 +103,7 @@ __device__ void pv(const float* p, const unsigned char* v, T* o) {
 extern "C" __global__ void __launch_bounds__(128, 1) pv_k128_d64_f16(const float* p, const unsigned char* v, __half* o) {
   pv<128, 64, wgmma::Swizzle::B64, wgmma::Swizzle::B128, __half>(p, v, o);
 }
-extern "C" __global__ void __launch_bounds__(128, 1) pv_k64_d128_bf16(const float* p, const unsigned char* v,
-                                                                      __nv_bfloat16* o) {
-  pv<64, 128, wgmma::Swizzle::B128, wgmma::Swizzle::B64, __nv_bfloat16>(p, v, o);
+extern "C" __global__ void __launch_bounds__(128, 1) pv_k128_d128_bf16(const float* p, const unsigned char* v,
+                                                                       __nv_bfloat16* o) {
+  pv<128, 128, wgmma::Swizzle::B128, wgmma::Swizzle::B128, __nv_bfloat16>(p, v, o);
 }

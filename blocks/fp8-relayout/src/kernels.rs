@@ -43,36 +43,13 @@ pub const TRANSPOSES: [(
     KernelSpec,
 ); 5] = {
     use frag_layout::Swizzle::*;
+    const P: &[&str] = &["PRMT"];
     [
-        (64, 64, B64, B64, k("transpose_r64_c64_B64_B64", &["PRMT"])),
-        (
-            64,
-            128,
-            B128,
-            B64,
-            k("transpose_r64_c128_B128_B64", &["PRMT"]),
-        ),
-        (
-            128,
-            128,
-            B128,
-            B128,
-            k("transpose_r128_c128_B128_B128", &["PRMT"]),
-        ),
-        (
-            128,
-            64,
-            None,
-            B128,
-            k("transpose_r128_c64_None_B128", &["PRMT"]),
-        ),
-        (
-            64,
-            128,
-            B32,
-            None,
-            k("transpose_r64_c128_B32_None", &["PRMT"]),
-        ),
+        (128, 64, B64, B128, k("transpose_r128_c64_B64_B128", P)),
+        (128, 128, B128, B128, k("transpose_r128_c128_B128_B128", P)),
+        (256, 128, B128, B128, k("transpose_r256_c128_B128_B128", P)),
+        (128, 64, None, B64, k("transpose_r128_c64_None_B64", P)),
+        (128, 128, B32, None, k("transpose_r128_c128_B32_None", P)),
     ]
 };
 
@@ -81,7 +58,7 @@ pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
 /// (keys, d, kernel): O = P·V through every relayout and the FP8 wgmma.
 pub const PV: [(usize, usize, KernelSpec); 2] = [
     (128, 64, k("pv_k128_d64_f16", &["QGMMA"])),
-    (64, 128, k("pv_k64_d128_bf16", &["QGMMA"])),
+    (128, 128, k("pv_k128_d128_bf16", &["QGMMA"])),
 ];
 
 pub fn all() -> Vec<KernelSpec> {

@@ -45,6 +45,52 @@ pub fn transposed(src: &[u8], rows: usize, cols: usize, dst_sw: Swizzle, fill: u
     out
 }
 
+/// The block `transpose_tile`'s lane `l` moves in task `k` (mirrors `transpose_rb` / `transpose_cb`).
+pub fn transpose_block(l: u32, k: u32) -> (u32, u32) {
+    (l, ((l >> 1) ^ (k % 16)) + 16 * (k / 16))
+}
+
+/// Shared-memory bank conflicts of one warp's transpose task: for each of its 4 loads and 4 stores, the
+/// extra wavefronts (distinct 4-byte words landing in one bank, beyond the first). `rows` × `cols` is the
+/// source tile (K-major, `src` swizzle), transposed into the `dst` swizzle.
+pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle, k: u32) -> u32 {
+    let byte = |sw: Swizzle, tile_rows: u32, k_bytes: u32, r: u32, b: u32| {
+        Desc::k_major(sw, tile_rows, k_bytes.next_multiple_of(32), b / 32).byte_of(r, b % 32)
+    };
+    let extra = |addrs: Vec<u32>| -> u32 {
+        let mut per_bank: std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>> =
+            Default::default();
+        for a in addrs {
+            per_bank.entry((a / 4) % 32).or_default().insert(a / 4);
+        }
+        per_bank
+            .values()
+            .map(|w| w.len() as u32 - 1)
+            .max()
+            .unwrap_or(0)
+    };
+    let mut total = 0;
+    for i in 0..4 {
+        total += extra(
+            (0..32)
+                .map(|l| {
+                    let (rb, cb) = transpose_block(l, k);
+                    byte(src, rows, cols, 4 * rb + i, 4 * cb)
+                })
+                .collect(),
+        );
+        total += extra(
+            (0..32)
+                .map(|l| {
+                    let (rb, cb) = transpose_block(l, k);
+                    byte(dst, cols, rows, 4 * cb + i, 4 * rb)
+                })
+                .collect(),
+        );
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +106,39 @@ mod tests {
             .map(|c| encode(c as f32 / 4.0, Saturation::SatFinite, Format::E4M3))
             .collect();
         assert_eq!(w[4].to_le_bytes().to_vec(), want);
+    }
+
+    #[test]
+    fn tasks_cover_every_block_once() {
+        for cols in [64u32, 128] {
+            let mut seen = std::collections::BTreeSet::new();
+            for k in 0..cols / 64 * 16 {
+                for l in 0..32 {
+                    assert!(
+                        seen.insert(transpose_block(l, k)),
+                        "cols {cols}: block twice"
+                    );
+                }
+            }
+            assert_eq!(seen.len() as u32, 32 * cols / 4);
+        }
+    }
+
+    #[test]
+    fn stage5_transposes_are_free_of_bank_conflicts() {
+        // V of D = 128 (128-byte swizzle) into Vᵀ of 128 keys (128-byte swizzle): no conflict at all.
+        for k in 0..32 {
+            assert_eq!(
+                transpose_conflicts(128, 128, Swizzle::B128, Swizzle::B128, k),
+                0,
+                "task {k}"
+            );
+        }
+        // The first mapping (one block per thread, consecutive threads along a row) had 16-way store conflicts.
+        let d64: u32 = (0..16)
+            .map(|k| transpose_conflicts(128, 64, Swizzle::B64, Swizzle::B128, k))
+            .sum();
+        eprintln!("D = 64 (64-byte swizzle source): {d64} extra wavefronts over 16 tasks");
     }
 
     #[test]
