@@ -6,13 +6,39 @@ import sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-SHAPES = [(1, 1, 32, 64), (1, 8, 512, 64), (1, 8, 2048, 64), (2, 8, 256, 64), (4, 16, 4096, 64), (4, 16, 4096, 128)]
+# (B, H, S, D, causal): the ladder's shapes (xtask/src/ladder.rs), the causal one an anchor for later stages.
+SHAPES = [(1, 1, 32, 64, False), (1, 8, 512, 64, False), (1, 8, 2048, 64, False), (2, 8, 256, 64, False),
+          (4, 16, 4096, 64, False), (4, 16, 4096, 128, False), (1, 16, 16384, 128, False), (4, 16, 4096, 128, True)]
+# Launches captured back to back in one CUDA graph (composed::bench::BACK_TO_BACK): per-launch time.
+BACK_TO_BACK = 20
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
-def time_one(backend, shape, warmup=20, iters=200, sets=3):
-    """One CUDA graph per input set, replayed between CUDA events, as the lab times its stages."""
-    b, h, s, d = shape
+def replay_times(graphs, warmup, iters):
+    """Per-launch p50 and p90: each graph holds BACK_TO_BACK launches; about 1.5 s of timed work, >= 10 replays."""
+    sets = len(graphs)
+    for i in range(warmup):
+        graphs[i % sets].replay()
+    a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    graphs[0].replay()
+    e.record()
+    torch.cuda.synchronize()
+    iters = max(10, min(iters, int(1.5e6 / max(1.0, a.elapsed_time(e) * 1e3))))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for i, (a, e) in enumerate(events):
+        a.record()
+        graphs[i % sets].replay()
+        e.record()
+    torch.cuda.synchronize()
+    us = sorted(a.elapsed_time(e) * 1e3 / BACK_TO_BACK for a, e in events)
+    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)]
+
+
+def time_one(backend, shape, warmup=5, iters=100, sets=3):
+    """BACK_TO_BACK launches per CUDA graph, one graph per input set, replayed between CUDA events."""
+    b, h, s, d, causal = shape
+    sets = 1 if s > 4096 else sets
     gen = torch.Generator(device="cuda").manual_seed(0)
     inputs = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3)) for _ in range(sets)]
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -22,31 +48,24 @@ def time_one(backend, shape, warmup=20, iters=200, sets=3):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for i in range(3):
-                sdpa(*inputs[i % sets])
+                sdpa(*inputs[i % sets], is_causal=causal)
         torch.cuda.current_stream().wait_stream(side)
         for x in inputs:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                sdpa(*x)
+                for _ in range(BACK_TO_BACK):
+                    sdpa(*x, is_causal=causal)
             graphs.append(g)
-    for i in range(warmup):
-        graphs[i % sets].replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for i, (a, e) in enumerate(events):
-        a.record()
-        graphs[i % sets].replay()
-        e.record()
-    torch.cuda.synchronize()
-    us = sorted(a.elapsed_time(e) * 1e3 for a, e in events)
-    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)]
+    return replay_times(graphs, warmup, iters)
 
 
-def time_cudnn_fp8(shape, warmup=20, iters=200, sets=3):
+def time_cudnn_fp8(shape, warmup=5, iters=100, sets=3):
     """cuDNN's own FP8 SDPA (graph.sdpa_fp8 from nvidia-cudnn-frontend): E4M3 Q, K, V [B, H, S, D], unit
     descales, FP8 O (what Hopper requires), no stats; one CUDA graph per input set, replayed between events."""
     import cudnn  # the wheel travels with the bundle (--no-deps); its absence is reported by the caller
 
-    b, h, s, d = shape
+    b, h, s, d, causal = shape
+    sets = 1 if s > 4096 else sets
     handle = cudnn.create_handle()
     e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -62,7 +81,7 @@ def time_cudnn_fp8(shape, warmup=20, iters=200, sets=3):
         sc = [g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for _ in range(6)]
         to, _, tas, tao = g.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2],
                                     descale_s=sc[3], scale_s=sc[4], scale_o=sc[5], generate_stats=False,
-                                    attn_scale=1.0 / math.sqrt(d), use_causal_mask=False)
+                                    attn_scale=1.0 / math.sqrt(d), use_causal_mask=causal)
         to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_data_type(e4m3)
         for t in (tas, tao):
             t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
@@ -86,18 +105,10 @@ def time_cudnn_fp8(shape, warmup=20, iters=200, sets=3):
             cg = torch.cuda.CUDAGraph()
             with torch.cuda.graph(cg, stream=side):
                 cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-                g.execute(pack, ws, handle=handle)
+                for _ in range(BACK_TO_BACK):
+                    g.execute(pack, ws, handle=handle)
             graphs.append(cg)
-    for i in range(warmup):
-        graphs[i % sets].replay()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for i, (a, e) in enumerate(events):
-        a.record()
-        graphs[i % sets].replay()
-        e.record()
-    torch.cuda.synchronize()
-    us = sorted(a.elapsed_time(e) * 1e3 for a, e in events)
-    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)]
+    return replay_times(graphs, warmup, iters)
 
 
 def main():
@@ -105,15 +116,16 @@ def main():
     for shape in SHAPES:
         try:
             p50, p90 = time_cudnn_fp8(shape)
-            print(json.dumps({"backend": "cudnn-fp8", "shape": shape, "p50_us": p50, "p90_us": p90}), flush=True)
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4], "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
         except Exception as e:  # no wheel, or cuDNN refuses the shape: reported, never silently absent
-            print(json.dumps({"backend": "cudnn-fp8", "shape": shape, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}), flush=True)
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4], "causal": shape[4], "error": why}), flush=True)
         for name, backend in BACKENDS.items():
             try:
                 p50, p90 = time_one(backend, shape)
-                print(json.dumps({"backend": name, "shape": shape, "p50_us": p50, "p90_us": p90}), flush=True)
+                print(json.dumps({"backend": name, "shape": shape[:4], "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
             except RuntimeError as e:  # a backend that refuses a shape is reported, not fatal
-                print(json.dumps({"backend": name, "shape": shape, "error": str(e).splitlines()[0]}), flush=True)
+                print(json.dumps({"backend": name, "shape": shape[:4], "causal": shape[4], "error": str(e).splitlines()[0]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ struct WgmmaPlace {
 constexpr int kFp8POffset = 8;
 
 // WGS consumer warpgroups of 64 query rows each share K/V tiles of 128 keys, which the cp.async ring (STAGES
-// deep) lands as swizzled K-major tiles. Per tile: V is transposed into the K-major B operand of P·V
-// (fp8-relayout), S = Q·Kᵀ on wgmma (Q and K from shared memory), osm::step on S in registers, P to E4M3 A
-// registers (fp8-relayout), O += P·V on wgmma. The Q, K, V scales fold into the exponent and the epilogue.
+// deep) lands as swizzled K-major tiles. Per tile: S = Q·Kᵀ on wgmma (Q and K from shared memory) is issued,
+// and while it runs V is transposed into the K-major B operand of P·V (fp8-relayout); then osm::step on S in
+// registers, P to E4M3 A registers (fp8-relayout), O += P·V on wgmma. The Q, K, V scales fold into the exponent and the epilogue.
 template <int D, int WGS, int STAGES>
 __device__ void wgmma_attention(const Params& p) {
   constexpr int BC = 128, BQ = 64 * WGS, THREADS = 128 * WGS;
@@ -60,11 +60,21 @@ __device__ void wgmma_attention(const Params& p) {
     rk.copy(tt + STAGES - 1);
     rv.copy(tt + STAGES - 1);
     ring::commit();
-    const unsigned char* kt = rk.wait(tt);
-    relayout::transpose_tile<BC, D, SW, SWT, THREADS>(rv.tile_ptr(tt), vt, threadIdx.x);
-    wgmma::publish_smem();  // Q, the ring's K and the stores of Vᵀ, for the tensor cores
+    // Tile t has landed (this thread's copies), and is published to the tensor cores with Q (the first time).
+    ring::wait_group<STAGES - 1>();
+    wgmma::proxy_fence();
+    __syncthreads();
+    const unsigned char* kt = rk.tile_ptr(tt);
+    // S = Q·Kᵀ goes out asynchronously; V's transpose runs on the load/store units meanwhile.
     frag::Regs<SL> s[1];
-    wgmma::gemm_ss_sync<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, sq + wg * 64 * D, SW, kt);
+    wgmma::fence_operand(s[0].x);
+    wgmma::fence();
+    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, sq + wg * 64 * D, SW, kt, false);
+    wgmma::commit();
+    relayout::transpose_tile<BC, D, SW, SWT, THREADS>(rv.tile_ptr(tt), vt, threadIdx.x);
+    wgmma::publish_smem();  // Vᵀ for the tensor cores
+    wgmma::wait<0>();
+    wgmma::fence_operand(s[0].x);
     float alpha[2];
     osm::step<SL, kFp8POffset>(s, tt * BC, p.sk, c, st, alpha);
     osm::rescale<OL>(o, alpha);

@@ -41,17 +41,29 @@ pub fn total_time(
     sets: &mut [OnDevice],
     iters: u64,
 ) -> Result<std::time::Duration> {
-    let t = time_stage(gpu, stage, sets, 3, iters.max(1) as usize)?;
+    let t = time_stage(
+        gpu,
+        stage,
+        sets,
+        3,
+        (iters as usize).div_ceil(BACK_TO_BACK).max(1),
+    )?;
     // The median × iters: criterion then reports the typical replay, not one outlier's share.
     Ok(std::time::Duration::from_secs_f64(
         t.p50_us * 1e-6 * iters as f64,
     ))
 }
 
-/// The stage captured once per input set into a CUDA graph; `warmup` untimed replays, then `iters` replays
-/// each between two events (rotating over the sets); the distribution of their elapsed times. Graph replays
-/// keep the host's per-launch work (argument set-up, driver calls) out of the interval, so that short
-/// kernels are timed, not their launch path; each replay is timed alone, so a slow one cannot hide.
+/// Launches captured back to back in one CUDA graph: the per-launch time of a graph replay over this many is
+/// what a model's kernels see in a stream. One launch per replay would add the graph's own launch cost to
+/// every figure and hide kernel differences at small shapes.
+pub const BACK_TO_BACK: usize = 20;
+
+/// The stage captured `BACK_TO_BACK` times per input set into a CUDA graph; `warmup` untimed replays, then
+/// up to `iters` replays (fewer for long kernels: about 1.5 s of timed work, at least 10), each between two
+/// events (rotating over the sets); the distribution of elapsed time / `BACK_TO_BACK`, the per-launch time.
+/// Graph replays keep the host's per-launch work out of the interval, so that short kernels are timed, not
+/// their launch path; each replay is timed alone, so a slow one cannot hide.
 ///
 /// Switches off cudarc's cross-stream event tracking for the context: only for a process, like the ladder,
 /// that does nothing else on the device meanwhile.
@@ -71,7 +83,9 @@ pub fn time_stage(
         set.launch_on(gpu, stage, &st)?; // loads the module and sets its attributes outside the capture
         st.synchronize()?;
         st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-        set.launch_on(gpu, stage, &st)?;
+        for _ in 0..BACK_TO_BACK {
+            set.launch_on(gpu, stage, &st)?;
+        }
         let g = st
             .end_capture(CUgraphInstantiate_flags(0))?
             .context("the capture made no graph")?;
@@ -79,9 +93,24 @@ pub fn time_stage(
         graphs.push(g);
     }
     let n = graphs.len();
-    for i in 0..warmup {
+    for i in 0..warmup.max(1) {
         graphs[i % n].launch()?;
     }
+    // One timed replay sizes the run.
+    let (a, b) = (
+        st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+        st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
+    );
+    st.synchronize()?;
+    let first = {
+        let s0 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        graphs[0].launch()?;
+        let s1 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        st.synchronize()?;
+        f64::from(s0.elapsed_ms(&s1)?) * 1e3
+    };
+    drop((a, b));
+    let iters = iters.min(((1.5e6 / first.max(1.0)) as usize).max(10));
     let mut events = Vec::with_capacity(iters);
     for i in 0..iters {
         let start = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -92,7 +121,10 @@ pub fn time_stage(
     st.synchronize()?;
     let mut us: Vec<f64> = events
         .iter()
-        .map(|(a, b)| a.elapsed_ms(b).map(|ms| f64::from(ms) * 1e3))
+        .map(|(a, b)| {
+            a.elapsed_ms(b)
+                .map(|ms| f64::from(ms) * 1e3 / BACK_TO_BACK as f64)
+        })
         .collect::<Result<_, _>>()?;
     us.sort_by(f64::total_cmp);
     let at = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];

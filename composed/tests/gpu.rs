@@ -314,6 +314,23 @@ fn main() {
             Ok(())
         });
     }
+    t.compile("stage5_gemms_run_on_qgmma", || {
+        // Q·Kᵀ is D/32 QGMMA a tile and P·V 128/32: exactly those, and no HMMA (no f16 fallback).
+        for d in composed::DIMS {
+            let spec = Stage::S5.kernel(d);
+            let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
+            let h = lab::sass::histogram(&cubin, spec.name)?;
+            let want = d / 32 + 128 / 32;
+            ensure!(
+                h.get("QGMMA") == Some(&want) && !h.contains_key("HMMA"),
+                "{}: QGMMA {:?} (want {want}), HMMA {:?}",
+                spec.name,
+                h.get("QGMMA"),
+                h.get("HMMA")
+            );
+        }
+        Ok(())
+    });
     for case in matrix() {
         for stage in Stage::ALL {
             let case = case.clone();
