@@ -314,6 +314,23 @@ fn main() {
             Ok(())
         });
     }
+    t.model("stage5_elsewhere_is_refused_by_name", || {
+        // An sm_90a stage on an sm_80 / sm_89 device: a clear error before any launch, not a launch failure.
+        for arch in [lab::Arch::Sm80, lab::Arch::Sm89] {
+            let e = format!("{:#}", Stage::S5.kernel(64).target_for(arch).unwrap_err());
+            ensure!(
+                e.contains("stage5_d64") && e.contains("sm_90a"),
+                "{arch}: {e}"
+            );
+        }
+        ensure!(Stage::S5.kernel(128).target_for(lab::Arch::Sm90)? == lab::Arch::Sm90a);
+        ensure!(
+            Stage::S5.needs().starts_with("sm_90a"),
+            "{}",
+            Stage::S5.needs()
+        );
+        Ok(())
+    });
     t.compile("stage5_gemms_run_on_qgmma", || {
         // Q·Kᵀ is D/32 QGMMA a tile and P·V 128/32: exactly those, and no HMMA (no f16 fallback).
         for d in composed::DIMS {

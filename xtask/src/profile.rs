@@ -44,6 +44,22 @@ const METRICS: [&str; 6] = [
 const PEAK_FP8: f64 = 1979.0;
 const PEAK_F16: f64 = 989.0;
 
+/// A CSV field without quotes or surrounding space.
+fn clean(x: &str) -> String {
+    x.chars()
+        .filter(|&c| c != '"')
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
+
+/// The number in a CSV value field: ncu's thousands separators, quotes and stray characters dropped.
+fn number(x: &str) -> String {
+    x.chars()
+        .filter(|c| c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E'))
+        .collect()
+}
+
 pub fn run(stage: &str, shape: &str) -> Result<bool> {
     let stage = Stage::parse(stage)?;
     let shape = parse_shape(shape)?;
@@ -95,11 +111,7 @@ pub fn run(stage: &str, shape: &str) -> Result<bool> {
     for line in text.lines().filter(|l| l.starts_with('"')) {
         let f: Vec<&str> = line.split("\",\"").map(|x| x.trim_matches('"')).collect();
         if f.len() >= 15 && f[0] != "ID" {
-            let clean = |x: &str| {
-                x.trim_matches(|c: char| c == '"' || c.is_whitespace())
-                    .replace(',', "")
-            };
-            m.insert(clean(f[12]), (clean(f[13]), clean(f[14])));
+            m.insert(clean(f[12]), (clean(f[13]), number(f[14])));
         }
     }
     ensure!(
@@ -187,4 +199,18 @@ pub fn run(stage: &str, shape: &str) -> Result<bool> {
         println!("    {r:<24} {v:.2}");
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_lose_quotes_and_separators() {
+        assert_eq!(number("4,319,616\""), "4319616");
+        assert_eq!(number("\"47.34\"\r"), "47.34");
+        assert_eq!(clean("\"Duration\""), "Duration");
+        assert!(parse_shape("4,16,4096,4096,128").is_ok());
+        assert!(parse_shape("4,16,x,128").is_err());
+    }
 }
