@@ -21,6 +21,11 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::reuse_of_a_tile",
         &["memcheck", "racecheck"],
     ),
+    (
+        "composed--gpu",
+        "gpu::matrix::stage5::mission_1x8x512x64_s0",
+        &["memcheck", "racecheck", "synccheck", "initcheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.
