@@ -49,7 +49,11 @@ pub fn nvdisasm() -> Result<&'static PathBuf> {
 pub fn histogram(cubin: &Cubin, kernel: &str) -> Result<BTreeMap<String, usize>> {
     let dir = std::env::temp_dir().join(format!("lab-sass-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!("{}-{}-{kernel}.cubin", cubin.file, cubin.arch));
+    // One file per call: tests of one process disassemble the same kernel concurrently (its compile test
+    // checks the SASS it requires while its snapshot test tables it), and must not share a path.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{}-{}-{kernel}-{n}.cubin", cubin.file, cubin.arch));
     std::fs::write(&path, &cubin.image)?;
     let out = Command::new(nvdisasm()?)
         .arg(&path)
