@@ -304,16 +304,7 @@ fn check(stage: Stage, case: &Case, p: &Prepared, dev: &Attention<f32>) -> Resul
 fn main() {
     let mut t = Suite::new();
     t.kernels(composed::KERNELS);
-    for spec in composed::KERNELS {
-        t.compile(&format!("sass_histogram::{}", spec.name), move || {
-            // No spills may show up as local-memory traffic either: table() refuses LDL / STL.
-            let table = lab::sass::table(spec)?;
-            insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
-                insta::assert_snapshot!(format!("sass__{}", spec.name), table);
-            });
-            Ok(())
-        });
-    }
+    lab::sass_snapshots!(t, composed::KERNELS);
     t.model("stage5_elsewhere_is_refused_by_name", || {
         // An sm_90a stage on an sm_80 / sm_89 device: a clear error before any launch, not a launch failure.
         for arch in [lab::Arch::Sm80, lab::Arch::Sm89] {

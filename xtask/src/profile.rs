@@ -2,28 +2,12 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use composed::{OnDevice, Stage};
 use fixtures::{Raw, Shape, quantize_per_head};
 
 /// Set in the process ncu profiles: it only launches the stage.
 const CHILD: &str = "LAB_PROFILE_CHILD";
-
-/// `B,H,Sq,Sk,D` (or `B,H,S,D`).
-pub fn parse_shape(s: &str) -> Result<Shape> {
-    let v: Vec<usize> = s
-        .split(',')
-        .map(|x| x.trim().parse::<usize>())
-        .collect::<std::result::Result<_, _>>()
-        .with_context(|| {
-            format!("--shape `{s}`: expected B,H,Sq,Sk,D or B,H,S,D of positive integers")
-        })?;
-    match v[..] {
-        [b, h, sq, sk, d] => Ok(Shape::cross(b, h, sq, sk, d)),
-        [b, h, s, d] => Ok(Shape::new(b, h, s, d)),
-        _ => bail!("--shape `{s}`: expected 4 or 5 numbers, got {}", v.len()),
-    }
-}
 
 const SECTIONS: [&str; 5] = [
     "SpeedOfLight",
@@ -62,7 +46,7 @@ fn number(x: &str) -> String {
 
 pub fn run(stage: &str, shape: &str) -> Result<bool> {
     let stage = Stage::parse(stage)?;
-    let shape = parse_shape(shape)?;
+    let shape = Shape::parse(shape)?;
     if std::env::var(CHILD).is_ok() {
         let gpu = lab::Gpu::get()?;
         let mut d = OnDevice::upload(gpu, &quantize_per_head(&Raw::random(shape, 7, 1.0)))?;
@@ -210,7 +194,8 @@ mod tests {
         assert_eq!(number("4,319,616\""), "4319616");
         assert_eq!(number("\"47.34\"\r"), "47.34");
         assert_eq!(clean("\"Duration\""), "Duration");
-        assert!(parse_shape("4,16,4096,4096,128").is_ok());
-        assert!(parse_shape("4,16,x,128").is_err());
+        assert!(Shape::parse("4,16,4096,4096,128").is_ok());
+        assert!(Shape::parse("4,16,x,128").is_err());
+        assert!(Shape::parse("4,16,0,128").is_err());
     }
 }

@@ -202,24 +202,10 @@ fn store_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, valid: i32, seed: u64) -> 
     Ok(wrong)
 }
 
-/// SASS histograms of the kernels a reviewer reads on diff, as insta snapshots.
-fn sass_snapshots(t: &mut Suite, specs: &[KernelSpec]) {
-    for spec in specs {
-        let spec = *spec;
-        t.compile(&format!("sass_histogram::{}", spec.name), move || {
-            let table = lab::sass::table(&spec)?;
-            insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
-                insta::assert_snapshot!(format!("sass__{}", spec.name), table);
-            });
-            Ok(())
-        });
-    }
-}
-
 fn main() {
     let mut t = Suite::new();
     t.kernels(&kernels());
-    sass_snapshots(&mut t, &[ACC_TO_A[1].1, TRANSPOSES[1].4, PV[0].2]);
+    lab::sass_snapshots!(t, &[ACC_TO_A[1].1, TRANSPOSES[1].4, PV[0].2]);
     for (n, spec) in ACC_TO_A {
         t.gpu(&format!("acc_to_a_e4m3::n{n}"), move |gpu| {
             for (seed, scale) in [(0, 1.0), (1, 3.0), (2, 0.125), (3, 11.0)] {

@@ -173,3 +173,23 @@ impl Suite {
         libtest_mimic::run(&args, self.trials).exit()
     }
 }
+
+/// Adds `compile::sass_histogram::<kernel>` to a `Suite` for each kernel: its SASS opcode table on every
+/// architecture it is built for (`lab::sass::table`), as an insta snapshot under the calling crate's
+/// `tests/snapshots/sass__<kernel>.snap`. A macro, so that insta files the snapshot beside the caller's
+/// tests, and so that the caller's own insta is used.
+#[macro_export]
+macro_rules! sass_snapshots {
+    ($suite:expr, $specs:expr) => {
+        for spec in $specs.iter().copied() {
+            let spec: $crate::KernelSpec = spec;
+            $suite.compile(&format!("sass_histogram::{}", spec.name), move || {
+                let table = $crate::sass::table(&spec)?;
+                insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
+                    insta::assert_snapshot!(format!("sass__{}", spec.name), table);
+                });
+                Ok(())
+            });
+        }
+    };
+}

@@ -157,24 +157,10 @@ fn mutant(gpu: &Gpu, from: &str, to: &str) -> Result<(usize, usize)> {
     Ok((bad, all))
 }
 
-/// SASS histograms of the kernels a reviewer reads on diff, as insta snapshots.
-fn sass_snapshots(t: &mut Suite, specs: &[KernelSpec]) {
-    for spec in specs {
-        let spec = *spec;
-        t.compile(&format!("sass_histogram::{}", spec.name), move || {
-            let table = lab::sass::table(&spec)?;
-            insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
-                insta::assert_snapshot!(format!("sass__{}", spec.name), table);
-            });
-            Ok(())
-        });
-    }
-}
-
 fn main() {
     let mut t = Suite::new();
     t.kernels(&kernels());
-    sass_snapshots(&mut t, &[KERNELS[0], KERNELS[6], ROLES_CLAIM]);
+    lab::sass_snapshots!(t, &[KERNELS[0], KERNELS[6], ROLES_CLAIM]);
     t.compile("claimed_registers_take_effect", || {
         // With the claim, the consumers' 176 live values fit; without it, the 168-register entry cap spills.
         let (_, r) = ROLES_CLAIM.compile(Arch::Sm90a)?;

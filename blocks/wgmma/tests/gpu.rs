@@ -6,6 +6,41 @@ use lab::numerics::{Inputs, check_written, poisoned};
 use lab::{Arch, Gpu, KernelSpec, Source, Suite};
 use wgmma::*;
 
+/// One warpgroup GEMM on the device: a [64][K_BYTES] and b [n][K_BYTES] bytes, both tiles `sw`-swizzled;
+/// D [64][n] back, every cell checked written.
+fn launch_gemm(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    a: &[u8],
+    b: &[u8],
+    n: usize,
+    sw: Swizzle,
+) -> Result<Vec<f32>> {
+    let s = &gpu.stream;
+    let kern = gpu.load(spec)?;
+    let (da, db) = (s.clone_htod(a)?, s.clone_htod(b)?);
+    let mut dd = s.clone_htod(&poisoned::<f32>(64 * n))?;
+    let swz = sw.tma_code() as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: ((64 + n) * K_BYTES + 1024) as u32,
+    };
+    // SAFETY: gemm(const u8* a[64][K_BYTES], const u8* b[n][K_BYTES], int swizzle, float* d[64][n]); one
+    // warpgroup; both tiles in dynamic shared memory.
+    unsafe {
+        s.launch_builder(&kern.func)
+            .arg(&da)
+            .arg(&db)
+            .arg(&swz)
+            .arg(&mut dd)
+            .launch(cfg)?
+    };
+    let got = s.clone_dtoh(&dd)?;
+    check_written(&got, spec.name)?;
+    Ok(got)
+}
+
 /// What one GEMM run found: cells compared and the wrong ones (first few named).
 struct Outcome {
     cells: usize,
@@ -27,31 +62,7 @@ fn run(
     let a = inp.integers(m * k, -r, r);
     let b = inp.integers(nn * k, -r, r);
     let want = gemm(&a, &b, m, nn, k);
-    let s = &gpu.stream;
-    let kern = gpu.load(spec)?;
-    let (da, db) = (
-        s.clone_htod(&to_bytes(&a, p.a)?)?,
-        s.clone_htod(&to_bytes(&b, p.b)?)?,
-    );
-    let mut dd = s.clone_htod(&poisoned::<f32>(m * nn))?;
-    let swz = sw.tma_code() as i32;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: ((m + nn) * K_BYTES + 1024) as u32,
-    };
-    // SAFETY: gemm(const u8* a[64][K_BYTES], const u8* b[n][K_BYTES], int swizzle, float* d[64][n]); one
-    // warpgroup; both tiles in dynamic shared memory.
-    unsafe {
-        s.launch_builder(&kern.func)
-            .arg(&da)
-            .arg(&db)
-            .arg(&swz)
-            .arg(&mut dd)
-            .launch(cfg)?
-    };
-    let got = s.clone_dtoh(&dd)?;
-    check_written(&got, spec.name)?;
+    let got = launch_gemm(gpu, spec, &to_bytes(&a, p.a)?, &to_bytes(&b, p.b)?, nn, sw)?;
     let mut wrong = Vec::new();
     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
         if g as f64 != w {
@@ -180,27 +191,7 @@ fn fp8_accumulation_error(gpu: &Gpu, seed: u64) -> Result<f64> {
         n,
         k,
     );
-    let s = &gpu.stream;
-    let kern = gpu.load(&spec)?;
-    let (da, db) = (s.clone_htod(&a8)?, s.clone_htod(&b8)?);
-    let mut dd = s.clone_htod(&poisoned::<f32>(m * n))?;
-    let swz = Swizzle::B128.tma_code() as i32;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: ((m + n) * K_BYTES + 1024) as u32,
-    };
-    // SAFETY: as in run(): gemm(a[64][128], b[128][128], swizzle, d[64][128]).
-    unsafe {
-        s.launch_builder(&kern.func)
-            .arg(&da)
-            .arg(&db)
-            .arg(&swz)
-            .arg(&mut dd)
-            .launch(cfg)?
-    };
-    let got = s.clone_dtoh(&dd)?;
-    check_written(&got, spec.name)?;
+    let got = launch_gemm(gpu, &spec, &a8, &b8, n, Swizzle::B128)?;
     Ok(got
         .iter()
         .zip(&want)
@@ -223,31 +214,17 @@ const WAIT_ASM: &str =
 
 const PUBLISH: &str = "  proxy_fence();\n  __syncthreads();";
 
-/// SASS histograms of the kernels a reviewer reads on diff, as insta snapshots.
-fn sass_snapshots(t: &mut Suite, specs: &[KernelSpec]) {
-    for spec in specs {
-        let spec = *spec;
-        t.compile(&format!("sass_histogram::{}", spec.name), move || {
-            let table = lab::sass::table(&spec)?;
-            insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
-                insta::assert_snapshot!(format!("sass__{}", spec.name), table);
-            });
-            Ok(())
-        });
-    }
-}
-
 fn main() {
     let mut t = Suite::new();
     t.kernels(&kernels());
-    sass_snapshots(
-        &mut t,
+    lab::sass_snapshots!(
+        t,
         &[
             PAIRINGS[0].kernel(128, false),
             PAIRINGS[0].kernel(128, true),
             PAIRINGS[4].kernel(128, false),
             REUSE,
-        ],
+        ]
     );
 
     t.compile("header_agrees_with_the_model", || {

@@ -41,29 +41,9 @@ enum Cmd {
     },
 }
 
-/// `B,H,Sq,Sk,D` (or `B,H,S,D`), each a positive integer.
-fn parse_shape(s: &str) -> Result<fixtures::Shape> {
-    let v: Vec<usize> = s
-        .split(',')
-        .map(|x| x.trim().parse::<usize>())
-        .collect::<std::result::Result<_, _>>()
-        .with_context(|| {
-            format!("--shape `{s}`: expected B,H,Sq,Sk,D or B,H,S,D of positive integers")
-        })?;
-    anyhow::ensure!(
-        v.iter().all(|&x| x > 0),
-        "--shape `{s}`: every size must be at least 1"
-    );
-    match v[..] {
-        [b, h, sq, sk, d] => Ok(fixtures::Shape::cross(b, h, sq, sk, d)),
-        [b, h, s, d] => Ok(fixtures::Shape::new(b, h, s, d)),
-        _ => anyhow::bail!("--shape `{s}`: expected 4 or 5 numbers, got {}", v.len()),
-    }
-}
-
 fn bench(stage: &str, shape: &str) -> Result<()> {
     let stage = Stage::parse(stage)?;
-    let s = parse_shape(shape)?;
+    let s = fixtures::Shape::parse(shape)?;
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
     let mut sets = composed::bench::input_sets(gpu, s, 1)?;
     let t = composed::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
