@@ -11,7 +11,8 @@ namespace sdpa {
 using namespace nvcuda;
 
 // E4M3 Q, K, V in [B, H, S, D] with per-(b, h) dequantization scales; O in f16 [B, H, Sq, D], LSE in f32
-// [B, H, Sq] (natural log of Σ exp(softmax_scale · q·k), over dequantized q and k). Grid: (⌈Sq / 64⌉, B·H).
+// [B, H, Sq] (natural log of Σ exp(softmax_scale · q·k), over dequantized q and k). Grid: (B·H, ⌈Sq / rows⌉):
+// x takes up to 2^31 − 1 heads, y up to 65535 query tiles (y held B·H before, and stopped at 65535 heads).
 struct Params {
   const unsigned char* q;
   const unsigned char* k;
@@ -94,9 +95,9 @@ struct Block {
   int bh, q0;
   float scale, c;
   __device__ Block(const Params& p, int bq)
-      : bh(blockIdx.y),
-        q0(blockIdx.x * bq),
-        scale(p.softmax_scale * p.q_scale[blockIdx.y] * p.k_scale[blockIdx.y]),
+      : bh(blockIdx.x),
+        q0(blockIdx.y * bq),
+        scale(p.softmax_scale * p.q_scale[blockIdx.x] * p.k_scale[blockIdx.x]),
         c(scale * kLog2e) {}
 };
 

@@ -34,7 +34,7 @@ __device__ void wgmma_attention(const Params& p) {
   unsigned char* ring_k = sq + BQ * D;
   unsigned char* ring_v = ring_k + Ring::kBytes;
   unsigned char* vt = ring_v + Ring::kBytes;
-  const int bh = blockIdx.y, q0 = blockIdx.x * BQ, wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
   const Ring rk{ring_k, p.k + (long long)bh * p.sk * D, D, p.sk};
   const Ring rv{ring_v, p.v + (long long)bh * p.sk * D, D, p.sk};

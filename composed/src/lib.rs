@@ -7,7 +7,7 @@ pub mod cli;
 mod run;
 mod stages;
 
-pub use run::{OnDevice, run, validate};
+pub use run::{OnDevice, grid, run, validate};
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, Stage,
     bc,

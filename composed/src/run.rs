@@ -68,6 +68,28 @@ pub fn validate(qz: &Quantized) -> Result<()> {
     Ok(())
 }
 
+/// The launch grid of `stage` on `s`: (B·H, query tiles), or why it cannot be launched. x holds up to
+/// 2^31 − 1 blocks and y up to 65535, so B·H goes in x (decode batches of 1024 × 64 heads and more) and the
+/// query tiles in y (Sq up to 65535 tiles of `rows_per_block` rows).
+pub fn grid(stage: Stage, s: &fixtures::Shape) -> Result<(u32, u32, u32)> {
+    let tiles = s.sq.div_ceil(stage.rows_per_block());
+    ensure!(
+        s.heads() <= i32::MAX as usize,
+        "B·H = {} heads: a launch holds at most 2^31 − 1 (B = {}, H = {})",
+        s.heads(),
+        s.b,
+        s.h
+    );
+    ensure!(
+        tiles <= 65535,
+        "Sq = {} needs {tiles} query tiles of {} rows for {}, more than a grid's 65535",
+        s.sq,
+        stage.rows_per_block(),
+        stage.name()
+    );
+    Ok((s.heads() as u32, tiles as u32, 1))
+}
+
 /// The kernel's `sdpa::Params`, field for field.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -170,11 +192,7 @@ impl OnDevice {
             softmax_scale: self.qz.softmax_scale,
         };
         let cfg = LaunchConfig {
-            grid_dim: (
-                s.sq.div_ceil(stage.rows_per_block()) as u32,
-                s.heads() as u32,
-                1,
-            ),
+            grid_dim: grid(stage, &s)?,
             block_dim: (stage.threads() as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };

@@ -104,6 +104,13 @@ fn matrix() -> Vec<Case> {
         10,
     );
     add("d128_1x4x256x128", normal, Shape::new(1, 4, 256, 128), 11);
+    // More heads than a grid's y dimension holds (65535): B·H goes in x.
+    add(
+        "many_heads_2x35000x3x64",
+        normal,
+        Shape::new(2, 35000, 3, 64),
+        19,
+    );
     add("d128_S65_1x2x65x128", normal, Shape::new(1, 2, 65, 128), 12);
     add(
         "d128_cross_sq33_sk100",
@@ -305,6 +312,20 @@ fn main() {
     let mut t = Suite::new();
     t.kernels(composed::KERNELS);
     lab::sass_snapshots!(t, composed::KERNELS);
+    t.model(
+        "launch_grid_puts_heads_in_x_and_refuses_what_does_not_fit",
+        || {
+            let g = composed::grid(Stage::S3b, &Shape::new(2, 35000, 3, 64))?;
+            ensure!(g == (70000, 1, 1), "{g:?}");
+            ensure!(composed::grid(Stage::S5, &Shape::new(1, 1, 1 << 20, 64))?.1 == 8192);
+            let e = format!(
+                "{:#}",
+                composed::grid(Stage::S3b, &Shape::new(1, 1, 65536 * 64 + 1, 64)).unwrap_err()
+            );
+            ensure!(e.contains("query tiles") && e.contains("65535"), "{e}");
+            Ok(())
+        },
+    );
     t.model("stage5_elsewhere_is_refused_by_name", || {
         // An sm_90a stage on an sm_80 / sm_89 device: a clear error before any launch, not a launch failure.
         for arch in [lab::Arch::Sm80, lab::Arch::Sm89] {
