@@ -50,6 +50,20 @@ fn committed(name: &str) -> Result<(String, String)> {
     Ok((desc, body.to_string()))
 }
 
+/// The committed snapshot `name` is probed data (by its description) and draws as `drawing`, the model's.
+fn committed_probe_equals(name: &str, drawing: &str) -> Result<()> {
+    let (desc, body) = committed(name)?;
+    ensure!(
+        desc.starts_with("source: probed"),
+        "{name}.snap is labelled `{desc}`, not probed data"
+    );
+    ensure!(
+        body.trim_end() == drawing.trim_end(),
+        "{name}: the model no longer draws the probed snapshot:\n{drawing}"
+    );
+    Ok(())
+}
+
 /// Swaps registers `r0` and `r1` in every lane: the classic LUT mistake.
 fn swap_regs(l: &Layout, r0: u32, r1: u32) -> Layout {
     let mut m = l.clone();
@@ -89,38 +103,14 @@ fn main() {
         let name = snapshot_name(arch, &id);
         t.model(
             &format!("committed_probe_equals_model::{name}"),
-            move || {
-                let (desc, body) = committed(&name)?;
-                ensure!(
-                    desc.starts_with("source: probed"),
-                    "{name}.snap is labelled `{desc}`, not probed data"
-                );
-                let drawing = id.model().draw();
-                ensure!(
-                    body.trim_end() == drawing.trim_end(),
-                    "{name}: the model no longer draws the probed snapshot:\n{drawing}"
-                );
-                Ok(())
-            },
+            move || committed_probe_equals(&name, &id.model().draw()),
         );
     }
     for id in smem_layouts() {
         let name = id.key();
         t.model(
             &format!("committed_probe_equals_model::{name}"),
-            move || {
-                let (desc, body) = committed(&name)?;
-                ensure!(
-                    desc.starts_with("source: probed"),
-                    "{name}.snap is labelled `{desc}`, not probed data"
-                );
-                let drawing = id.model().draw();
-                ensure!(
-                    body.trim_end() == drawing.trim_end(),
-                    "{name}: the model no longer draws the probed snapshot:\n{drawing}"
-                );
-                Ok(())
-            },
+            move || committed_probe_equals(&name, &id.model().draw()),
         );
     }
     t.model("row_ownership_of_both_accumulators", || {
