@@ -1,6 +1,7 @@
 // sdpa_common.cuh: what every fused FP8 SDPA stage shares: parameters, tile geometry, Q staging, K/V
 // dequantization through the cp.async ring, Q·Kᵀ on the tensor cores, and writing O and LSE.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
 #include "cp_async_ring.cuh"
@@ -10,7 +11,10 @@
 namespace sdpa {
 using namespace nvcuda;
 
-// E4M3 Q, K, V in [B, H, S, D] with per-(b, h) dequantization scales; O in f16 [B, H, Sq, D], LSE in f32
+// What O is written as (composed::OutDtype mirrors the values).
+enum OutDtype : int { kF16 = 0, kBf16 = 1, kF32 = 2 };
+
+// E4M3 Q, K, V in [B, H, S, D] with per-(b, h) dequantization scales; O [B, H, Sq, D] in o_dtype, LSE in f32
 // [B, H, Sq] (natural log of Σ exp(softmax_scale · q·k), over dequantized q and k). Grid: (B·H, ⌈Sq / rows⌉):
 // x takes up to 2^31 − 1 heads, y up to 65535 query tiles (y held B·H before, and stopped at 65535 heads).
 struct Params {
@@ -20,12 +24,27 @@ struct Params {
   const float* q_scale;
   const float* k_scale;
   const float* v_scale;
-  __half* o;
+  void* o;
   float* lse;
   int sq;
   int sk;
   float softmax_scale;
+  int o_dtype;  // OutDtype
 };
+
+// O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).
+__device__ __forceinline__ void store_o2(const Params& p, long long i, float a, float b) {
+  switch (p.o_dtype) {
+    case kBf16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + i) = __floats2bfloat162_rn(a, b);
+      break;
+    case kF32:
+      *reinterpret_cast<float2*>(static_cast<float*>(p.o) + i) = make_float2(a, b);
+      break;
+    default:
+      *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + i) = __floats2half2_rn(a, b);
+  }
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
@@ -159,7 +178,7 @@ __device__ __forceinline__ void pv_tile(const PFrag& pa, int kk, const __half* s
   }
 }
 
-// Writes this warp's O fragments (already divided by l) times v_scale as f16, and the LSE of its rows.
+// Writes this warp's O fragments (already divided by l) times v_scale in O's dtype, and the LSE of its rows.
 template <int D>
 __device__ void store_o(const Params& p, int bh, int q0, const Acc (&o)[D / 16], const float (&lse)[2]) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -170,7 +189,7 @@ __device__ void store_o(const Params& p, int bh, int q0, const Acc (&o)[D / 16],
     for (int i = 0; i < 8; i += 2) {
       const int r = q0 + w * 16 + frag::wmma_acc_row(lane, i), c = 16 * j + frag::wmma_acc_col(lane, i);
       if (r < p.sq)
-        *reinterpret_cast<__half2*>(p.o + ((long long)bh * p.sq + r) * D + c) = __floats2half2_rn(o[j].x[i] * vs, o[j].x[i + 1] * vs);
+        store_o2(p, ((long long)bh * p.sq + r) * D + c, o[j].x[i] * vs, o[j].x[i + 1] * vs);
     }
   if (frag::thread_in_group(lane) == 0)
 #pragma unroll

@@ -43,7 +43,7 @@ __device__ void stage1(const Params& p) {
     const float f = inv_l(st, row) * p.v_scale[b.bh];
 #pragma unroll
     for (int d = 0; d < H; d += 2)
-      *reinterpret_cast<__half2*>(p.o + ((long long)b.bh * p.sq + r) * D + col0 + d) = __floats2half2_rn(o[d] * f, o[d + 1] * f);
+      store_o2(p, ((long long)b.bh * p.sq + r) * D + col0 + d, o[d] * f, o[d + 1] * f);
     if (col0 == 0) p.lse[(long long)b.bh * p.sq + r] = row_lse(st, row, b.scale);
   }
 }

@@ -51,6 +51,7 @@ __device__ void wgmma_attention(const Params& p) {
                                     : make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4*>(sq + row / 64 * 64 * D + wgmma::tile_byte(SW, 64, row % 64, 16 * ch)) = v;
   }
+  const relayout::Transpose<BC, D, SW, SWT, THREADS> vt_plan(threadIdx.x);  // same offsets every tile
   osm::RowState st;
   osm::init(st);
   frag::Regs<OL> o[1];
@@ -71,7 +72,7 @@ __device__ void wgmma_attention(const Params& p) {
     wgmma::fence();
     wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, sq + wg * 64 * D, SW, kt, false);
     wgmma::commit();
-    relayout::transpose_tile<BC, D, SW, SWT, THREADS>(rv.tile_ptr(tt), vt, threadIdx.x);
+    vt_plan.run(rv.tile_ptr(tt), vt);
     wgmma::publish_smem();  // Vᵀ for the tensor cores
     wgmma::wait<0>();
     wgmma::fence_operand(s[0].x);
@@ -86,7 +87,18 @@ __device__ void wgmma_attention(const Params& p) {
   float lse[2];
   osm::finish<OL, kFp8POffset>(o, st, scale, lse);
   const int row0 = q0 + 64 * wg;
-  relayout::store_rows<__half, D>(o[0].x, p.v_scale[bh], p.o + ((long long)bh * p.sq + row0) * D, D, p.sq - row0);
+  const long long o0 = ((long long)bh * p.sq + row0) * D;
+  const float vs = p.v_scale[bh];
+  switch (p.o_dtype) {
+    case kBf16:
+      relayout::store_rows<__nv_bfloat16, D>(o[0].x, vs, static_cast<__nv_bfloat16*>(p.o) + o0, D, p.sq - row0);
+      break;
+    case kF32:
+      relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + o0, D, p.sq - row0);
+      break;
+    default:
+      relayout::store_rows<__half, D>(o[0].x, vs, static_cast<__half*>(p.o) + o0, D, p.sq - row0);
+  }
   if ((t & 3) == 0)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

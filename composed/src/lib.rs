@@ -1,4 +1,4 @@
-//! `composed`: the fused FP8 SDPA forward, stages 1 → 4, each a kernel source built from block headers.
+//! `composed`: the fused FP8 SDPA forward, stages 1 → 5, each a kernel source built from block headers.
 //!
 //! [`Stage`] lists them; [`run`] checks the inputs ([`validate`]: a clear error, no launch) and runs one;
 //! [`OnDevice`] keeps a problem on the device for timing. References live in the `fixtures` crate.
@@ -7,7 +7,8 @@ pub mod cli;
 mod run;
 mod stages;
 
-pub use run::{OnDevice, grid, run, validate};
+pub use fixtures::OutDtype;
+pub use run::{OnDevice, grid, run, run_as, validate};
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, Stage,
     bc,

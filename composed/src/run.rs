@@ -1,7 +1,7 @@
 // Checked inputs and the launch of a stage: every bad input is refused with a clear error before any launch.
 use anyhow::{Context, Result, bail, ensure};
-use fixtures::{Attention, Quantized};
-use half::f16;
+use fixtures::{Attention, OutDtype, Quantized};
+use half::{bf16, f16};
 use lab::Gpu;
 use lab::cudarc::driver::sys::CUfunction_attribute;
 use lab::cudarc::driver::{
@@ -90,6 +90,23 @@ pub fn grid(stage: Stage, s: &fixtures::Shape) -> Result<(u32, u32, u32)> {
     Ok((s.heads() as u32, tiles as u32, 1))
 }
 
+/// The value of `sdpa::OutDtype`.
+fn dtype_code(d: OutDtype) -> i32 {
+    match d {
+        OutDtype::F16 => 0,
+        OutDtype::Bf16 => 1,
+        OutDtype::F32 => 2,
+    }
+}
+
+/// O on the device, in the dtype the stage was asked to write.
+#[derive(Debug)]
+enum OBuf {
+    F16(CudaSlice<f16>),
+    Bf16(CudaSlice<bf16>),
+    F32(CudaSlice<f32>),
+}
+
 /// The kernel's `sdpa::Params`, field for field.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -105,8 +122,9 @@ struct Params {
     sq: i32,
     sk: i32,
     softmax_scale: f32,
+    o_dtype: i32,
 }
-// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, 3 × 4 bytes, padded to 8).
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 4 × 4 bytes).
 unsafe impl DeviceRepr for Params {}
 
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
@@ -117,16 +135,24 @@ pub struct OnDevice {
     k: CudaSlice<u8>,
     v: CudaSlice<u8>,
     scales: [CudaSlice<f32>; 3],
-    pub o: CudaSlice<f16>,
+    o: OBuf,
     pub lse: CudaSlice<f32>,
+    /// A source variant of the stage's kernel to launch instead (`sdpa bench --variant`: A/B in one process).
+    kernel: Option<lab::KernelSpec>,
 }
 
 impl OnDevice {
-    /// Checks and uploads; the outputs start poisoned.
+    /// Checks and uploads; the outputs start poisoned; O will be f16.
     pub fn upload(gpu: &Gpu, qz: &Quantized) -> Result<Self> {
+        Self::upload_as(gpu, qz, OutDtype::F16)
+    }
+
+    /// Checks and uploads; the outputs start poisoned; the stages will write O as `out`.
+    pub fn upload_as(gpu: &Gpu, qz: &Quantized, out: OutDtype) -> Result<Self> {
         validate(qz)?;
         let st = &gpu.stream;
         let s = qz.shape;
+        let n = s.heads() * s.sq * s.d;
         Ok(OnDevice {
             qz: qz.clone(),
             q: st.clone_htod(&qz.q)?,
@@ -137,9 +163,20 @@ impl OnDevice {
                 st.clone_htod(&qz.k_scale)?,
                 st.clone_htod(&qz.v_scale)?,
             ],
-            o: st.clone_htod(&poisoned::<f16>(s.heads() * s.sq * s.d))?,
+            o: match out {
+                OutDtype::F16 => OBuf::F16(st.clone_htod(&poisoned::<f16>(n))?),
+                OutDtype::Bf16 => OBuf::Bf16(st.clone_htod(&poisoned::<bf16>(n))?),
+                OutDtype::F32 => OBuf::F32(st.clone_htod(&poisoned::<f32>(n))?),
+            },
             lse: st.clone_htod(&poisoned::<f32>(s.heads() * s.sq))?,
+            kernel: None,
         })
+    }
+
+    /// Launch `spec` (a variant of the stage's own kernel: same name, parameters and geometry) from now on;
+    /// `None` goes back to the stage's kernel.
+    pub fn use_kernel(&mut self, spec: Option<lab::KernelSpec>) {
+        self.kernel = spec;
     }
 
     /// Queues one launch of `stage` on the device's stream.
@@ -156,7 +193,7 @@ impl OnDevice {
         st: &std::sync::Arc<CudaStream>,
     ) -> Result<()> {
         let s = self.qz.shape;
-        let spec = stage.kernel(s.d);
+        let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
         let k = gpu.load(&spec)?;
         let smem = stage.smem_bytes(s.d);
         k.func
@@ -176,7 +213,11 @@ impl OnDevice {
         let (qs, _g1) = self.scales[0].device_ptr(st);
         let (ks, _g2) = self.scales[1].device_ptr(st);
         let (vs, _g3) = self.scales[2].device_ptr(st);
-        let (o, _go) = self.o.device_ptr(st);
+        let (o, _go) = match &self.o {
+            OBuf::F16(b) => b.device_ptr(st),
+            OBuf::Bf16(b) => b.device_ptr(st),
+            OBuf::F32(b) => b.device_ptr(st),
+        };
         let (lse, _gl) = self.lse.device_ptr(st);
         let p = Params {
             q,
@@ -190,6 +231,7 @@ impl OnDevice {
             sq: s.sq as i32,
             sk: s.sk as i32,
             softmax_scale: self.qz.softmax_scale,
+            o_dtype: dtype_code(self.out_dtype()),
         };
         let cfg = LaunchConfig {
             grid_dim: grid(stage, &s)?,
@@ -203,24 +245,49 @@ impl OnDevice {
         Ok(())
     }
 
-    /// O and LSE back on the host; fails if any element was never written.
+    /// The dtype the stages write O as.
+    pub fn out_dtype(&self) -> OutDtype {
+        match self.o {
+            OBuf::F16(_) => OutDtype::F16,
+            OBuf::Bf16(_) => OutDtype::Bf16,
+            OBuf::F32(_) => OutDtype::F32,
+        }
+    }
+
+    /// O (widened to f32, exactly) and LSE back on the host; fails if any element was never written.
     pub fn download(&self, gpu: &Gpu) -> Result<Attention<f32>> {
-        let (o, lse) = (
-            gpu.stream.clone_dtoh(&self.o)?,
-            gpu.stream.clone_dtoh(&self.lse)?,
-        );
-        check_written(&o, "O")?;
+        let st = &gpu.stream;
+        let o: Vec<f32> = match &self.o {
+            OBuf::F16(b) => {
+                let h = st.clone_dtoh(b)?;
+                check_written(&h, "O")?;
+                h.iter().map(|x| x.to_f32()).collect()
+            }
+            OBuf::Bf16(b) => {
+                let h = st.clone_dtoh(b)?;
+                check_written(&h, "O")?;
+                h.iter().map(|x| x.to_f32()).collect()
+            }
+            OBuf::F32(b) => {
+                let h = st.clone_dtoh(b)?;
+                check_written(&h, "O")?;
+                h
+            }
+        };
+        let lse = st.clone_dtoh(&self.lse)?;
         check_written(&lse, "LSE")?;
-        Ok(Attention {
-            o: o.iter().map(|x| x.to_f32()).collect(),
-            lse,
-        })
+        Ok(Attention { o, lse })
     }
 }
 
-/// One checked run of `stage` on `qz`.
+/// One checked run of `stage` on `qz`, O in f16.
 pub fn run(gpu: &Gpu, stage: Stage, qz: &Quantized) -> Result<Attention<f32>> {
-    let mut d = OnDevice::upload(gpu, qz)?;
+    run_as(gpu, stage, qz, OutDtype::F16)
+}
+
+/// One checked run of `stage` on `qz`, O written as `out`.
+pub fn run_as(gpu: &Gpu, stage: Stage, qz: &Quantized, out: OutDtype) -> Result<Attention<f32>> {
+    let mut d = OnDevice::upload_as(gpu, qz, out)?;
     d.launch(gpu, stage)?;
     d.download(gpu)
 }

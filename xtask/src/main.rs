@@ -75,6 +75,14 @@ enum Task {
         #[arg(long, value_name = "DIR")]
         svg: Option<PathBuf>,
     },
+    /// Print one kernel's SASS (nvdisasm), to read what a stage's loop really issues.
+    Sass {
+        /// The kernel's name, as in `ptxas`'s table (e.g. stage5_d128).
+        kernel: String,
+        /// Architecture to build for (default: the kernel's first).
+        #[arg(long)]
+        arch: Option<String>,
+    },
     /// Find (or install) NVRTC and the CUDA headers, and say which ones the lab uses.
     Toolchain,
     /// Run a bundle's tests (what the bundle's `run` script calls on the GPU machine).
@@ -92,6 +100,7 @@ fn main() -> ExitCode {
         Task::Ladder { out, iters } => ladder::run(&out, iters),
         Task::Profile { stage, shape } => profile::run(&stage, &shape),
         Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
+        Task::Sass { kernel, arch } => ptxas::sass(&kernel, arch.as_deref()),
         Task::Toolchain => lab::toolchain().map(|tc| {
             println!(
                 "CUDA headers: {}\nNVRTC: {}\nfrom: {}",

@@ -80,3 +80,19 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
     );
     Ok(failures == 0)
 }
+
+/// `cargo xtask sass KERNEL`: the kernel's disassembly on stdout.
+pub fn sass(kernel: &str, arch: Option<&str>) -> Result<bool> {
+    let specs = all_kernels();
+    let Some(spec) = specs.iter().find(|s| s.name == kernel) else {
+        let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
+        anyhow::bail!("no kernel named `{kernel}`; known: {}", names.join(", "));
+    };
+    let arch = match arch {
+        Some(a) => Arch::parse(a)?,
+        None => spec.archs[0],
+    };
+    let (cubin, _) = spec.compile(arch)?;
+    print!("{}", lab::sass::listing(&cubin, kernel)?);
+    Ok(true)
+}

@@ -62,16 +62,27 @@ struct Ring {
   // The copies of issue() without the commit: rings that fill together (K and V of one tile) each copy(t),
   // then one ring::commit() makes them a single group, so wait(t) still means "tile t has landed".
   __device__ void copy(int t) const {
-    if (t < tiles()) {
-      unsigned char* dst = tile_ptr(t);
-      for (int c = threadIdx.x; c < ROWS * kChunks; c += THREADS) {
-        const int r = c / kChunks, k = c % kChunks;
-        const int row = t * ROWS + r;
-        const bool real = row < rows;
-        // A row past the end reads nothing (src-size 0) from a valid address: row 0.
-        cp_async_16(dst + PLACE::offset(r, k * 16), src + (real ? row * stride : 0) + k * 16, real ? 16 : 0);
-      }
+    if (t >= tiles()) return;
+    unsigned char* dst = tile_ptr(t);
+    const unsigned char* tile = src + (long long)t * ROWS * stride;
+    const int left = rows - t * ROWS;  // rows of this tile that exist (may exceed ROWS)
+    // A fixed trip count unrolls: each thread's chunk column and swizzle phase stay put and only the row moves,
+    // so the addresses fold to constants (stage 5: ~35 instructions a chunk became ~8). By 4, so that rings of 8+
+    // chunks a thread do not hold 8 addresses live at once.
+    constexpr int kPerThread = ROWS * kChunks % THREADS == 0 ? ROWS * kChunks / THREADS : 0;
+    if constexpr (kPerThread > 0) {
+#pragma unroll 4
+      for (int j = 0; j < kPerThread; ++j) chunk(dst, tile, left, threadIdx.x + j * THREADS);
+    } else {
+      for (int c = threadIdx.x; c < ROWS * kChunks; c += THREADS) chunk(dst, tile, left, c);
     }
+  }
+
+  __device__ void chunk(unsigned char* dst, const unsigned char* tile, int left, int c) const {
+    const int r = c / kChunks, k = c % kChunks;
+    const bool real = r < left;
+    // A row past the end reads nothing (src-size 0) from a valid address: the tile's row 0.
+    cp_async_16(dst + PLACE::offset(r, k * 16), tile + (real ? r * stride : 0) + k * 16, real ? 16 : 0);
   }
 
   // Waits until tile t (and every earlier tile) has landed and is visible to the whole block.

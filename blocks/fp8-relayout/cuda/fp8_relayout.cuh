@@ -8,9 +8,9 @@
 //    the half (keys 8j .. 8j + 7 of j = q / 2) the register needs.
 // 2. transpose_tile: a [ROWS x COLS] byte tile in the canonical K-major wgmma layout (wgmma::tile_byte) becomes
 //    its transpose, [COLS x ROWS], in the same kind of layout: V as TMA delivers it ([keys][d]) into the K-major
-//    B operand of P.V ([d][keys]). 8-bit data has no ldmatrix.trans; each thread moves 4x4-byte blocks through
-//    registers with byte permutes.
-// 3. store_rows: an f32 accumulator (frag::wgmma_d) times `scale` to bf16 or f16 rows in global memory, rows past
+//    B operand of P.V ([d][keys]). 8-bit data has no ldmatrix.trans; each thread moves 8x8-byte blocks through
+//    registers with byte permutes (Transpose: offsets computed once, reused every tile).
+// 3. store_rows: an f32 accumulator (frag::wgmma_d) times `scale` to bf16, f16 or f32 rows in global memory, rows past
 //    `valid_rows` skipped.
 #pragma once
 #include <cuda_bf16.h>
@@ -53,53 +53,93 @@ __device__ __forceinline__ void acc_to_a_e4m3(const float (&acc)[N / 2], float s
   }
 }
 
-// Which 4x4-byte block (rb, cb) = (rows 4rb.., bytes 4cb..) lane l moves in task k: rb = l, cb = (l >> 1) ^ (k % 16),
-// plus 16 (k / 16). For 128-byte-swizzled tiles on both sides (V of D = 128 into Vᵀ of 128 keys) the warp's
-// loads see 32 different (cb % 16, row parity) and its stores 32 different (rb % 16, rb / 16 ^ cb % 2): every
-// access hits 32 banks (fp8_relayout::transpose_conflicts counts them). A task covers 32 block rows x 16 block
-// columns; the tasks of a tile cover each block once.
-__host__ __device__ constexpr int transpose_rb(int l) { return l; }
-__host__ __device__ constexpr int transpose_cb(int l, int k) { return ((l >> 1) ^ (k % 16)) + 16 * (k / 16); }
+// Which 8x8-byte block (rb, cb) = (rows 8rb.., bytes 8cb..) block number n of the tile is, for a tile of NC =
+// COLS / 8 block columns (NC divides 16). The 16 blocks of a half-warp (n / 16) lie on a wrapped diagonal of a
+// 16-block-row band: 16 different rb, and NC different cb. A 64-bit access's bank depends, inside one swizzle
+// atom, on the block column for the loads (all rows of one load share r % 8) and on the block row for the stores:
+// with 128-byte-swizzled tiles on both sides (V of D = 128) both are conflict-free (fp8_relayout::
+// transpose_conflicts counts them); with a 64-byte-swizzled source (D = 64) the loads are 2-way.
+__host__ __device__ constexpr int transpose_rb(int n, int nc) { return 16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16; }
+__host__ __device__ constexpr int transpose_cb(int n, int nc) { return n % 16 % nc; }
+
+// 4x4 byte transpose: t[j] byte i = w[i] byte j.
+__device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)[4]) {
+  const unsigned x0 = __byte_perm(w[0], w[1], 0x5140), x1 = __byte_perm(w[0], w[1], 0x7362);
+  const unsigned x2 = __byte_perm(w[2], w[3], 0x5140), x3 = __byte_perm(w[2], w[3], 0x7362);
+  t[0] = __byte_perm(x0, x2, 0x5410);
+  t[1] = __byte_perm(x0, x2, 0x7632);
+  t[2] = __byte_perm(x1, x3, 0x5410);
+  t[3] = __byte_perm(x1, x3, 0x7632);
+}
 
 // dst[c][r] = src[r][c] for a ROWS x COLS byte tile, both in the canonical K-major layout (SRC: ROWS rows of COLS
-// bytes; DST: COLS rows of ROWS bytes), by THREADS threads (tid = 0 .. THREADS-1). The caller publishes dst
-// (wgmma::publish_smem) before a wgmma reads it.
+// bytes; DST: COLS rows of ROWS bytes), by THREADS threads. Built once (the byte offsets of a thread's blocks are
+// the same for every tile: a stage builds it before its K/V loop), run once a tile. Each thread moves 8x8-byte
+// blocks: eight 64-bit loads (rows 8rb.., bytes 8cb..), 32 byte permutes, eight 64-bit stores (rows 8cb.. of the
+// destination, bytes 8rb..); an aligned 8-byte unit never straddles a 16-byte swizzle chunk. The caller publishes
+// dst (wgmma::publish_smem) before a wgmma reads it.
+template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, int THREADS>
+struct Transpose {
+  static_assert(ROWS % 128 == 0 && COLS % 64 == 0 && COLS <= 128, "16-block-row bands of 64 or 128 bytes");
+  static constexpr int kNc = COLS / 8, kBlocks = ROWS / 8 * kNc;
+  static constexpr int kPer = (kBlocks + THREADS - 1) / THREADS;  // blocks a thread moves
+  unsigned src_off[kPer][8], dst_off[kPer][8];
+  bool live[kPer];
+
+  __device__ explicit Transpose(int tid) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int n = tid + j * THREADS;
+      live[j] = kBlocks % THREADS == 0 || n < kBlocks;
+      const int rb = transpose_rb(n, kNc), cb = transpose_cb(n, kNc);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        src_off[j][i] = wgmma::tile_byte(SRC, ROWS, 8 * rb + i, 8 * cb);
+        dst_off[j][i] = wgmma::tile_byte(DST, COLS, 8 * cb + i, 8 * rb);
+      }
+    }
+  }
+
+  __device__ void run(const unsigned char* src, unsigned char* dst) const {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (!live[j]) continue;
+      unsigned lo[8], hi[8];  // row i of the block: bytes 0..3, 4..7
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint2 v = *reinterpret_cast<const uint2*>(src + src_off[j][i]);
+        lo[i] = v.x;
+        hi[i] = v.y;
+      }
+      // Quadrants: out row i < 4 takes (lo of rows 0-3, lo of rows 4-7) transposed; row 4 + i the his.
+      unsigned a[4], b[4], c[4], d[4];
+      transpose4({lo[0], lo[1], lo[2], lo[3]}, a);
+      transpose4({lo[4], lo[5], lo[6], lo[7]}, b);
+      transpose4({hi[0], hi[1], hi[2], hi[3]}, c);
+      transpose4({hi[4], hi[5], hi[6], hi[7]}, d);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        *reinterpret_cast<uint2*>(dst + dst_off[j][i]) = make_uint2(a[i], b[i]);
+        *reinterpret_cast<uint2*>(dst + dst_off[j][4 + i]) = make_uint2(c[i], d[i]);
+      }
+    }
+  }
+};
+
+// One-off form of Transpose (builds the plan and runs it).
 template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, int THREADS>
 __device__ __forceinline__ void transpose_tile(const unsigned char* src, unsigned char* dst, int tid) {
-  static_assert(ROWS % 128 == 0 && COLS % 64 == 0, "tasks of 128 rows x 64 bytes");
-  constexpr int kTasks = (ROWS / 128) * (COLS / 64) * 16, kWarps = THREADS / 32;
-  const int lane = tid & 31;
-  for (int task = tid / 32; task < kTasks; task += kWarps) {
-    const int k = task % (COLS / 64 * 16), rtask = task / (COLS / 64 * 16);
-    const int r0 = 4 * (transpose_rb(lane) + 32 * rtask), c0 = 4 * transpose_cb(lane, k);
-    unsigned w[4];  // w[i]: row r0 + i, bytes c0 .. c0 + 3
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = *reinterpret_cast<const unsigned*>(src + wgmma::tile_byte(SRC, ROWS, r0 + i, c0));
-    // 4x4 byte transpose: t[j] byte i = w[i] byte j.
-    const unsigned x0 = __byte_perm(w[0], w[1], 0x5140), x1 = __byte_perm(w[0], w[1], 0x7362);
-    const unsigned x2 = __byte_perm(w[2], w[3], 0x5140), x3 = __byte_perm(w[2], w[3], 0x7362);
-    const unsigned t0 = __byte_perm(x0, x2, 0x5410), t1 = __byte_perm(x0, x2, 0x7632);
-    const unsigned t2 = __byte_perm(x1, x3, 0x5410), t3 = __byte_perm(x1, x3, 0x7632);
-    *reinterpret_cast<unsigned*>(dst + wgmma::tile_byte(DST, COLS, c0 + 0, r0)) = t0;
-    *reinterpret_cast<unsigned*>(dst + wgmma::tile_byte(DST, COLS, c0 + 1, r0)) = t1;
-    *reinterpret_cast<unsigned*>(dst + wgmma::tile_byte(DST, COLS, c0 + 2, r0)) = t2;
-    *reinterpret_cast<unsigned*>(dst + wgmma::tile_byte(DST, COLS, c0 + 3, r0)) = t3;
-  }
+  Transpose<ROWS, COLS, SRC, DST, THREADS>(tid).run(src, dst);
 }
 
-template <class T>
-__device__ __forceinline__ unsigned pack2(float a, float b);
-template <>
-__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const unsigned*>(&v);
+// Two adjacent outputs a, b at p as T: bf16 and f16 pairs are one 32-bit store, f32 pairs one 64-bit store.
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
-template <>
-__device__ __forceinline__ unsigned pack2<__half>(float a, float b) {
-  const __half2 v = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const unsigned*>(&v);
+__device__ __forceinline__ void store2(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
 }
+__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
 
 // out[row][col] = T(acc * scale) for the 64 x N tile at out (ld elements per row); rows >= valid_rows untouched.
 template <class T, int N>
@@ -109,8 +149,7 @@ __device__ __forceinline__ void store_rows(const float (&acc)[N / 2], float scal
 #pragma unroll
   for (int i = 0; i < N / 2; i += 2) {
     const int row = frag::wgmma_d_row(t, i), col = frag::wgmma_d_col(t, i);
-    if (row < valid_rows)
-      *reinterpret_cast<unsigned*>(out + row * ld + col) = pack2<T>(acc[i] * scale, acc[i + 1] * scale);
+    if (row < valid_rows) store2(out + row * ld + col, acc[i] * scale, acc[i + 1] * scale);
   }
 }
 

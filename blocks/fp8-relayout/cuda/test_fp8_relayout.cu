@@ -72,6 +72,9 @@ extern "C" __global__ void __launch_bounds__(128) store_n64_f16(const float* in,
                                                                 int valid_rows) {
   store<__half, 64>(in, scale, out, valid_rows);
 }
+extern "C" __global__ void __launch_bounds__(128) store_n64_f32(const float* in, float scale, float* out, int valid_rows) {
+  store<float, 64>(in, scale, out, valid_rows);
+}
 
 // O[64][D] = P[64][KEYS] V[KEYS][D]: P (f32, as a Q.K^T accumulator) through acc_to_a_e4m3, V (E4M3 rows, as a
 // TMA tile would hold them: canonical [KEYS][D] tile) through transpose_tile into the K-major B operand, one

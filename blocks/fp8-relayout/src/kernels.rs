@@ -55,6 +55,7 @@ pub const TRANSPOSES: [(
 
 pub const STORE_BF16: KernelSpec = k("store_n128_bf16", &[]);
 pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
+pub const STORE_F32: KernelSpec = k("store_n64_f32", &[]);
 /// (keys, d, kernel): O = P·V through every relayout and the FP8 wgmma.
 pub const PV: [(usize, usize, KernelSpec); 2] = [
     (128, 64, k("pv_k128_d64_f16", &["QGMMA"])),
@@ -64,7 +65,7 @@ pub const PV: [(usize, usize, KernelSpec); 2] = [
 pub fn all() -> Vec<KernelSpec> {
     let mut v: Vec<KernelSpec> = ACC_TO_A.iter().map(|x| x.1).collect();
     v.extend(TRANSPOSES.iter().map(|x| x.4));
-    v.extend([STORE_BF16, STORE_F16]);
+    v.extend([STORE_BF16, STORE_F16, STORE_F32]);
     v.extend(PV.iter().map(|x| x.2));
     v
 }

@@ -7,7 +7,7 @@
 mod kernels;
 mod model;
 
-pub use kernels::{ACC_TO_A, HEADERS, PV, SOURCE, STORE_BF16, STORE_F16, TRANSPOSES};
+pub use kernels::{ACC_TO_A, HEADERS, PV, SOURCE, STORE_BF16, STORE_F16, STORE_F32, TRANSPOSES};
 pub use model::{a_words, transpose_block, transpose_conflicts, transposed};
 
 /// Every kernel of this block, for `cargo xtask ptxas`.

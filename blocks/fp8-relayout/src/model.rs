@@ -45,15 +45,27 @@ pub fn transposed(src: &[u8], rows: usize, cols: usize, dst_sw: Swizzle, fill: u
     out
 }
 
-/// The block `transpose_tile`'s lane `l` moves in task `k` (mirrors `transpose_rb` / `transpose_cb`).
-pub fn transpose_block(l: u32, k: u32) -> (u32, u32) {
-    (l, ((l >> 1) ^ (k % 16)) + 16 * (k / 16))
+/// The 8×8-byte block (rb, cb) that block number `n` of a tile with `nc` block columns is (mirrors
+/// `transpose_rb` / `transpose_cb`): thread `t` moves blocks t, t + THREADS, …
+pub fn transpose_block(n: u32, nc: u32) -> (u32, u32) {
+    (16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16, n % 16 % nc)
 }
 
-/// Shared-memory bank conflicts of one warp's transpose task: for each of its 4 loads and 4 stores, the
-/// extra wavefronts (distinct 4-byte words landing in one bank, beyond the first). `rows` × `cols` is the
-/// source tile (K-major, `src` swizzle), transposed into the `dst` swizzle.
-pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle, k: u32) -> u32 {
+/// Shared-memory bank conflicts of `Transpose` on a `rows` × `cols` source tile (K-major, `src` swizzle)
+/// transposed into the `dst` swizzle, summed over every warp and each of its 8 loads and 8 stores: a 64-bit
+/// access is served a half-warp at a time, and the extra wavefronts of a half-warp are the distinct 4-byte
+/// words landing in its busiest bank, beyond the first.
+pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle) -> u32 {
+    conflicts_with(rows, cols, src, dst, transpose_block)
+}
+
+fn conflicts_with(
+    rows: u32,
+    cols: u32,
+    src: Swizzle,
+    dst: Swizzle,
+    block: fn(u32, u32) -> (u32, u32),
+) -> u32 {
     let byte = |sw: Swizzle, tile_rows: u32, k_bytes: u32, r: u32, b: u32| {
         Desc::k_major(sw, tile_rows, k_bytes.next_multiple_of(32), b / 32).byte_of(r, b % 32)
     };
@@ -61,7 +73,9 @@ pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle, k: 
         let mut per_bank: std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>> =
             Default::default();
         for a in addrs {
-            per_bank.entry((a / 4) % 32).or_default().insert(a / 4);
+            for w in [a / 4, a / 4 + 1] {
+                per_bank.entry(w % 32).or_default().insert(w);
+            }
         }
         per_bank
             .values()
@@ -69,24 +83,16 @@ pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle, k: 
             .max()
             .unwrap_or(0)
     };
+    let nc = cols / 8;
+    let blocks = rows / 8 * nc;
     let mut total = 0;
-    for i in 0..4 {
-        total += extra(
-            (0..32)
-                .map(|l| {
-                    let (rb, cb) = transpose_block(l, k);
-                    byte(src, rows, cols, 4 * rb + i, 4 * cb)
-                })
-                .collect(),
-        );
-        total += extra(
-            (0..32)
-                .map(|l| {
-                    let (rb, cb) = transpose_block(l, k);
-                    byte(dst, cols, rows, 4 * cb + i, 4 * rb)
-                })
-                .collect(),
-        );
+    for half in 0..blocks.div_ceil(16) {
+        let ns = (16 * half..(16 * half + 16).min(blocks)).map(|n| block(n, nc));
+        let ns: Vec<(u32, u32)> = ns.collect();
+        for i in 0..8 {
+            total += extra(ns.iter().map(|&(rb, cb)| byte(src, rows, cols, 8 * rb + i, 8 * cb)).collect());
+            total += extra(ns.iter().map(|&(rb, cb)| byte(dst, cols, rows, 8 * cb + i, 8 * rb)).collect());
+        }
     }
     total
 }
@@ -109,36 +115,38 @@ mod tests {
     }
 
     #[test]
-    fn tasks_cover_every_block_once() {
-        for cols in [64u32, 128] {
+    fn blocks_cover_the_tile_once() {
+        for (rows, cols) in [(128u32, 64u32), (128, 128), (256, 128)] {
+            let nc = cols / 8;
             let mut seen = std::collections::BTreeSet::new();
-            for k in 0..cols / 64 * 16 {
-                for l in 0..32 {
-                    assert!(
-                        seen.insert(transpose_block(l, k)),
-                        "cols {cols}: block twice"
-                    );
-                }
+            for n in 0..rows / 8 * nc {
+                let (rb, cb) = transpose_block(n, nc);
+                assert!(rb < rows / 8 && cb < nc, "{rows}x{cols}: block {n} outside");
+                assert!(seen.insert((rb, cb)), "{rows}x{cols}: block twice");
             }
-            assert_eq!(seen.len() as u32, 32 * cols / 4);
         }
     }
 
     #[test]
-    fn stage5_transposes_are_free_of_bank_conflicts() {
-        // V of D = 128 (128-byte swizzle) into Vᵀ of 128 keys (128-byte swizzle): no conflict at all.
-        for k in 0..32 {
-            assert_eq!(
-                transpose_conflicts(128, 128, Swizzle::B128, Swizzle::B128, k),
-                0,
-                "task {k}"
-            );
-        }
-        // The first mapping (one block per thread, consecutive threads along a row) had 16-way store conflicts.
-        let d64: u32 = (0..16)
-            .map(|k| transpose_conflicts(128, 64, Swizzle::B64, Swizzle::B128, k))
-            .sum();
-        eprintln!("D = 64 (64-byte swizzle source): {d64} extra wavefronts over 16 tasks");
+    fn stage5_transposes_bank_conflicts() {
+        // V of D = 128 (128-byte swizzle) into Vᵀ of 128 keys (128-byte swizzle): none at all.
+        assert_eq!(
+            transpose_conflicts(128, 128, Swizzle::B128, Swizzle::B128),
+            0
+        );
+        // D = 64: the 64-byte-swizzled source puts two rows in one 128-byte line; the loads are 2-way (one extra
+        // wavefront per half-warp and load: 8 half-warps x 8 loads), the stores free.
+        assert_eq!(
+            transpose_conflicts(128, 64, Swizzle::B64, Swizzle::B128),
+            64
+        );
+        // Consecutive threads along one block row (the obvious mapping): every store of a half-warp in one bank
+        // pair, 15 extra wavefronts each (16 half-warps x 8 stores x 15).
+        let naive = |n: u32, nc: u32| (n / nc, n % nc);
+        assert_eq!(
+            conflicts_with(128, 128, Swizzle::B128, Swizzle::B128, naive),
+            16 * 8 * 15
+        );
     }
 
     #[test]

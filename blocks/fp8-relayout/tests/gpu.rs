@@ -175,8 +175,10 @@ fn store_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, valid: i32, seed: u64) -> 
     let s = &gpu.stream;
     let k = gpu.load(spec)?;
     let dx = s.clone_htod(&x)?;
-    let mut o = s.clone_htod(&vec![0xFFFFu16; 64 * n])?;
-    // SAFETY: store(const float* in[64][n], float scale, T* out[64][n], int valid_rows); T is 16-bit.
+    // Outputs as 32-bit words (f32) or 16-bit ones (bf16, f16); untouched rows keep the all-ones fill.
+    let wide = spec.name.ends_with("f32");
+    let mut o = s.clone_htod(&vec![0xFFFF_FFFFu32; 64 * n / if wide { 1 } else { 2 }])?;
+    // SAFETY: store(const float* in[64][n], float scale, T* out[64][n], int valid_rows); the buffer holds 64·n Ts.
     unsafe {
         s.launch_builder(&k.func)
             .arg(&dx)
@@ -185,17 +187,23 @@ fn store_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, valid: i32, seed: u64) -> 
             .arg(&valid)
             .launch(WG)?
     };
-    let got = s.clone_dtoh(&o)?;
-    let bf = spec.name.ends_with("bf16");
+    let words = s.clone_dtoh(&o)?;
+    let got: Vec<u32> = if wide {
+        words
+    } else {
+        words.iter().flat_map(|w| [w & 0xFFFF, w >> 16]).collect()
+    };
     let mut wrong = 0;
     for (i, &g) in got.iter().enumerate() {
         let v = x[i] * scale;
         let want = if (i / n) as i32 >= valid {
-            0xFFFF
-        } else if bf {
-            bf16::from_f32(v).to_bits()
+            if wide { 0xFFFF_FFFF } else { 0xFFFF }
+        } else if wide {
+            v.to_bits()
+        } else if spec.name.ends_with("bf16") {
+            bf16::from_f32(v).to_bits() as u32
         } else {
-            f16::from_f32(v).to_bits()
+            f16::from_f32(v).to_bits() as u32
         };
         wrong += (g != want) as usize;
     }
@@ -237,8 +245,12 @@ fn main() {
             Ok(())
         });
     }
-    t.gpu("store_rows::bf16_and_f16_with_tails", |gpu| {
+    t.gpu("store_rows::bf16_f16_f32_with_tails", |gpu| {
         for valid in [64, 63, 17, 1] {
+            ensure!(
+                store_diff(gpu, &STORE_F32, 64, valid, 7)? == 0,
+                "f32, {valid} rows"
+            );
             ensure!(
                 store_diff(gpu, &STORE_BF16, 128, valid, 5)? == 0,
                 "bf16, {valid} rows"

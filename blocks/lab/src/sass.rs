@@ -47,6 +47,11 @@ pub fn nvdisasm() -> Result<&'static PathBuf> {
 
 /// Opcode (without modifiers: `HMMA.16816.F32` counts as `HMMA`) → count, for one kernel of a cubin.
 pub fn histogram(cubin: &Cubin, kernel: &str) -> Result<BTreeMap<String, usize>> {
+    Ok(parse_sass(&listing(cubin, kernel)?))
+}
+
+/// One kernel's SASS as nvdisasm prints it (what `cargo xtask sass` shows a kernel engineer).
+pub fn listing(cubin: &Cubin, kernel: &str) -> Result<String> {
     let dir = std::env::temp_dir().join(format!("lab-sass-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     // One file per call: tests of one process disassemble the same kernel concurrently (its compile test
@@ -75,7 +80,7 @@ pub fn histogram(cubin: &Cubin, kernel: &str) -> Result<BTreeMap<String, usize>>
             cubin.arch
         )
     })?;
-    Ok(parse_sass(section))
+    Ok(section.to_string())
 }
 
 /// The part of an nvdisasm listing that is `kernel`'s code: from its `.text.<kernel>:` label to the next

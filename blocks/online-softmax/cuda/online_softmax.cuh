@@ -29,20 +29,25 @@ __device__ __forceinline__ void init(RowState& st) {
   }
 }
 
-// One K/V tile: turns the score fragments S into P in place, updates m and l, and returns the factor O must
-// be rescaled by before P·V is added. Columns col0 + ... >= kv_valid are masked. P_OFFSET (log2 units) scales
-// every P by 2^P_OFFSET, so that P in (0, 2^P_OFFSET] uses FP8's range (FlashAttention-3's Max_offset); l
-// carries the same factor, so O / l is unchanged and finish<L, P_OFFSET> takes it out of the LSE.
-template <class L, int P_OFFSET = 0, int NF, class Frag>
+// 2^x in one MUFU.EX2. exp2f adds a range test and a square for results below 2^-126 (two extra instructions a
+// cell); those flush to 0 here, which no output notices: P below 2^-126 is 0 in f16, bf16 and E4M3, and l ≥ 1.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+namespace detail {
+template <class L, int P_OFFSET, bool MASKED, int NF, class Frag>
 __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2]) {
   const int lane = threadIdx.x & 31;
   float mx[2], m_use[2];
-  wr::row_max<L>(s, col0, kv_valid, mx);
+  wr::row_max<L, MASKED>(s, col0, kv_valid, mx);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_new = wr::max_nan(st.m[h], mx[h]);
     m_use[h] = m_new == wr::neg_inf() ? 0.0f : m_new;
-    alpha[h] = exp2f((st.m[h] - m_use[h]) * c);
+    alpha[h] = exp2_ftz((st.m[h] - m_use[h]) * c);
     st.m[h] = m_new;
   }
 #pragma unroll
@@ -50,17 +55,31 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
 #pragma unroll
     for (int i = 0; i < L::kElems; ++i) {
       const int h = frag::acc_half(i);
-      const bool valid = col0 + f * L::kCols + L::col(lane, i) < kv_valid;
+      const bool valid = !MASKED || col0 + f * L::kCols + L::col(lane, i) < kv_valid;
       if constexpr (P_OFFSET == 0) {
-        s[f].x[i] = valid ? exp2f(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
+        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
       } else {
-        s[f].x[i] = valid ? exp2f(fmaf(s[f].x[i], c, float(P_OFFSET) - m_use[h] * c)) : 0.0f;
+        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], c, float(P_OFFSET) - m_use[h] * c)) : 0.0f;
       }
     }
   float ps[2];
-  wr::row_sum<L>(s, col0, kv_valid, ps);
+  wr::row_sum<L, MASKED>(s, col0, kv_valid, ps);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = alpha[h] * st.l[h] + ps[h];
+}
+}  // namespace detail
+
+// One K/V tile: turns the score fragments S into P in place, updates m and l, and returns the factor O must
+// be rescaled by before P·V is added. Columns col0 + ... >= kv_valid are masked. P_OFFSET (log2 units) scales
+// every P by 2^P_OFFSET, so that P in (0, 2^P_OFFSET] uses FP8's range (FlashAttention-3's Max_offset); l
+// carries the same factor, so O / l is unchanged and finish<L, P_OFFSET> takes it out of the LSE. A tile with
+// every column valid (all but the last, warp-uniformly) takes the path without per-cell compares.
+template <class L, int P_OFFSET = 0, int NF, class Frag>
+__device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2]) {
+  if (col0 + NF * L::kCols <= kv_valid)
+    detail::step<L, P_OFFSET, false>(s, col0, kv_valid, c, st, alpha);
+  else
+    detail::step<L, P_OFFSET, true>(s, col0, kv_valid, c, st, alpha);
 }
 
 // O = alpha·O, row by row.

@@ -13,8 +13,13 @@ namespace wr {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// fmaxf drops NaN (IEEE maxNum); attention must not hide a NaN score, so it is checked first.
-__device__ __forceinline__ float max_nan(float a, float b) { return a != a ? a : (b != b ? b : fmaxf(a, b)); }
+// fmaxf drops NaN (IEEE maxNum); attention must not hide a NaN score. max.NaN (sm_80+) returns NaN when either
+// input is NaN in one FMNMX, where `a != a ? a : …` cost two compares and a branch a cell.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
 
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return max_nan(a, b); }
@@ -35,7 +40,8 @@ __device__ __forceinline__ float quad(float v, Op op) {
 
 // Row reduction within one warp. frags[f] covers columns col0 + f * L::kCols + [0, L::kCols); Frag is a
 // wmma accumulator fragment or frag::Regs<L>. Each lane folds its own cells in (f, i) order, then the quad.
-template <class L, class Op, int NF, class Frag>
+// MASKED = false is for callers that know every column is < kv_valid (a full tile): no per-cell compare.
+template <class L, class Op, bool MASKED = true, int NF, class Frag>
 __device__ __forceinline__ void rows(const Frag (&frags)[NF], int col0, int kv_valid, Op op, float (&out)[2]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
@@ -47,20 +53,20 @@ __device__ __forceinline__ void rows(const Frag (&frags)[NF], int col0, int kv_v
       for (int i = 0; i < L::kElems; ++i) {
         if (frag::acc_half(i) != h) continue;
         const int c = col0 + f * L::kCols + L::col(lane, i);
-        v = op(v, c < kv_valid ? frags[f].x[i] : Op::identity());
+        v = op(v, !MASKED || c < kv_valid ? frags[f].x[i] : Op::identity());
       }
     }
     out[h] = quad(v, op);
   }
 }
 
-template <class L, int NF, class Frag>
+template <class L, bool MASKED = true, int NF, class Frag>
 __device__ __forceinline__ void row_max(const Frag (&frags)[NF], int col0, int kv_valid, float (&out)[2]) {
-  rows<L>(frags, col0, kv_valid, MaxOp{}, out);
+  rows<L, MaxOp, MASKED>(frags, col0, kv_valid, MaxOp{}, out);
 }
-template <class L, int NF, class Frag>
+template <class L, bool MASKED = true, int NF, class Frag>
 __device__ __forceinline__ void row_sum(const Frag (&frags)[NF], int col0, int kv_valid, float (&out)[2]) {
-  rows<L>(frags, col0, kv_valid, SumOp{}, out);
+  rows<L, SumOp, MASKED>(frags, col0, kv_valid, SumOp{}, out);
 }
 
 // Combines the row results of WN warps that hold different columns of the same 16 rows. smem holds WN * 16

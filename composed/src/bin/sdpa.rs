@@ -38,24 +38,57 @@ enum Cmd {
         /// B,H,Sq,Sk,D (or B,H,S,D)
         #[arg(long)]
         shape: String,
+        /// A source variant timed beside the stage in the same process, as LABEL=HEADER:FROM=>TO (the first FROM
+        /// in block header HEADER becomes TO); repeatable. For "change one thing, measure": the A/B of a change
+        /// is its revert as a variant.
+        #[arg(long = "variant")]
+        variants: Vec<String>,
     },
 }
 
-fn bench(stage: &str, shape: &str) -> Result<()> {
+/// `LABEL=HEADER:FROM=>TO` → (label, header, from, to).
+fn parse_variant(v: &str) -> Result<(&str, &str, &str, &str)> {
+    let bad = || anyhow::anyhow!("--variant `{v}`: expected LABEL=HEADER:FROM=>TO");
+    let (label, rest) = v.split_once('=').ok_or_else(bad)?;
+    let (header, edit) = rest.split_once(':').ok_or_else(bad)?;
+    let (from, to) = edit.split_once("=>").ok_or_else(bad)?;
+    anyhow::ensure!(!label.is_empty() && !header.is_empty() && !from.is_empty(), bad());
+    Ok((label, header, from, to))
+}
+
+fn bench(stage: &str, shape: &str, variants: &[String]) -> Result<()> {
     let stage = Stage::parse(stage)?;
     let s = fixtures::Shape::parse(shape)?;
+    let mut runs = vec![(stage.name().to_string(), None)];
+    for v in variants {
+        let (label, header, from, to) = parse_variant(v)?;
+        let spec = stage.kernel(s.d).mutated(header, from, to)?;
+        runs.push((format!("{} [{label}]", stage.name()), Some(spec)));
+    }
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
     let mut sets = composed::bench::input_sets(gpu, s, 1)?;
-    let t = composed::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
-    println!(
-        "{} {shape}: p50 {:.1} µs, p90 {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
-        stage.name(),
-        t.p50_us,
-        t.p90_us,
-        composed::bench::BACK_TO_BACK,
-        t.iters,
-        t.tflops(&s)
-    );
+    // Interleaved rounds, so that a clock or thermal drift during the run does not favour one side.
+    let mut best: Vec<Option<composed::bench::Timing>> = vec![None; runs.len()];
+    for _round in 0..2 {
+        for (i, (_, spec)) in runs.iter().enumerate() {
+            sets[0].use_kernel(*spec);
+            let t = composed::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
+            if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
+                best[i] = Some(t);
+            }
+        }
+    }
+    for ((name, _), t) in runs.iter().zip(best) {
+        let t = t.expect("timed");
+        println!(
+            "{name} {shape}: p50 {:.1} µs, p90 {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
+            t.p50_us,
+            t.p90_us,
+            composed::bench::BACK_TO_BACK,
+            t.iters,
+            t.tflops(&s)
+        );
+    }
     Ok(())
 }
 
@@ -156,7 +189,11 @@ fn main() -> ExitCode {
             input,
             output,
         } => run(&stage, &input, output.as_ref()),
-        Cmd::Bench { stage, shape } => bench(&stage, &shape),
+        Cmd::Bench {
+            stage,
+            shape,
+            variants,
+        } => bench(&stage, &shape, &variants),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
