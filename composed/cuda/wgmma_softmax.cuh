@@ -20,7 +20,8 @@ constexpr int kFp8POffset = 8;
 // WGS consumer warpgroups of 64 query rows each share K/V tiles of 128 keys, which the cp.async ring (STAGES
 // deep) lands as swizzled K-major tiles. Per tile: S = Q·Kᵀ on wgmma (Q and K from shared memory) is issued,
 // and while it runs V is transposed into the K-major B operand of P·V (fp8-relayout); then osm::step on S in
-// registers, P to E4M3 A registers (fp8-relayout), O += P·V on wgmma. The Q, K, V scales fold into the exponent and the epilogue.
+// registers, P to E4M3 A registers (fp8-relayout), O += P·V on wgmma, left running into the next tile (Vᵀ is
+// double-buffered for it). The Q, K, V scales fold into the exponent and the epilogue.
 template <int D, int WGS, int STAGES>
 __device__ void wgmma_attention(const Params& p) {
   constexpr int BC = 128, BQ = 64 * WGS, THREADS = 128 * WGS;
@@ -33,7 +34,8 @@ __device__ void wgmma_attention(const Params& p) {
   unsigned char* sq = smem_raw + ((1024 - (wgmma::smem_addr(smem_raw) & 1023)) & 1023);
   unsigned char* ring_k = sq + BQ * D;
   unsigned char* ring_v = ring_k + Ring::kBytes;
-  unsigned char* vt = ring_v + Ring::kBytes;
+  unsigned char* vt0 = ring_v + Ring::kBytes;  // Vᵀ, two buffers: P·V of tile t reads one while t + 1 fills the other
+  constexpr int kVtBytes = D * BC;
   const int bh = blockIdx.x, q0 = blockIdx.y * BQ, wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
   const Ring rk{ring_k, p.k + (long long)bh * p.sk * D, D, p.sk};
@@ -51,12 +53,16 @@ __device__ void wgmma_attention(const Params& p) {
                                     : make_uint4(0, 0, 0, 0);
     *reinterpret_cast<uint4*>(sq + row / 64 * 64 * D + wgmma::tile_byte(SW, 64, row % 64, 16 * ch)) = v;
   }
-  const relayout::Transpose<BC, D, SW, SWT, THREADS> vt_plan(threadIdx.x);  // same offsets every tile
+  // Vᵀ's keys in P's own accumulator order (p_key), so that P becomes A registers with no shuffle.
+  const relayout::Transpose<BC, D, SW, SWT, THREADS, relayout::LocalKeys> vt_plan(threadIdx.x);
   osm::RowState st;
   osm::init(st);
   frag::Regs<OL> o[1];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
+  // P's A registers are read by P·V of tile t until the wait in tile t + 1; the PTX ISA makes touching them
+  // earlier undefined, so they outlive the iteration and are written again only after that wait.
+  unsigned a[BC / 32][4];
   for (int tt = 0; tt < rk.tiles(); ++tt) {
     rk.copy(tt + STAGES - 1);
     rv.copy(tt + STAGES - 1);
@@ -66,7 +72,9 @@ __device__ void wgmma_attention(const Params& p) {
     wgmma::proxy_fence();
     __syncthreads();
     const unsigned char* kt = rk.tile_ptr(tt);
-    // S = Q·Kᵀ goes out asynchronously; V's transpose runs on the load/store units meanwhile.
+    // S = Q·Kᵀ goes out asynchronously, behind P·V of the tile before (still running); V's transpose runs on
+    // the load/store units meanwhile, into the Vᵀ buffer that P·V is not reading.
+    unsigned char* vt = vt0 + (tt & 1) * kVtBytes;
     frag::Regs<SL> s[1];
     wgmma::fence_operand(s[0].x);
     wgmma::fence();
@@ -74,16 +82,21 @@ __device__ void wgmma_attention(const Params& p) {
     wgmma::commit();
     vt_plan.run(rv.tile_ptr(tt), vt);
     wgmma::publish_smem();  // Vᵀ for the tensor cores
-    wgmma::wait<0>();
+    wgmma::wait<0>();       // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
     wgmma::fence_operand(s[0].x);
+    wgmma::fence_operand(o[0].x);
     float alpha[2];
     osm::step<SL, kFp8POffset>(s, tt * BC, p.sk, c, st, alpha);
     osm::rescale<OL>(o, alpha);
-    unsigned a[BC / 32][4];
-    relayout::acc_to_a_e4m3<BC>(s[0].x, 1.0f, a);
-    wgmma::gemm_rs_sync<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, vt, true);
-    rk.release(tt);  // every warpgroup is done with K, V and Vᵀ of this tile
+    relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
+    // O += P·V, not waited for here: it runs under the next tile's barrier, copies and Q·Kᵀ issue.
+    wgmma::fence();
+    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, vt, true);
+    wgmma::commit();
+    rk.release(tt);  // every warpgroup is done with K and V of this tile (Vᵀ stays with P·V)
   }
+  wgmma::wait<0>();
+  wgmma::fence_operand(o[0].x);
   float lse[2];
   osm::finish<OL, kFp8POffset>(o, st, scale, lse);
   const int row0 = q0 + 64 * wg;

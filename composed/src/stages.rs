@@ -159,8 +159,8 @@ impl Stage {
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).
     pub fn smem_bytes(self, d: usize) -> usize {
         if self == Stage::S5 {
-            // 1024 for alignment, Q (128 rows), the K and V rings (2 × 2 stages × 128 keys), Vᵀ (D × 128).
-            return 1024 + 128 * d + 2 * 2 * 128 * d + d * 128;
+            // 1024 for alignment, Q (128 rows), the K and V rings (2 × 2 stages × 128 keys), Vᵀ (2 × D × 128).
+            return 1024 + 128 * d + 2 * 2 * 128 * d + 2 * d * 128;
         }
         let (bq, bc) = (64, bc(d));
         // Q, K and V as half, rows padded by 8 halves (sdpa_common.cuh's kLd).

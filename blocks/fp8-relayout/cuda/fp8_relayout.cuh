@@ -53,6 +53,35 @@ __device__ __forceinline__ void acc_to_a_e4m3(const float (&acc)[N / 2], float s
   }
 }
 
+// The key that A slot k (0 .. 31 of a K-step) holds in acc_to_a_e4m3_local's order: thread q of a quad keeps
+// its own accumulator pairs, keys 2q, 2q+1, 8+2q, 9+2q in slots 4q .. 4q+3, and 16+2q, 17+2q, 24+2q, 25+2q in
+// slots 16+4q .. 16+4q+3. A permutation of the 32 keys of the step; Σ_k P[k]·V[k] does not care, so long as
+// V's K-major tile puts key p_key(k) at K position k (Transpose<..., LocalKeys>).
+__host__ __device__ constexpr int p_key(int slot) {
+  return 32 * (slot / 32) + 16 * (slot % 32 / 16) + 8 * (slot % 4 / 2) + 2 * (slot % 16 / 4) + slot % 2;
+}
+
+// acc_to_a_e4m3 without the shuffles: every thread packs its own accumulator values, in p_key order.
+template <int N>
+__device__ __forceinline__ void acc_to_a_e4m3_local(const float (&acc)[N / 2], float scale, unsigned (&a)[N / 32][4]) {
+#pragma unroll
+  for (int s = 0; s < N / 32; ++s)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * s + 2 * half;  // pairs j = 0..3 of this row at i + 4j
+      a[s][half] = e4m3x2(acc[i] * scale, acc[i + 1] * scale) | e4m3x2(acc[i + 4] * scale, acc[i + 5] * scale) << 16;
+      a[s][2 + half] = e4m3x2(acc[i + 8] * scale, acc[i + 9] * scale) | e4m3x2(acc[i + 12] * scale, acc[i + 13] * scale) << 16;
+    }
+}
+
+// Which source row lands at K position k of a transposed tile: in order, or in acc_to_a_e4m3_local's key order.
+struct InOrder {
+  __host__ __device__ static constexpr int row(int k) { return k; }
+};
+struct LocalKeys {
+  __host__ __device__ static constexpr int row(int k) { return p_key(k); }
+};
+
 // Which 8x8-byte block (rb, cb) = (rows 8rb.., bytes 8cb..) block number n of the tile is, for a tile of NC =
 // COLS / 8 block columns (NC divides 16). The 16 blocks of a half-warp (n / 16) lie on a wrapped diagonal of a
 // 16-block-row band: 16 different rb, and NC different cb. A 64-bit access's bank depends, inside one swizzle
@@ -72,13 +101,13 @@ __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)
   t[3] = __byte_perm(x1, x3, 0x7632);
 }
 
-// dst[c][r] = src[r][c] for a ROWS x COLS byte tile, both in the canonical K-major layout (SRC: ROWS rows of COLS
-// bytes; DST: COLS rows of ROWS bytes), by THREADS threads. Built once (the byte offsets of a thread's blocks are
+// dst[c][k] = src[KEYS::row(k)][c] for a ROWS x COLS byte tile, both in the canonical K-major layout (SRC: ROWS
+// rows of COLS bytes; DST: COLS rows of ROWS bytes), by THREADS threads. Built once (the byte offsets of a thread's blocks are
 // the same for every tile: a stage builds it before its K/V loop), run once a tile. Each thread moves 8x8-byte
 // blocks: eight 64-bit loads (rows 8rb.., bytes 8cb..), 32 byte permutes, eight 64-bit stores (rows 8cb.. of the
 // destination, bytes 8rb..); an aligned 8-byte unit never straddles a 16-byte swizzle chunk. The caller publishes
 // dst (wgmma::publish_smem) before a wgmma reads it.
-template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, int THREADS>
+template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, int THREADS, class KEYS = InOrder>
 struct Transpose {
   static_assert(ROWS % 128 == 0 && COLS % 64 == 0 && COLS <= 128, "16-block-row bands of 64 or 128 bytes");
   static constexpr int kNc = COLS / 8, kBlocks = ROWS / 8 * kNc;
@@ -94,7 +123,7 @@ struct Transpose {
       const int rb = transpose_rb(n, kNc), cb = transpose_cb(n, kNc);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        src_off[j][i] = wgmma::tile_byte(SRC, ROWS, 8 * rb + i, 8 * cb);
+        src_off[j][i] = wgmma::tile_byte(SRC, ROWS, KEYS::row(8 * rb + i), 8 * cb);
         dst_off[j][i] = wgmma::tile_byte(DST, COLS, 8 * cb + i, 8 * rb);
       }
     }

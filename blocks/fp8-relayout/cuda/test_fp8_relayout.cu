@@ -1,15 +1,18 @@
 // test_fp8_relayout.cu: each relayout alone on host data (bit-exact checks), and P.V through wgmma end to end.
 #include "fp8_relayout.cuh"
 
-// in: [64][N] f32 row-major. out[t][s][q]: thread t's A register q of K-step s.
-template <int N>
+// in: [64][N] f32 row-major. out[t][s][q]: thread t's A register q of K-step s (LOCAL: in p_key order).
+template <int N, bool LOCAL = false>
 __device__ void acc_to_a(const float* in, float scale, unsigned* out) {
   const int t = threadIdx.x;
   float acc[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = in[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)];
   unsigned a[N / 32][4];
-  relayout::acc_to_a_e4m3<N>(acc, scale, a);
+  if constexpr (LOCAL)
+    relayout::acc_to_a_e4m3_local<N>(acc, scale, a);
+  else
+    relayout::acc_to_a_e4m3<N>(acc, scale, a);
 #pragma unroll
   for (int s = 0; s < N / 32; ++s)
 #pragma unroll
@@ -24,9 +27,12 @@ extern "C" __global__ void __launch_bounds__(128) acc_to_a_n128(const float* in,
 extern "C" __global__ void __launch_bounds__(128) acc_to_a_n256(const float* in, float scale, unsigned* out) {
   acc_to_a<256>(in, scale, out);
 }
+extern "C" __global__ void __launch_bounds__(128) acc_to_a_local_n128(const float* in, float scale, unsigned* out) {
+  acc_to_a<128, true>(in, scale, out);
+}
 
 // in: [ROWS][COLS] bytes row-major; out: the transposed tile's bytes as they sit in shared memory (DST layout).
-template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST>
+template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, class KEYS = relayout::InOrder>
 __device__ void transpose(const unsigned char* in, unsigned char* out) {
   extern __shared__ unsigned char raw[];
   unsigned char* src = raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023);
@@ -40,7 +46,7 @@ __device__ void transpose(const unsigned char* in, unsigned char* out) {
   }
   for (int i = threadIdx.x; i < int(kDstBytes); i += blockDim.x) dst[i] = 0xCD;
   __syncthreads();
-  relayout::transpose_tile<ROWS, COLS, SRC, DST, 128>(src, dst, threadIdx.x);
+  relayout::Transpose<ROWS, COLS, SRC, DST, 128, KEYS>(threadIdx.x).run(src, dst);
   __syncthreads();
   for (int i = threadIdx.x; i < int(kDstBytes); i += blockDim.x) out[i] = dst[i];
 }
@@ -54,6 +60,10 @@ LAB_TRANSPOSE(128, 128, B128, B128)
 LAB_TRANSPOSE(256, 128, B128, B128)
 LAB_TRANSPOSE(128, 64, None, B64)
 LAB_TRANSPOSE(128, 128, B32, None)
+extern "C" __global__ void __launch_bounds__(128) transpose_local_r128_c128_B128_B128(const unsigned char* in,
+                                                                                   unsigned char* out) {
+  transpose<128, 128, wgmma::Swizzle::B128, wgmma::Swizzle::B128, relayout::LocalKeys>(in, out);
+}
 
 // out [64][N] of T from in [64][N] f32 through frag::wgmma_d and store_rows.
 template <class T, int N>
@@ -80,7 +90,15 @@ extern "C" __global__ void __launch_bounds__(128) store_n64_f32(const float* in,
 // TMA tile would hold them: canonical [KEYS][D] tile) through transpose_tile into the K-major B operand, one
 // wgmma per 32 keys, O through store_rows. Every step is a block of this lab; the product is exact for the
 // integer inputs the host picks.
-template <int KEYS, int D, wgmma::Swizzle VSW, wgmma::Swizzle BSW, class T>
+template <bool LOCAL>
+struct KeysFor {
+  using T = relayout::InOrder;
+};
+template <>
+struct KeysFor<true> {
+  using T = relayout::LocalKeys;
+};
+template <int KEYS, int D, wgmma::Swizzle VSW, wgmma::Swizzle BSW, class T, bool LOCAL = false>
 __device__ void pv(const float* p, const unsigned char* v, T* o) {
   extern __shared__ unsigned char raw[];
   unsigned char* vs = raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023);
@@ -92,13 +110,16 @@ __device__ void pv(const float* p, const unsigned char* v, T* o) {
         *reinterpret_cast<const unsigned*>(v + r * D + c);
   }
   __syncthreads();
-  relayout::transpose_tile<KEYS, D, VSW, BSW, 128>(vs, bt, t);
+  relayout::Transpose<KEYS, D, VSW, BSW, 128, typename KeysFor<LOCAL>::T>(t).run(vs, bt);
   wgmma::publish_smem();
   float s[KEYS / 2];
 #pragma unroll
   for (int i = 0; i < KEYS / 2; ++i) s[i] = p[frag::wgmma_d_row(t, i) * KEYS + frag::wgmma_d_col(t, i)];
   unsigned a[KEYS / 32][4];
-  relayout::acc_to_a_e4m3<KEYS>(s, 1.0f, a);
+  if constexpr (LOCAL)
+    relayout::acc_to_a_e4m3_local<KEYS>(s, 1.0f, a);
+  else
+    relayout::acc_to_a_e4m3<KEYS>(s, 1.0f, a);
   float acc[D / 2];
   wgmma::gemm_rs_sync<D, wg::e4m3, wg::e4m3, KEYS / 32>(acc, a, BSW, bt);
   relayout::store_rows<T, D>(acc, 1.0f, o, D, 64);
@@ -109,4 +130,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) pv_k128_d64_f16(const float
 extern "C" __global__ void __launch_bounds__(128, 1) pv_k128_d128_bf16(const float* p, const unsigned char* v,
                                                                        __nv_bfloat16* o) {
   pv<128, 128, wgmma::Swizzle::B128, wgmma::Swizzle::B128, __nv_bfloat16>(p, v, o);
+}
+// The pairing stage 5 uses: P in its own accumulator order, V's keys permuted to match (p_key).
+extern "C" __global__ void __launch_bounds__(128, 1) pv_local_k128_d128_bf16(const float* p, const unsigned char* v,
+                                                                             __nv_bfloat16* o) {
+  pv<128, 128, wgmma::Swizzle::B128, wgmma::Swizzle::B128, __nv_bfloat16, true>(p, v, o);
+}
+extern "C" __global__ void __launch_bounds__(128, 1) pv_local_k128_d64_f16(const float* p, const unsigned char* v,
+                                                                           __half* o) {
+  pv<128, 64, wgmma::Swizzle::B64, wgmma::Swizzle::B128, __half, true>(p, v, o);
 }

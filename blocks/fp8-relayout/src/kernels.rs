@@ -34,6 +34,9 @@ pub const ACC_TO_A: [(u32, KernelSpec); 3] = [
     (256, k("acc_to_a_n256", &["SHFL", "PRMT"])),
 ];
 
+/// acc_to_a_e4m3_local for N = 128: no shuffles (its SASS has none: tested), keys in p_key order.
+pub const ACC_TO_A_LOCAL: (u32, KernelSpec) = (128, k("acc_to_a_local_n128", &["F2FP"]));
+
 /// (rows, cols, source swizzle, destination swizzle, kernel).
 pub const TRANSPOSES: [(
     u32,
@@ -53,18 +56,31 @@ pub const TRANSPOSES: [(
     ]
 };
 
+/// Transpose with V's keys in acc_to_a_e4m3_local's order (stage 5's V tile).
+pub const TRANSPOSE_LOCAL: (u32, u32, frag_layout::Swizzle, frag_layout::Swizzle, KernelSpec) = (
+    128,
+    128,
+    frag_layout::Swizzle::B128,
+    frag_layout::Swizzle::B128,
+    k("transpose_local_r128_c128_B128_B128", &["PRMT"]),
+);
+
 pub const STORE_BF16: KernelSpec = k("store_n128_bf16", &[]);
 pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
 pub const STORE_F32: KernelSpec = k("store_n64_f32", &[]);
-/// (keys, d, kernel): O = P·V through every relayout and the FP8 wgmma.
-pub const PV: [(usize, usize, KernelSpec); 2] = [
+/// (keys, d, kernel): O = P·V through every relayout and the FP8 wgmma, in order and in the local key order.
+pub const PV: [(usize, usize, KernelSpec); 4] = [
     (128, 64, k("pv_k128_d64_f16", &["QGMMA"])),
     (128, 128, k("pv_k128_d128_bf16", &["QGMMA"])),
+    (128, 64, k("pv_local_k128_d64_f16", &["QGMMA"])),
+    (128, 128, k("pv_local_k128_d128_bf16", &["QGMMA"])),
 ];
 
 pub fn all() -> Vec<KernelSpec> {
     let mut v: Vec<KernelSpec> = ACC_TO_A.iter().map(|x| x.1).collect();
+    v.push(ACC_TO_A_LOCAL.1);
     v.extend(TRANSPOSES.iter().map(|x| x.4));
+    v.push(TRANSPOSE_LOCAL.4);
     v.extend([STORE_BF16, STORE_F16, STORE_F32]);
     v.extend(PV.iter().map(|x| x.2));
     v

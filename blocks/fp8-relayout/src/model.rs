@@ -5,6 +5,29 @@ use frag_layout::{DType, Desc, LayoutId, Op, Operand, Swizzle};
 /// The register A words `acc_to_a_e4m3` must give thread t for K-step s of a 64 × n f32 tile `p` (row-major):
 /// byte b of register q is element 4q + b of frag::wgmma_a_k32, the E4M3 code of p·scale (computed in f32).
 pub fn a_words(p: &[f32], n: usize, scale: f32) -> Vec<u32> {
+    a_words_in(p, n, scale, KeyOrder::InOrder)
+}
+
+/// Which key a K position holds: in order, or `acc_to_a_e4m3_local`'s order (mirrors `p_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOrder {
+    InOrder,
+    Local,
+}
+
+impl KeyOrder {
+    pub fn key(self, k: u32) -> u32 {
+        match self {
+            KeyOrder::InOrder => k,
+            KeyOrder::Local => {
+                32 * (k / 32) + 16 * (k % 32 / 16) + 8 * (k % 4 / 2) + 2 * (k % 16 / 4) + k % 2
+            }
+        }
+    }
+}
+
+/// As [`a_words`], A slot k holding key `order.key(k)` (`acc_to_a_e4m3_local` with `KeyOrder::Local`).
+pub fn a_words_in(p: &[f32], n: usize, scale: f32, order: KeyOrder) -> Vec<u32> {
     let a = LayoutId {
         op: Op::Wgmma { n: 64, k: 32 },
         operand: Operand::A(None),
@@ -16,7 +39,7 @@ pub fn a_words(p: &[f32], n: usize, scale: f32) -> Vec<u32> {
         for s in 0..steps {
             for e in 0..16u32 {
                 let (row, col) = a.coord(t, e);
-                let v = p[row as usize * n + s * 32 + col as usize] * scale;
+                let v = p[row as usize * n + s * 32 + order.key(col) as usize] * scale;
                 let code = encode(v, Saturation::SatFinite, Format::E4M3) as u32;
                 out[(t as usize * steps + s) * 4 + (e / 4) as usize] |= code << (8 * (e % 4));
             }
@@ -29,6 +52,18 @@ pub fn a_words(p: &[f32], n: usize, scale: f32) -> Vec<u32> {
 /// [rows][cols]) in the canonical K-major `dst_sw` layout of `cols` rows and `rows` bytes of K. Bytes of the
 /// tile that hold no element (a swizzle wider than K) keep `fill`.
 pub fn transposed(src: &[u8], rows: usize, cols: usize, dst_sw: Swizzle, fill: u8) -> Vec<u8> {
+    transposed_in(src, rows, cols, dst_sw, fill, KeyOrder::InOrder)
+}
+
+/// As [`transposed`], K position k holding source row `order.key(k)`: dst[c][k] = src[order.key(k)][c].
+pub fn transposed_in(
+    src: &[u8],
+    rows: usize,
+    cols: usize,
+    dst_sw: Swizzle,
+    fill: u8,
+    order: KeyOrder,
+) -> Vec<u8> {
     let bytes = Desc::tile_bytes(dst_sw, cols as u32, rows as u32) as usize;
     let mut out = vec![fill; bytes];
     for c in 0..cols {
@@ -39,7 +74,8 @@ pub fn transposed(src: &[u8], rows: usize, cols: usize, dst_sw: Swizzle, fill: u
                 rows.next_multiple_of(32) as u32,
                 (r / 32) as u32,
             );
-            out[d.byte_of(c as u32, (r % 32) as u32) as usize] = src[r * cols + c];
+            let key = order.key(r as u32) as usize;
+            out[d.byte_of(c as u32, (r % 32) as u32) as usize] = src[key * cols + c];
         }
     }
     out
@@ -55,8 +91,8 @@ pub fn transpose_block(n: u32, nc: u32) -> (u32, u32) {
 /// transposed into the `dst` swizzle, summed over every warp and each of its 8 loads and 8 stores: a 64-bit
 /// access is served a half-warp at a time, and the extra wavefronts of a half-warp are the distinct 4-byte
 /// words landing in its busiest bank, beyond the first.
-pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle) -> u32 {
-    conflicts_with(rows, cols, src, dst, transpose_block)
+pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle, order: KeyOrder) -> u32 {
+    conflicts_with(rows, cols, src, dst, order, transpose_block)
 }
 
 fn conflicts_with(
@@ -64,6 +100,7 @@ fn conflicts_with(
     cols: u32,
     src: Swizzle,
     dst: Swizzle,
+    order: KeyOrder,
     block: fn(u32, u32) -> (u32, u32),
 ) -> u32 {
     let byte = |sw: Swizzle, tile_rows: u32, k_bytes: u32, r: u32, b: u32| {
@@ -90,7 +127,7 @@ fn conflicts_with(
         let ns = (16 * half..(16 * half + 16).min(blocks)).map(|n| block(n, nc));
         let ns: Vec<(u32, u32)> = ns.collect();
         for i in 0..8 {
-            total += extra(ns.iter().map(|&(rb, cb)| byte(src, rows, cols, 8 * rb + i, 8 * cb)).collect());
+            total += extra(ns.iter().map(|&(rb, cb)| byte(src, rows, cols, order.key(8 * rb + i), 8 * cb)).collect());
             total += extra(ns.iter().map(|&(rb, cb)| byte(dst, cols, rows, 8 * cb + i, 8 * rb)).collect());
         }
     }
@@ -115,6 +152,16 @@ mod tests {
     }
 
     #[test]
+    fn local_key_order_permutes_each_step() {
+        let keys: std::collections::BTreeSet<u32> = (0..64).map(|k| KeyOrder::Local.key(k)).collect();
+        assert_eq!(keys, (0..64).collect());
+        // Thread q = 1 of a quad keeps its accumulator pairs 2, 3 / 10, 11 in slots 4..7.
+        let slots: Vec<u32> = (4..8).map(|k| KeyOrder::Local.key(k)).collect();
+        assert_eq!(slots, [2, 3, 10, 11]);
+        assert!((32..64).all(|k| KeyOrder::Local.key(k) / 32 == 1));
+    }
+
+    #[test]
     fn blocks_cover_the_tile_once() {
         for (rows, cols) in [(128u32, 64u32), (128, 128), (256, 128)] {
             let nc = cols / 8;
@@ -130,21 +177,30 @@ mod tests {
     #[test]
     fn stage5_transposes_bank_conflicts() {
         // V of D = 128 (128-byte swizzle) into Vᵀ of 128 keys (128-byte swizzle): none at all.
-        assert_eq!(
-            transpose_conflicts(128, 128, Swizzle::B128, Swizzle::B128),
-            0
-        );
+        // Also with V's keys in acc_to_a_e4m3_local's order: a load's rows then differ in r % 8 by the block
+        // row's parity, which the 128-byte swizzle's XOR absorbs (each lane class keeps 8 distinct chunks).
+        for order in [KeyOrder::InOrder, KeyOrder::Local] {
+            assert_eq!(
+                transpose_conflicts(128, 128, Swizzle::B128, Swizzle::B128, order),
+                0,
+                "{order:?}"
+            );
+        }
         // D = 64: the 64-byte-swizzled source puts two rows in one 128-byte line; the loads are 2-way (one extra
         // wavefront per half-warp and load: 8 half-warps x 8 loads), the stores free.
         assert_eq!(
-            transpose_conflicts(128, 64, Swizzle::B64, Swizzle::B128),
+            transpose_conflicts(128, 64, Swizzle::B64, Swizzle::B128, KeyOrder::InOrder),
             64
+        );
+        eprintln!(
+            "D = 64, local key order: {} extra wavefronts",
+            transpose_conflicts(128, 64, Swizzle::B64, Swizzle::B128, KeyOrder::Local)
         );
         // Consecutive threads along one block row (the obvious mapping): every store of a half-warp in one bank
         // pair, 15 extra wavefronts each (16 half-warps x 8 stores x 15).
         let naive = |n: u32, nc: u32| (n / nc, n % nc);
         assert_eq!(
-            conflicts_with(128, 128, Swizzle::B128, Swizzle::B128, naive),
+            conflicts_with(128, 128, Swizzle::B128, Swizzle::B128, KeyOrder::InOrder, naive),
             16 * 8 * 15
         );
     }

@@ -46,6 +46,7 @@ fn acc_to_a_diff(
     n: usize,
     seed: u64,
     scale: f32,
+    order: KeyOrder,
 ) -> Result<Vec<String>> {
     let p = tile(n, seed);
     let s = &gpu.stream;
@@ -61,7 +62,7 @@ fn acc_to_a_diff(
             .launch(WG)?
     };
     let got = s.clone_dtoh(&out)?;
-    let want = a_words(&p, n, scale);
+    let want = a_words_in(&p, n, scale, order);
     let steps = n / 32;
     Ok(got
         .iter()
@@ -86,6 +87,7 @@ fn transpose_diff(
     cols: usize,
     dst: frag_layout::Swizzle,
     seed: u64,
+    order: KeyOrder,
 ) -> Result<usize> {
     let mut inp = Inputs::seeded(seed);
     let src: Vec<u8> = inp
@@ -93,7 +95,7 @@ fn transpose_diff(
         .into_iter()
         .map(|v| v as u8)
         .collect();
-    let want = transposed(&src, rows, cols, dst, 0xCD);
+    let want = transposed_in(&src, rows, cols, dst, 0xCD, order);
     let s = &gpu.stream;
     let k = gpu.load(spec)?;
     let din = s.clone_htod(&src)?;
@@ -214,10 +216,20 @@ fn main() {
     let mut t = Suite::new();
     t.kernels(&kernels());
     lab::sass_snapshots!(t, &[ACC_TO_A[1].1, TRANSPOSES[1].4, PV[0].2]);
-    for (n, spec) in ACC_TO_A {
-        t.gpu(&format!("acc_to_a_e4m3::n{n}"), move |gpu| {
+    t.compile("acc_to_a_local_has_no_shuffles", || {
+        let (cubin, _) = ACC_TO_A_LOCAL.1.compile(lab::Arch::Sm90a)?;
+        let h = lab::sass::histogram(&cubin, ACC_TO_A_LOCAL.1.name)?;
+        ensure!(!h.contains_key("SHFL"), "SHFL in {}: {h:?}", ACC_TO_A_LOCAL.1.name);
+        let (cubin, _) = ACC_TO_A[1].1.compile(lab::Arch::Sm90a)?;
+        let h = lab::sass::histogram(&cubin, ACC_TO_A[1].1.name)?;
+        ensure!(h.get("SHFL") == Some(&32), "the shuffling form: {:?} SHFL", h.get("SHFL"));
+        Ok(())
+    });
+    let orders = ACC_TO_A.map(|x| (x, KeyOrder::InOrder));
+    for ((n, spec), order) in orders.into_iter().chain([(ACC_TO_A_LOCAL, KeyOrder::Local)]) {
+        t.gpu(&format!("acc_to_a_e4m3::{}", spec.name), move |gpu| {
             for (seed, scale) in [(0, 1.0), (1, 3.0), (2, 0.125), (3, 11.0)] {
-                let d = acc_to_a_diff(gpu, &spec, n as usize, seed, scale)?;
+                let d = acc_to_a_diff(gpu, &spec, n as usize, seed, scale, order)?;
                 ensure!(
                     d.is_empty(),
                     "seed {seed} scale {scale}: {} words differ, e.g. {}",
@@ -232,11 +244,14 @@ fn main() {
             Ok(())
         });
     }
-    for (rows, cols, src, dst, spec) in TRANSPOSES {
+    let transposes = TRANSPOSES.map(|x| (x, KeyOrder::InOrder));
+    for ((rows, cols, src, dst, spec), order) in
+        transposes.into_iter().chain([(TRANSPOSE_LOCAL, KeyOrder::Local)])
+    {
         t.gpu(&format!("transpose::{}", spec.name), move |gpu| {
             let _ = src;
             for seed in 0..3 {
-                let bad = transpose_diff(gpu, &spec, rows as usize, cols as usize, dst, seed)?;
+                let bad = transpose_diff(gpu, &spec, rows as usize, cols as usize, dst, seed, order)?;
                 ensure!(
                     bad == 0,
                     "seed {seed}: {bad} bytes of the transposed tile differ"
@@ -281,7 +296,7 @@ fn main() {
             "(q >> 1) ? 0x7632u : 0x5410u",
             "(q >> 1) ? 0x5410u : 0x7632u",
         )?;
-        let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0)?;
+        let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0, KeyOrder::InOrder)?;
         ensure!(!d.is_empty(), "swapped byte-permute halves went unnoticed");
         eprintln!("swapped halves: {} words differ", d.len());
         Ok(())
@@ -290,7 +305,7 @@ fn main() {
         let bad = ACC_TO_A[1]
             .1
             .mutated("fp8_relayout.cuh", "src1 = src0 + 1;", "src1 = src0;")?;
-        let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0)?;
+        let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0, KeyOrder::InOrder)?;
         ensure!(
             !d.is_empty(),
             "reading both halves from one lane went unnoticed"
@@ -304,8 +319,28 @@ fn main() {
             "__byte_perm(w[0], w[1], 0x5140)",
             "__byte_perm(w[0], w[1], 0x4150)",
         )?;
-        let n = transpose_diff(gpu, &bad, rows as usize, cols as usize, dst, 0)?;
+        let n = transpose_diff(gpu, &bad, rows as usize, cols as usize, dst, 0, KeyOrder::InOrder)?;
         ensure!(n > 0, "a wrong transpose permute went unnoticed");
+        Ok(())
+    });
+    t.gpu("mutant::local_pack_pair_swapped", |gpu| {
+        let bad = ACC_TO_A_LOCAL.1.mutated(
+            "fp8_relayout.cuh",
+            "e4m3x2(acc[i + 4] * scale, acc[i + 5] * scale)",
+            "e4m3x2(acc[i + 5] * scale, acc[i + 4] * scale)",
+        )?;
+        let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0, KeyOrder::Local)?;
+        ensure!(!d.is_empty(), "a swapped key pair in the local A went unnoticed");
+        Ok(())
+    });
+    t.gpu("mutant::p_key_pairs_swapped", |gpu| {
+        // V's keys in an order P does not have: the product must be wrong (the model's p_key is its own copy).
+        let (keys, d, spec) = PV[3];
+        let bad = spec.mutated("fp8_relayout.cuh", "+ slot % 2;", "+ (slot + 1) % 2;")?;
+        ensure!(
+            pv_wrong(gpu, keys, d, &bad, 0)? > 0,
+            "V keys out of P's order went unnoticed"
+        );
         Ok(())
     });
     t.gpu("mutant::store_row_mask_off_by_one", |gpu| {

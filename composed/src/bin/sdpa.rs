@@ -39,21 +39,26 @@ enum Cmd {
         #[arg(long)]
         shape: String,
         /// A source variant timed beside the stage in the same process, as LABEL=HEADER:FROM=>TO (the first FROM
-        /// in block header HEADER becomes TO); repeatable. For "change one thing, measure": the A/B of a change
-        /// is its revert as a variant.
+        /// in block header HEADER becomes TO; several edits joined by &&); repeatable. For "change one thing,
+        /// measure": the A/B of a change is its revert as a variant.
         #[arg(long = "variant")]
         variants: Vec<String>,
     },
 }
 
-/// `LABEL=HEADER:FROM=>TO` → (label, header, from, to).
-fn parse_variant(v: &str) -> Result<(&str, &str, &str, &str)> {
-    let bad = || anyhow::anyhow!("--variant `{v}`: expected LABEL=HEADER:FROM=>TO");
+/// `LABEL=HEADER:FROM=>TO[&&HEADER:FROM=>TO…]` → the label and the edits, applied in order.
+fn parse_variant(v: &str) -> Result<(&str, Vec<(&str, &str, &str)>)> {
+    let bad = || anyhow::anyhow!("--variant `{v}`: expected LABEL=HEADER:FROM=>TO[&&HEADER:FROM=>TO…]");
     let (label, rest) = v.split_once('=').ok_or_else(bad)?;
-    let (header, edit) = rest.split_once(':').ok_or_else(bad)?;
-    let (from, to) = edit.split_once("=>").ok_or_else(bad)?;
-    anyhow::ensure!(!label.is_empty() && !header.is_empty() && !from.is_empty(), bad());
-    Ok((label, header, from, to))
+    anyhow::ensure!(!label.is_empty(), bad());
+    let mut edits = Vec::new();
+    for e in rest.split("&&") {
+        let (header, edit) = e.split_once(':').ok_or_else(bad)?;
+        let (from, to) = edit.split_once("=>").ok_or_else(bad)?;
+        anyhow::ensure!(!header.is_empty() && !from.is_empty(), bad());
+        edits.push((header, from, to));
+    }
+    Ok((label, edits))
 }
 
 fn bench(stage: &str, shape: &str, variants: &[String]) -> Result<()> {
@@ -61,8 +66,11 @@ fn bench(stage: &str, shape: &str, variants: &[String]) -> Result<()> {
     let s = fixtures::Shape::parse(shape)?;
     let mut runs = vec![(stage.name().to_string(), None)];
     for v in variants {
-        let (label, header, from, to) = parse_variant(v)?;
-        let spec = stage.kernel(s.d).mutated(header, from, to)?;
+        let (label, edits) = parse_variant(v)?;
+        let mut spec = stage.kernel(s.d);
+        for (header, from, to) in edits {
+            spec = spec.mutated(header, from, to)?;
+        }
         runs.push((format!("{} [{label}]", stage.name()), Some(spec)));
     }
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
