@@ -1,6 +1,6 @@
 // The `sdpa` command line: safetensors in, checks with named errors, a stage on the GPU, O and LSE out.
 use anyhow::{Context, Result, bail, ensure};
-use fixtures::{Quantized, Raw, Shape, quantize_per_head};
+use fixtures::{OutDtype, Quantized, Raw, Shape, quantize_per_head};
 use half::{bf16, f16};
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
@@ -133,14 +133,26 @@ pub fn load(bytes: &[u8]) -> Result<Loaded> {
     Ok(Loaded { qz, raw: Some(raw) })
 }
 
-/// `o` (F16 [B, H, Sq, D]) and `lse` (F32 [B, H, Sq]) as safetensors bytes.
-pub fn save(shape: Shape, o: &[f32], lse: &[f32]) -> Result<Vec<u8>> {
-    let ob: Vec<u8> = o
-        .iter()
-        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
-        .collect();
+/// `o` ([B, H, Sq, D] in `out`: the values the stage wrote, exactly) and `lse` (F32 [B, H, Sq]) as safetensors
+/// bytes.
+pub fn save(shape: Shape, o: &[f32], lse: &[f32], out: OutDtype) -> Result<Vec<u8>> {
+    let (dtype, ob): (Dtype, Vec<u8>) = match out {
+        OutDtype::F16 => (
+            Dtype::F16,
+            o.iter()
+                .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+                .collect(),
+        ),
+        OutDtype::Bf16 => (
+            Dtype::BF16,
+            o.iter()
+                .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+                .collect(),
+        ),
+        OutDtype::F32 => (Dtype::F32, o.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    };
     let lb: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let ov = TensorView::new(Dtype::F16, vec![shape.b, shape.h, shape.sq, shape.d], &ob)?;
+    let ov = TensorView::new(dtype, vec![shape.b, shape.h, shape.sq, shape.d], &ob)?;
     let lv = TensorView::new(Dtype::F32, vec![shape.b, shape.h, shape.sq], &lb)?;
     Ok(safetensors::serialize([("o", ov), ("lse", lv)], None)?)
 }
@@ -271,9 +283,17 @@ mod tests {
     #[test]
     fn outputs_round_trip() {
         let s = Shape::new(1, 1, 2, 64);
-        let bytes = save(s, &vec![0.5; 128], &[1.0, 2.0]).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        assert_eq!(st.tensor("o").unwrap().dtype(), Dtype::F16);
-        assert_eq!(st.tensor("lse").unwrap().shape(), &[1, 1, 2]);
+        for (out, dtype) in [
+            (OutDtype::F16, Dtype::F16),
+            (OutDtype::Bf16, Dtype::BF16),
+            (OutDtype::F32, Dtype::F32),
+        ] {
+            let bytes = save(s, &vec![0.5; 128], &[1.0, 2.0], out).unwrap();
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let o = st.tensor("o").unwrap();
+            assert_eq!(o.dtype(), dtype);
+            assert_eq!(o.data().len(), 128 * out.size());
+            assert_eq!(st.tensor("lse").unwrap().shape(), &[1, 1, 2]);
+        }
     }
 }

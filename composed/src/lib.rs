@@ -2,6 +2,7 @@
 //!
 //! [`Stage`] lists them; [`run`] checks the inputs ([`validate`]: a clear error, no launch) and runs one;
 //! [`OnDevice`] keeps a problem on the device for timing. References live in the `fixtures` crate.
+pub mod app;
 pub mod bench;
 pub mod cli;
 mod run;

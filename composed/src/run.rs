@@ -41,7 +41,13 @@ pub fn validate(qz: &Quantized) -> Result<()> {
             s.h,
             s.d
         );
-        if let Some(i) = t.iter().position(|&c| fp8_codec::Format::E4M3.is_nan(c)) {
+        // Chunks folded without an early exit vectorise: gigabyte tensors are scanned in well under a second.
+        let nan = |c: u8| fp8_codec::Format::E4M3.is_nan(c);
+        if let Some(chunk) = t
+            .chunks(1 << 16)
+            .position(|c| c.iter().fold(false, |a, &x| a | nan(x)))
+        {
+            let i = (chunk << 16) + t[chunk << 16..].iter().position(|&c| nan(c)).unwrap_or(0);
             bail!("tensor `{name}` holds an E4M3 NaN code at index {i}");
         }
     }
@@ -130,7 +136,9 @@ unsafe impl DeviceRepr for Params {}
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
 #[derive(Debug)]
 pub struct OnDevice {
-    pub qz: Quantized,
+    /// The problem's shape and softmax scale (the inputs themselves live on the device only).
+    pub shape: fixtures::Shape,
+    pub softmax_scale: f32,
     q: CudaSlice<u8>,
     k: CudaSlice<u8>,
     v: CudaSlice<u8>,
@@ -147,14 +155,58 @@ impl OnDevice {
         Self::upload_as(gpu, qz, OutDtype::F16)
     }
 
+    /// Device memory a problem of `s` takes: Q, K, V (E4M3), O in `out`, LSE and the scales, in bytes.
+    pub fn bytes_needed(s: &fixtures::Shape, out: OutDtype) -> [(&'static str, usize); 5] {
+        let (q, kv) = (s.heads() * s.sq * s.d, s.heads() * s.sk * s.d);
+        [
+            ("Q", q),
+            ("K and V", 2 * kv),
+            ("O", q * out.size()),
+            ("LSE", s.heads() * s.sq * 4),
+            ("scales", 3 * s.heads() * 4),
+        ]
+    }
+
+    /// Fails, naming how much is needed and how much is free, when the device cannot hold the problem.
+    pub fn check_fits(gpu: &Gpu, s: &fixtures::Shape, out: OutDtype) -> Result<()> {
+        let parts = Self::bytes_needed(s, out);
+        let need: usize = parts.iter().map(|p| p.1).sum();
+        let (free, total) = gpu
+            .ctx
+            .mem_get_info()
+            .context("asking the device for its free memory")?;
+        let gib = |b: usize| b as f64 / f64::from(1u32 << 30);
+        ensure!(
+            need <= free,
+            "[B, H, Sq, Sk, D] = [{}, {}, {}, {}, {}] with O in {out} needs {:.2} GiB on the GPU ({}), and {} has {:.2} GiB free of {:.2} GiB",
+            s.b,
+            s.h,
+            s.sq,
+            s.sk,
+            s.d,
+            gib(need),
+            parts
+                .iter()
+                .map(|(n, b)| format!("{n} {:.2} GiB", gib(*b)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            gpu.name,
+            gib(free),
+            gib(total)
+        );
+        Ok(())
+    }
+
     /// Checks and uploads; the outputs start poisoned; the stages will write O as `out`.
     pub fn upload_as(gpu: &Gpu, qz: &Quantized, out: OutDtype) -> Result<Self> {
         validate(qz)?;
+        Self::check_fits(gpu, &qz.shape, out)?;
         let st = &gpu.stream;
         let s = qz.shape;
         let n = s.heads() * s.sq * s.d;
         Ok(OnDevice {
-            qz: qz.clone(),
+            shape: qz.shape,
+            softmax_scale: qz.softmax_scale,
             q: st.clone_htod(&qz.q)?,
             k: st.clone_htod(&qz.k)?,
             v: st.clone_htod(&qz.v)?,
@@ -192,7 +244,7 @@ impl OnDevice {
         stage: Stage,
         st: &std::sync::Arc<CudaStream>,
     ) -> Result<()> {
-        let s = self.qz.shape;
+        let s = self.shape;
         let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
         let k = gpu.load(&spec)?;
         let smem = stage.smem_bytes(s.d);
@@ -230,7 +282,7 @@ impl OnDevice {
             lse,
             sq: s.sq as i32,
             sk: s.sk as i32,
-            softmax_scale: self.qz.softmax_scale,
+            softmax_scale: self.softmax_scale,
             o_dtype: dtype_code(self.out_dtype()),
         };
         let cfg = LaunchConfig {
@@ -252,6 +304,44 @@ impl OnDevice {
             OBuf::Bf16(_) => OutDtype::Bf16,
             OBuf::F32(_) => OutDtype::F32,
         }
+    }
+
+    /// O and LSE of the given global query rows (head · Sq + row) only, O widened to f32: what a sampled check
+    /// needs of outputs too large to bring back whole. Fails if any element was never written.
+    pub fn download_rows(&self, gpu: &Gpu, rows: &[usize]) -> Result<Attention<f32>> {
+        let st = &gpu.stream;
+        let d = self.shape.d;
+        let mut out = Attention {
+            o: Vec::with_capacity(rows.len() * d),
+            lse: Vec::with_capacity(rows.len()),
+        };
+        fn row<T: DeviceRepr + Default + Clone + lab::numerics::Poison>(
+            st: &std::sync::Arc<CudaStream>,
+            buf: &CudaSlice<T>,
+            at: usize,
+            n: usize,
+        ) -> Result<Vec<T>> {
+            let mut h = vec![T::default(); n];
+            st.memcpy_dtoh(&buf.slice(at..at + n), &mut h)?;
+            check_written(&h, "O")?;
+            Ok(h)
+        }
+        for &r in rows {
+            match &self.o {
+                OBuf::F16(b) => out
+                    .o
+                    .extend(row(st, b, r * d, d)?.iter().map(|x| x.to_f32())),
+                OBuf::Bf16(b) => out
+                    .o
+                    .extend(row(st, b, r * d, d)?.iter().map(|x| x.to_f32())),
+                OBuf::F32(b) => out.o.extend(row(st, b, r * d, d)?),
+            }
+            let mut l = [0.0f32];
+            st.memcpy_dtoh(&self.lse.slice(r..r + 1), &mut l)?;
+            check_written(&l, "LSE")?;
+            out.lse.push(l[0]);
+        }
+        Ok(out)
     }
 
     /// O (widened to f32, exactly) and LSE back on the host; fails if any element was never written.

@@ -57,7 +57,13 @@ pub const TRANSPOSES: [(
 };
 
 /// Transpose with V's keys in acc_to_a_e4m3_local's order (stage 5's V tile).
-pub const TRANSPOSE_LOCAL: (u32, u32, frag_layout::Swizzle, frag_layout::Swizzle, KernelSpec) = (
+pub const TRANSPOSE_LOCAL: (
+    u32,
+    u32,
+    frag_layout::Swizzle,
+    frag_layout::Swizzle,
+    KernelSpec,
+) = (
     128,
     128,
     frag_layout::Swizzle::B128,

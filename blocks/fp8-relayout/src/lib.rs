@@ -8,8 +8,8 @@ mod kernels;
 mod model;
 
 pub use kernels::{
-    ACC_TO_A, ACC_TO_A_LOCAL, HEADERS, PV, SOURCE, STORE_BF16, STORE_F16, STORE_F32, TRANSPOSE_LOCAL,
-    TRANSPOSES,
+    ACC_TO_A, ACC_TO_A_LOCAL, HEADERS, PV, SOURCE, STORE_BF16, STORE_F16, STORE_F32,
+    TRANSPOSE_LOCAL, TRANSPOSES,
 };
 pub use model::{
     KeyOrder, a_words, a_words_in, transpose_block, transpose_conflicts, transposed, transposed_in,

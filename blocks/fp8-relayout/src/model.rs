@@ -84,14 +84,23 @@ pub fn transposed_in(
 /// The 8×8-byte block (rb, cb) that block number `n` of a tile with `nc` block columns is (mirrors
 /// `transpose_rb` / `transpose_cb`): thread `t` moves blocks t, t + THREADS, …
 pub fn transpose_block(n: u32, nc: u32) -> (u32, u32) {
-    (16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16, n % 16 % nc)
+    (
+        16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16,
+        n % 16 % nc,
+    )
 }
 
 /// Shared-memory bank conflicts of `Transpose` on a `rows` × `cols` source tile (K-major, `src` swizzle)
 /// transposed into the `dst` swizzle, summed over every warp and each of its 8 loads and 8 stores: a 64-bit
 /// access is served a half-warp at a time, and the extra wavefronts of a half-warp are the distinct 4-byte
 /// words landing in its busiest bank, beyond the first.
-pub fn transpose_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle, order: KeyOrder) -> u32 {
+pub fn transpose_conflicts(
+    rows: u32,
+    cols: u32,
+    src: Swizzle,
+    dst: Swizzle,
+    order: KeyOrder,
+) -> u32 {
     conflicts_with(rows, cols, src, dst, order, transpose_block)
 }
 
@@ -127,8 +136,16 @@ fn conflicts_with(
         let ns = (16 * half..(16 * half + 16).min(blocks)).map(|n| block(n, nc));
         let ns: Vec<(u32, u32)> = ns.collect();
         for i in 0..8 {
-            total += extra(ns.iter().map(|&(rb, cb)| byte(src, rows, cols, order.key(8 * rb + i), 8 * cb)).collect());
-            total += extra(ns.iter().map(|&(rb, cb)| byte(dst, cols, rows, 8 * cb + i, 8 * rb)).collect());
+            total += extra(
+                ns.iter()
+                    .map(|&(rb, cb)| byte(src, rows, cols, order.key(8 * rb + i), 8 * cb))
+                    .collect(),
+            );
+            total += extra(
+                ns.iter()
+                    .map(|&(rb, cb)| byte(dst, cols, rows, 8 * cb + i, 8 * rb))
+                    .collect(),
+            );
         }
     }
     total
@@ -153,7 +170,8 @@ mod tests {
 
     #[test]
     fn local_key_order_permutes_each_step() {
-        let keys: std::collections::BTreeSet<u32> = (0..64).map(|k| KeyOrder::Local.key(k)).collect();
+        let keys: std::collections::BTreeSet<u32> =
+            (0..64).map(|k| KeyOrder::Local.key(k)).collect();
         assert_eq!(keys, (0..64).collect());
         // Thread q = 1 of a quad keeps its accumulator pairs 2, 3 / 10, 11 in slots 4..7.
         let slots: Vec<u32> = (4..8).map(|k| KeyOrder::Local.key(k)).collect();
@@ -200,7 +218,14 @@ mod tests {
         // pair, 15 extra wavefronts each (16 half-warps x 8 stores x 15).
         let naive = |n: u32, nc: u32| (n / nc, n % nc);
         assert_eq!(
-            conflicts_with(128, 128, Swizzle::B128, Swizzle::B128, KeyOrder::InOrder, naive),
+            conflicts_with(
+                128,
+                128,
+                Swizzle::B128,
+                Swizzle::B128,
+                KeyOrder::InOrder,
+                naive
+            ),
             16 * 8 * 15
         );
     }

@@ -219,14 +219,25 @@ fn main() {
     t.compile("acc_to_a_local_has_no_shuffles", || {
         let (cubin, _) = ACC_TO_A_LOCAL.1.compile(lab::Arch::Sm90a)?;
         let h = lab::sass::histogram(&cubin, ACC_TO_A_LOCAL.1.name)?;
-        ensure!(!h.contains_key("SHFL"), "SHFL in {}: {h:?}", ACC_TO_A_LOCAL.1.name);
+        ensure!(
+            !h.contains_key("SHFL"),
+            "SHFL in {}: {h:?}",
+            ACC_TO_A_LOCAL.1.name
+        );
         let (cubin, _) = ACC_TO_A[1].1.compile(lab::Arch::Sm90a)?;
         let h = lab::sass::histogram(&cubin, ACC_TO_A[1].1.name)?;
-        ensure!(h.get("SHFL") == Some(&32), "the shuffling form: {:?} SHFL", h.get("SHFL"));
+        ensure!(
+            h.get("SHFL") == Some(&32),
+            "the shuffling form: {:?} SHFL",
+            h.get("SHFL")
+        );
         Ok(())
     });
     let orders = ACC_TO_A.map(|x| (x, KeyOrder::InOrder));
-    for ((n, spec), order) in orders.into_iter().chain([(ACC_TO_A_LOCAL, KeyOrder::Local)]) {
+    for ((n, spec), order) in orders
+        .into_iter()
+        .chain([(ACC_TO_A_LOCAL, KeyOrder::Local)])
+    {
         t.gpu(&format!("acc_to_a_e4m3::{}", spec.name), move |gpu| {
             for (seed, scale) in [(0, 1.0), (1, 3.0), (2, 0.125), (3, 11.0)] {
                 let d = acc_to_a_diff(gpu, &spec, n as usize, seed, scale, order)?;
@@ -245,13 +256,15 @@ fn main() {
         });
     }
     let transposes = TRANSPOSES.map(|x| (x, KeyOrder::InOrder));
-    for ((rows, cols, src, dst, spec), order) in
-        transposes.into_iter().chain([(TRANSPOSE_LOCAL, KeyOrder::Local)])
+    for ((rows, cols, src, dst, spec), order) in transposes
+        .into_iter()
+        .chain([(TRANSPOSE_LOCAL, KeyOrder::Local)])
     {
         t.gpu(&format!("transpose::{}", spec.name), move |gpu| {
             let _ = src;
             for seed in 0..3 {
-                let bad = transpose_diff(gpu, &spec, rows as usize, cols as usize, dst, seed, order)?;
+                let bad =
+                    transpose_diff(gpu, &spec, rows as usize, cols as usize, dst, seed, order)?;
                 ensure!(
                     bad == 0,
                     "seed {seed}: {bad} bytes of the transposed tile differ"
@@ -319,7 +332,15 @@ fn main() {
             "__byte_perm(w[0], w[1], 0x5140)",
             "__byte_perm(w[0], w[1], 0x4150)",
         )?;
-        let n = transpose_diff(gpu, &bad, rows as usize, cols as usize, dst, 0, KeyOrder::InOrder)?;
+        let n = transpose_diff(
+            gpu,
+            &bad,
+            rows as usize,
+            cols as usize,
+            dst,
+            0,
+            KeyOrder::InOrder,
+        )?;
         ensure!(n > 0, "a wrong transpose permute went unnoticed");
         Ok(())
     });
@@ -330,7 +351,10 @@ fn main() {
             "e4m3x2(acc[i + 5] * scale, acc[i + 4] * scale)",
         )?;
         let d = acc_to_a_diff(gpu, &bad, 128, 0, 1.0, KeyOrder::Local)?;
-        ensure!(!d.is_empty(), "a swapped key pair in the local A went unnoticed");
+        ensure!(
+            !d.is_empty(),
+            "a swapped key pair in the local A went unnoticed"
+        );
         Ok(())
     });
     t.gpu("mutant::p_key_pairs_swapped", |gpu| {

@@ -213,11 +213,7 @@ fn main() {
         must_fail(gpu, "mask keeps column kv_valid", &wide, &m)
     });
     t.gpu("mutant_fmaxf_drops_nan_is_caught", move |gpu| {
-        let m = kernel(&wide).mutated(
-            "warp_reduce.cuh",
-            "max.NaN.f32 %0",
-            "max.f32 %0",
-        )?;
+        let m = kernel(&wide).mutated("warp_reduce.cuh", "max.NaN.f32 %0", "max.f32 %0")?;
         must_fail(gpu, "max through plain fmaxf", &wide, &m)
     });
     let multi = Shape::new(Frag::WmmaAcc, 2, 4);

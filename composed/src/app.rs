@@ -1,0 +1,457 @@
+// The `sdpa` command's arguments and subcommands, in the library so that every flag and error is testable.
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use clap::{Parser, Subcommand, ValueEnum};
+use fixtures::{Dist, OutDtype, Shape};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lab::numerics::{ErrorStats, Tolerance, error_stats};
+
+use crate::{OnDevice, Stage, cli};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sdpa",
+    about = "The lab's fused FP8 SDPA forward, stage by stage"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// How much of O `sdpa run` checks against the f64 reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Check {
+    /// Every row (the reference costs Sq·Sk·D multiply-adds a head on the CPU).
+    Full,
+    /// A seeded sample of rows per head (--rows-per-head), always the first and the last.
+    Sample,
+    /// No reference: time and write the outputs only.
+    None,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run one stage: q, k, v in F16/BF16/F32 (quantized per head here), or F8_E4M3 with q_scale, k_scale, v_scale.
+    Run {
+        #[arg(long, value_parser = Stage::parse)]
+        stage: Stage,
+        #[arg(long)]
+        input: PathBuf,
+        /// Write `o` (in --out-dtype) and `lse` (F32) here.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Rows of O checked against the f64 reference.
+        #[arg(long, value_enum, default_value_t = Check::Sample)]
+        check: Check,
+        /// Rows a head that `--check sample` checks.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+        rows_per_head: u32,
+        /// What the stage writes O as: f16, bf16 or f32.
+        #[arg(long, default_value_t = OutDtype::F16, value_parser = OutDtype::from_str)]
+        out_dtype: OutDtype,
+        /// Print the report as one JSON object on stdout (progress stays on stderr).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the stages and what each needs.
+    Stages,
+    /// Time a stage on generated inputs (quantized per head): no file needed.
+    Bench {
+        #[arg(long, value_parser = Stage::parse)]
+        stage: Stage,
+        /// B,H,Sq,Sk,D (or B,H,S,D)
+        #[arg(long, value_parser = Shape::parse)]
+        shape: Shape,
+        /// Input family: normal, outliers-k-x10 … outliers-qk-x100, large-logits, heavy-tail.
+        #[arg(long, default_value = "normal", value_parser = Dist::from_str)]
+        dist: Dist,
+        /// A source variant timed beside the stage in the same process, as LABEL=HEADER:FROM=>TO (the first FROM
+        /// in block header HEADER becomes TO; several edits joined by &&); repeatable. For "change one thing,
+        /// measure": the A/B of a change is its revert as a variant.
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+    },
+}
+
+/// Runs a parsed command.
+pub fn main(args: Args) -> Result<()> {
+    match args.cmd {
+        Cmd::Stages => {
+            stages();
+            Ok(())
+        }
+        Cmd::Run {
+            stage,
+            input,
+            output,
+            check,
+            rows_per_head,
+            out_dtype,
+            json,
+        } => run(&RunArgs {
+            stage,
+            input,
+            output,
+            check,
+            rows_per_head: rows_per_head as usize,
+            out_dtype,
+            json,
+        }),
+        Cmd::Bench {
+            stage,
+            shape,
+            dist,
+            variants,
+        } => bench(stage, shape, dist, &variants),
+    }
+}
+
+/// A progress bar on stderr (drawn only when stderr is a terminal), or a spinner when `len` is None.
+fn progress(len: Option<u64>, msg: &str) -> ProgressBar {
+    let target = ProgressDrawTarget::stderr();
+    let bar = match len {
+        Some(n) => ProgressBar::with_draw_target(Some(n), target).with_style(
+            ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({elapsed})")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        ),
+        None => {
+            let b = ProgressBar::with_draw_target(None, target).with_style(
+                ProgressStyle::with_template("{msg:>12} {spinner} ({elapsed})")
+                    .expect("a valid template"),
+            );
+            b.enable_steady_tick(Duration::from_millis(120));
+            b
+        }
+    };
+    bar.with_message(msg.to_string())
+}
+
+/// One source edit of a variant: (header, from, to).
+pub type Edit<'a> = (&'a str, &'a str, &'a str);
+
+/// `LABEL=HEADER:FROM=>TO[&&HEADER:FROM=>TO…]` → the label and the edits, applied in order.
+pub fn parse_variant(v: &str) -> Result<(&str, Vec<Edit<'_>>)> {
+    let bad =
+        || anyhow::anyhow!("--variant `{v}`: expected LABEL=HEADER:FROM=>TO[&&HEADER:FROM=>TO…]");
+    let (label, rest) = v.split_once('=').ok_or_else(bad)?;
+    ensure!(!label.is_empty(), bad());
+    let mut edits = Vec::new();
+    for e in rest.split("&&") {
+        let (header, edit) = e.split_once(':').ok_or_else(bad)?;
+        let (from, to) = edit.split_once("=>").ok_or_else(bad)?;
+        ensure!(!header.is_empty() && !from.is_empty(), bad());
+        edits.push((header, from, to));
+    }
+    Ok((label, edits))
+}
+
+fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String]) -> Result<()> {
+    let mut runs = vec![(stage.name().to_string(), None)];
+    for v in variants {
+        let (label, edits) = parse_variant(v)?;
+        let mut spec = stage.kernel(s.d);
+        for (header, from, to) in edits {
+            spec = spec.mutated(header, from, to)?;
+        }
+        runs.push((format!("{} [{label}]", stage.name()), Some(spec)));
+    }
+    let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
+    OnDevice::check_fits(gpu, &s, OutDtype::F16)?;
+    let qz = fixtures::quantize_per_head(&fixtures::Raw::generate(s, 1000, dist));
+    let mut sets = [OnDevice::upload(gpu, &qz)?];
+    // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
+    let mut best: Vec<Option<crate::bench::Timing>> = vec![None; runs.len()];
+    for _round in 0..2 {
+        for (i, (_, spec)) in runs.iter().enumerate() {
+            sets[0].use_kernel(*spec);
+            let t = crate::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
+            if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
+                best[i] = Some(t);
+            }
+        }
+    }
+    for ((name, _), t) in runs.iter().zip(best) {
+        let t = t.expect("timed");
+        println!(
+            "{name} {} {dist}: p50 {:.1} µs, p90 {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
+            shape_text(&s),
+            t.p50_us,
+            t.p90_us,
+            crate::bench::BACK_TO_BACK,
+            t.iters,
+            t.tflops(&s)
+        );
+    }
+    Ok(())
+}
+
+fn shape_text(s: &Shape) -> String {
+    format!("{},{},{},{},{}", s.b, s.h, s.sq, s.sk, s.d)
+}
+
+fn stages() {
+    println!(
+        "{:<8} {:>6} {:>14} {:>14}  what",
+        "stage", "ring", "smem D=64", "smem D=128"
+    );
+    for s in Stage::ALL {
+        println!(
+            "{:<8} {:>6} {:>12} B {:>12} B  {}",
+            s.name(),
+            s.ring_stages(),
+            s.smem_bytes(64),
+            s.smem_bytes(128),
+            s.describe()
+        );
+        println!("{:<8} needs: {}", "", s.needs());
+    }
+    println!(
+        "All stages: E4M3 Q, K, V [B, H, S, D] with per-(b, h) scales; D = 64 or 128; any S ≥ 1; Sq ≠ Sk allowed;"
+    );
+    println!(
+        "outputs O [B, H, Sq, D] in f16, bf16 or f32 (--out-dtype) and LSE f32 [B, H, Sq]. stage1-4 run on sm_80 or"
+    );
+    println!(
+        "later (cp.async, mma.sync); stage5 needs an sm_90 GPU (built for sm_90a: wgmma): elsewhere `run` refuses it by"
+    );
+    println!("name before any launch.");
+}
+
+struct RunArgs {
+    stage: Stage,
+    input: PathBuf,
+    output: Option<PathBuf>,
+    check: Check,
+    rows_per_head: usize,
+    out_dtype: OutDtype,
+    json: bool,
+}
+
+fn stats_json(e: &ErrorStats) -> serde_json::Value {
+    serde_json::json!({"max_abs": e.max_abs, "mean_abs": e.mean_abs, "rel_l2": e.rel_l2, "nan": e.nan, "inf": e.inf})
+}
+
+fn run(a: &RunArgs) -> Result<()> {
+    let bar = progress(None, "reading");
+    let bytes =
+        std::fs::read(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
+    bar.set_message("quantizing");
+    let loaded = cli::load(&bytes)?;
+    drop(bytes);
+    bar.finish_and_clear();
+    let s = loaded.qz.shape;
+    let gpu = lab::Gpu::get().context("sdpa run needs a CUDA GPU")?;
+    let bar = progress(None, "running");
+    let mut dev = OnDevice::upload_as(gpu, &loaded.qz, a.out_dtype)?;
+    dev.launch(gpu, a.stage)?;
+    let rows: Vec<usize> = match a.check {
+        Check::Full => (0..s.heads() * s.sq).collect(),
+        Check::Sample => fixtures::sample_rows(s, a.rows_per_head, 0),
+        Check::None => Vec::new(),
+    };
+    let got = dev.download_rows(gpu, &rows)?;
+    bar.finish_and_clear();
+    // The reference a few heads at a time, so that the bar moves.
+    let mut want = fixtures::Attention {
+        o: Vec::with_capacity(got.o.len()),
+        lse: Vec::with_capacity(got.lse.len()),
+    };
+    let mut want_unq = want.clone();
+    let chunk = (rows.len() / 64).max(a.rows_per_head.min(s.sq)).max(1);
+    let bar = progress(Some(rows.len() as u64), "reference");
+    for part in rows.chunks(chunk) {
+        let r = fixtures::reference_rows(&loaded.qz, part);
+        want.o.extend(r.o);
+        want.lse.extend(r.lse);
+        if let Some(raw) = &loaded.raw {
+            let u = fixtures::reference_unquantized_rows(raw, loaded.qz.softmax_scale, part);
+            want_unq.o.extend(u.o);
+        }
+        bar.inc(part.len() as u64);
+    }
+    bar.finish_and_clear();
+    let tol = Tolerance {
+        atol: 1e-2,
+        rtol: 0.0,
+    };
+    let checked = (!rows.is_empty()).then(|| error_stats(&got.o, &want.o, tol));
+    let lse_max = got
+        .lse
+        .iter()
+        .zip(&want.lse)
+        .map(|(&g, &w)| {
+            if g as f64 == w {
+                0.0
+            } else {
+                (g as f64 - w).abs()
+            }
+        })
+        .fold(0.0, f64::max);
+    let unq =
+        (loaded.raw.is_some() && !rows.is_empty()).then(|| error_stats(&got.o, &want_unq.o, tol));
+    let bar = progress(None, "timing");
+    let t = crate::bench::time_stage(gpu, a.stage, std::slice::from_mut(&mut dev), 10, 100)?;
+    bar.finish_and_clear();
+    if let Some(path) = &a.output {
+        let bar = progress(None, "writing");
+        let all = dev.download(gpu)?;
+        std::fs::write(path, cli::save(s, &all.o, &all.lse, a.out_dtype)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        bar.finish_and_clear();
+    }
+    let check_name = match a.check {
+        Check::Full => "full",
+        Check::Sample => "sample",
+        Check::None => "none",
+    };
+    if a.json {
+        let report = serde_json::json!({
+            "stage": a.stage.name(),
+            "device": gpu.name,
+            "shape": {"b": s.b, "h": s.h, "sq": s.sq, "sk": s.sk, "d": s.d},
+            "out_dtype": a.out_dtype.name(),
+            "check": {
+                "mode": check_name,
+                "rows_checked": rows.len(),
+                "rows_total": s.heads() * s.sq,
+                "o_vs_dequantized": checked.as_ref().map(stats_json),
+                "lse_max_abs": (!rows.is_empty()).then_some(lse_max),
+                "o_vs_unquantized": unq.as_ref().map(stats_json),
+            },
+            "time": {"p50_us": t.p50_us, "p90_us": t.p90_us, "replays": t.iters, "tflops": t.tflops(&s)},
+            "output": a.output.as_ref().map(|p| p.display().to_string()),
+        });
+        println!("{report}");
+        return Ok(());
+    }
+    println!(
+        "{} on {} for [B, H, Sq, Sk, D] = [{}, {}, {}, {}, {}], O in {}",
+        a.stage.name(),
+        gpu.name,
+        s.b,
+        s.h,
+        s.sq,
+        s.sk,
+        s.d,
+        a.out_dtype
+    );
+    match &checked {
+        Some(e) => {
+            println!(
+                "checked {} of {} rows ({check_name}) against f64 SDPA",
+                rows.len(),
+                s.heads() * s.sq
+            );
+            println!("O vs f64 SDPA on the dequantized inputs: {e}");
+            println!("LSE vs f64: max_abs={lse_max:.3e}");
+        }
+        None => println!("not checked (--check none)"),
+    }
+    if let Some(u) = &unq {
+        println!("O vs f64 SDPA on the unquantized inputs: {u}");
+    }
+    println!(
+        "time: p50 {:.1} µs, p90 {:.1} µs over {} graph replays; {:.2} TFLOP/s",
+        t.p50_us,
+        t.p90_us,
+        t.iters,
+        t.tflops(&s)
+    );
+    if let Some(path) = &a.output {
+        println!("wrote o and lse to {}", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_err(args: &[&str]) -> String {
+        let mut v = vec!["sdpa"];
+        v.extend_from_slice(args);
+        Args::try_parse_from(v).unwrap_err().to_string()
+    }
+
+    const RUN: [&str; 5] = ["run", "--stage", "stage4", "--input", "x.safetensors"];
+
+    #[test]
+    fn run_defaults_are_sample_f16_text() {
+        let mut v = vec!["sdpa"];
+        v.extend_from_slice(&RUN);
+        let Cmd::Run {
+            check,
+            out_dtype,
+            json,
+            rows_per_head,
+            ..
+        } = Args::try_parse_from(v).unwrap().cmd
+        else {
+            panic!("not run")
+        };
+        assert_eq!(
+            (check, out_dtype, json, rows_per_head),
+            (Check::Sample, OutDtype::F16, false, 32)
+        );
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let with = |extra: &[&str]| {
+            let mut v = RUN.to_vec();
+            v.extend_from_slice(extra);
+            parse_err(&v)
+        };
+        let e = with(&["--out-dtype", "f8"]);
+        assert!(
+            e.contains("--out-dtype") && e.contains("unknown output dtype `f8`"),
+            "{e}"
+        );
+        let e = with(&["--check", "most"]);
+        assert!(
+            e.contains("--check") && e.contains("full, sample, none"),
+            "{e}"
+        );
+        let e = with(&["--rows-per-head", "0"]);
+        assert!(e.contains("--rows-per-head"), "{e}");
+        let e = parse_err(&["run", "--stage", "stage9", "--input", "x"]);
+        assert!(e.contains("unknown stage `stage9`"), "{e}");
+        let e = parse_err(&["bench", "--stage", "stage5", "--shape", "4,16,x,128"]);
+        assert!(
+            e.contains("--shape") && e.contains("expected B,H,Sq,Sk,D"),
+            "{e}"
+        );
+        let e = parse_err(&["bench", "--stage", "stage5", "--shape", "4,16,0,128"]);
+        assert!(e.contains("at least 1"), "{e}");
+        let e = parse_err(&[
+            "bench", "--stage", "stage5", "--shape", "1,1,8,64", "--dist", "cauchy",
+        ]);
+        assert!(e.contains("unknown input family `cauchy`"), "{e}");
+    }
+
+    #[test]
+    fn every_family_and_dtype_parses_back() {
+        for d in Dist::all() {
+            assert_eq!(Dist::from_str(&d.name()).unwrap(), d);
+        }
+        for o in OutDtype::ALL {
+            assert_eq!(OutDtype::from_str(o.name()).unwrap(), o);
+        }
+    }
+
+    #[test]
+    fn variants_parse_and_bad_ones_are_named() {
+        let (l, e) = parse_variant("a=x.cuh:foo=>bar&&y.cuh:1=>2").unwrap();
+        assert_eq!((l, e.len(), e[1]), ("a", 2, ("y.cuh", "1", "2")));
+        assert!(
+            parse_variant("nolabel")
+                .unwrap_err()
+                .to_string()
+                .contains("LABEL=HEADER:FROM=>TO")
+        );
+    }
+}
