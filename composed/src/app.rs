@@ -76,8 +76,25 @@ pub enum Cmd {
     },
 }
 
+/// Where `sdpa` keeps compiled kernels between runs: $LAB_CUBIN_CACHE (`off` for nowhere), else
+/// $XDG_CACHE_HOME/lab/cubins, else ~/.cache/lab/cubins.
+fn cubin_cache() -> Option<PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    match env("LAB_CUBIN_CACHE") {
+        Some(v) if v == "off" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => env("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("lab/cubins")),
+    }
+}
+
 /// Runs a parsed command.
 pub fn main(args: Args) -> Result<()> {
+    if let Some(dir) = cubin_cache() {
+        lab::cache_cubins_in(dir);
+    }
     match args.cmd {
         Cmd::Stages => {
             stages();
@@ -235,14 +252,34 @@ fn stats_json(e: &ErrorStats) -> serde_json::Value {
     serde_json::json!({"max_abs": e.max_abs, "mean_abs": e.mean_abs, "rel_l2": e.rel_l2, "nan": e.nan, "inf": e.inf})
 }
 
+/// Wall time of each step of `sdpa run`, in order.
+#[derive(Default)]
+struct Phases(Vec<(&'static str, f64)>, Option<std::time::Instant>);
+
+impl Phases {
+    fn start(&mut self) {
+        self.1 = Some(std::time::Instant::now());
+    }
+    fn done(&mut self, what: &'static str) {
+        if let Some(t) = self.1.take() {
+            self.0.push((what, t.elapsed().as_secs_f64()));
+        }
+        self.start();
+    }
+}
+
 fn run(a: &RunArgs) -> Result<()> {
+    let mut ph = Phases::default();
+    ph.start();
     let bar = progress(None, "reading");
     let bytes =
         std::fs::read(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
+    ph.done("read");
     bar.set_message("quantizing");
     let loaded = cli::load(&bytes)?;
     drop(bytes);
     bar.finish_and_clear();
+    ph.done("parse and quantize");
     let s = loaded.qz.shape;
     let gpu = lab::Gpu::get().context("sdpa run needs a CUDA GPU")?;
     let bar = progress(None, "running");
@@ -255,6 +292,7 @@ fn run(a: &RunArgs) -> Result<()> {
     };
     let got = dev.download_rows(gpu, &rows)?;
     bar.finish_and_clear();
+    ph.done("device: init, compile, upload, run");
     // The reference a few heads at a time, so that the bar moves.
     let mut want = fixtures::Attention {
         o: Vec::with_capacity(got.o.len()),
@@ -274,6 +312,7 @@ fn run(a: &RunArgs) -> Result<()> {
         bar.inc(part.len() as u64);
     }
     bar.finish_and_clear();
+    ph.done("reference");
     let tol = Tolerance {
         atol: 1e-2,
         rtol: 0.0,
@@ -296,12 +335,14 @@ fn run(a: &RunArgs) -> Result<()> {
     let bar = progress(None, "timing");
     let t = crate::bench::time_stage(gpu, a.stage, std::slice::from_mut(&mut dev), 10, 100)?;
     bar.finish_and_clear();
+    ph.done("timing");
     if let Some(path) = &a.output {
         let bar = progress(None, "writing");
         let all = dev.download(gpu)?;
         std::fs::write(path, cli::save(s, &all.o, &all.lse, a.out_dtype)?)
             .with_context(|| format!("writing {}", path.display()))?;
         bar.finish_and_clear();
+        ph.done("write");
     }
     let check_name = match a.check {
         Check::Full => "full",
@@ -324,6 +365,7 @@ fn run(a: &RunArgs) -> Result<()> {
             },
             "time": {"p50_us": t.p50_us, "p90_us": t.p90_us, "replays": t.iters, "tflops": t.tflops(&s)},
             "output": a.output.as_ref().map(|p| p.display().to_string()),
+            "phases_s": ph.0.iter().map(|(k, v)| serde_json::json!({"phase": k, "s": v})).collect::<Vec<_>>(),
         });
         println!("{report}");
         return Ok(());
@@ -364,6 +406,8 @@ fn run(a: &RunArgs) -> Result<()> {
     if let Some(path) = &a.output {
         println!("wrote o and lse to {}", path.display());
     }
+    let words: Vec<String> = ph.0.iter().map(|(k, v)| format!("{k} {v:.2} s")).collect();
+    println!("wall: {}", words.join(", "));
     Ok(())
 }
 

@@ -373,7 +373,8 @@ fn huge() -> &'static Quantized {
                 for (c, part) in v.chunks_mut(chunk).enumerate() {
                     sc.spawn(move || {
                         for (i, x) in part.iter_mut().enumerate() {
-                            let mut h = ((c * chunk + i) as u64 ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                            let mut h =
+                                ((c * chunk + i) as u64 ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                             h ^= h >> 29;
                             // Magnitude codes 0..0x57 (|x| ≤ 15), either sign: never the NaN codes.
                             *x = (h % 0x58) as u8 | ((h >> 40) as u8 & 0x80);
@@ -504,13 +505,17 @@ fn main() {
         let mut qz = quantize_per_head(&normal(Shape::new(1, 2, 600, 128), 3));
         qz.k[70_000] = 0xFF;
         let e = format!("{:#}", composed::validate(&qz).unwrap_err());
-        ensure!(e.contains("tensor `k` holds an E4M3 NaN code at index 70000"), "{e}");
+        ensure!(
+            e.contains("tensor `k` holds an E4M3 NaN code at index 70000"),
+            "{e}"
+        );
         Ok(())
     });
     t.gpu("memory_errors_say_how_much", |gpu| {
         let e = format!(
             "{:#}",
-            OnDevice::check_fits(gpu, &Shape::new(1024, 64, 65536, 128), OutDtype::F32).unwrap_err()
+            OnDevice::check_fits(gpu, &Shape::new(1024, 64, 65536, 128), OutDtype::F32)
+                .unwrap_err()
         );
         ensure!(
             e.contains("needs") && e.contains("GiB free of") && e.contains("Q 512.00 GiB"),

@@ -160,16 +160,25 @@ pub fn head_scales(x: &[f32], per_head: usize) -> Vec<f32> {
 /// q = E4M3(x / scale), saturating: the quantizer of every Q, K, V in the lab. Element i uses
 /// `scales[i / per_head]` (one scale with per_head = len is the per-tensor case).
 pub fn quantize(x: &[f32], scales: &[f32], per_head: usize) -> Vec<u8> {
-    x.iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            encode(
-                v / scales[i / per_head],
-                Saturation::SatFinite,
-                Format::E4M3,
-            )
-        })
-        .collect()
+    // Element-wise and pure: split over the cores (a CLI quantizes tensors of 10^8 elements and more).
+    let mut out = vec![0u8; x.len()];
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let chunk = x.len().div_ceil(threads).max(1 << 16);
+    std::thread::scope(|sc| {
+        for (c, (dst, src)) in out.chunks_mut(chunk).zip(x.chunks(chunk)).enumerate() {
+            sc.spawn(move || {
+                for (j, (d, &v)) in dst.iter_mut().zip(src).enumerate() {
+                    let i = c * chunk + j;
+                    *d = encode(
+                        v / scales[i / per_head],
+                        Saturation::SatFinite,
+                        Format::E4M3,
+                    );
+                }
+            });
+        }
+    });
+    out
 }
 
 /// x ≈ decode(q) · scale, in f32 (one rounding: the product).

@@ -2,6 +2,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Context, Result, anyhow};
@@ -230,10 +231,38 @@ fn content_hash(src: &Source) -> u64 {
     h.finish()
 }
 
+static DISK_CACHE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Keeps compiled cubins (and their ptxas logs) in `dir` across processes, keyed by the source with its
+/// headers, the architecture, the options and the toolchain: what a command-line tool wants, where NVRTC takes
+/// seconds a stage. Test binaries do not call it, so that every test run compiles what it checks.
+pub fn cache_cubins_in(dir: PathBuf) {
+    let _ = DISK_CACHE.set(dir);
+}
+
+/// The cache file stem of one compile: two differently seeded 64-bit hashes of everything that shapes it.
+fn disk_key(src: &Source, arch: Arch, opts: &[String], toolchain: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let one = |seed: u64| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (
+            seed,
+            src.file,
+            content_hash(src),
+            arch.name(),
+            opts,
+            toolchain,
+        )
+            .hash(&mut h);
+        h.finish()
+    };
+    format!("{}-{arch}-{:016x}{:016x}", src.file, one(1), one(2))
+}
+
 /// Compiles `src` to a cubin for `arch`. `extra` adds options, e.g. `-DTILE=64`.
 ///
 /// Compiles are cached per (source, arch, options), so a test binary compiles each source once, and
-/// serialised so that the cache is filled once.
+/// serialised so that the cache is filled once; and on disk when [`cache_cubins_in`] was called.
 pub fn compile(src: &Source, arch: Arch, extra: &[&str]) -> Result<Arc<Cubin>> {
     static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<Cubin>>>> = OnceLock::new();
     let tc = crate::toolchain::toolchain()?;
@@ -246,13 +275,50 @@ pub fn compile(src: &Source, arch: Arch, extra: &[&str]) -> Result<Arc<Cubin>> {
     if let Some(c) = cache.get(&key) {
         return Ok(c.clone());
     }
+    let disk = DISK_CACHE.get().map(|dir| {
+        let tc_words = format!("{:?} {:?} {}", tc.include, tc.nvrtc, tc.origin);
+        dir.join(disk_key(src, arch, &opts, &tc_words))
+    });
+    if let Some(cubin) = disk
+        .as_deref()
+        .and_then(|stem| load_disk(stem, src, arch, &opts))
+    {
+        let cubin = Arc::new(cubin);
+        cache.insert(key, cubin.clone());
+        return Ok(cubin);
+    }
     let cubin = compile_with(src, arch, &opts).map_err(|e| match e.downcast::<CompileError>() {
         Ok(ce) => anyhow::Error::new(ce),
         Err(other) => other.context(format!("compiling `{}` for {arch}", src.file)),
     })?;
+    if let Some(stem) = &disk {
+        // Best effort: a cache that cannot be written only costs the next run its compile.
+        let _ = store_disk(stem, &cubin);
+    }
     let cubin = Arc::new(cubin);
     cache.insert(key, cubin.clone());
     Ok(cubin)
+}
+
+/// A cached compile, if both its files are there.
+fn load_disk(stem: &Path, src: &Source, arch: Arch, opts: &[String]) -> Option<Cubin> {
+    let image = std::fs::read(stem.with_extension("cubin")).ok()?;
+    let log = std::fs::read_to_string(stem.with_extension("log")).ok()?;
+    Some(Cubin {
+        file: src.file.into(),
+        arch,
+        image,
+        resources: parse_ptxas_log(&log),
+        log,
+        options: opts.to_vec(),
+    })
+}
+
+/// Writes the cubin, then its log: an entry whose log is missing (a write cut short) is never read.
+fn store_disk(stem: &Path, c: &Cubin) -> std::io::Result<()> {
+    std::fs::create_dir_all(stem.parent().unwrap_or(stem))?;
+    std::fs::write(stem.with_extension("cubin"), &c.image)?;
+    std::fs::write(stem.with_extension("log"), &c.log)
 }
 
 fn compile_with(src: &Source, arch: Arch, opts: &[String]) -> Result<Cubin> {
@@ -495,5 +561,36 @@ impl KernelSpec {
             }
         }
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_entries_round_trip_and_keys_tell_sources_apart() -> Result<()> {
+        let src = crate::hello::SOURCE;
+        let tc = crate::toolchain::toolchain()?;
+        let opts = options(Arch::Sm80, &tc.include, &[]);
+        let c = compile_with(&src, Arch::Sm80, &opts)?;
+        let dir = std::env::temp_dir().join(format!("lab-cubin-cache-{}", std::process::id()));
+        let stem = dir.join(disk_key(&src, Arch::Sm80, &opts, "tc"));
+        assert!(load_disk(&stem, &src, Arch::Sm80, &opts).is_none());
+        store_disk(&stem, &c)?;
+        let back = load_disk(&stem, &src, Arch::Sm80, &opts).expect("stored");
+        assert_eq!((&back.image, &back.resources), (&c.image, &c.resources));
+        let _ = std::fs::remove_dir_all(&dir);
+        // Another architecture, option, toolchain or header text is another entry.
+        let k = disk_key(&src, Arch::Sm80, &opts, "tc");
+        assert_ne!(k, disk_key(&src, Arch::Sm89, &opts, "tc"));
+        assert_ne!(k, disk_key(&src, Arch::Sm80, &opts[1..], "tc"));
+        assert_ne!(k, disk_key(&src, Arch::Sm80, &opts, "other"));
+        let edited = Source {
+            code: "// edited\n",
+            ..src
+        };
+        assert_ne!(k, disk_key(&edited, Arch::Sm80, &opts, "tc"));
+        Ok(())
     }
 }

@@ -15,7 +15,9 @@ pub mod sass;
 mod testing;
 mod toolchain;
 
-pub use compile::{Arch, CompileError, Cubin, Header, KernelSpec, Source, compile, options};
+pub use compile::{
+    Arch, CompileError, Cubin, Header, KernelSpec, Source, cache_cubins_in, compile, options,
+};
 pub use cudarc;
 pub use gpu::{Gate, Gpu, GpuStatus, Kernel, gate, require_gpu_from_env, status};
 pub use resources::{Budget, Resources, parse_ptxas_log};
