@@ -301,7 +301,9 @@ fn run(a: &RunArgs) -> Result<()> {
     let mut want_unq = want.clone();
     // Chunks of whole heads, as many as there are cores at least: the reference runs a head per core.
     let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
-    let chunk = (rows.len() / 8).max(cores * a.rows_per_head.min(s.sq)).max(1);
+    let chunk = (rows.len() / 8)
+        .max(cores * a.rows_per_head.min(s.sq))
+        .max(1);
     let bar = progress(Some(rows.len() as u64), "reference");
     for part in rows.chunks(chunk) {
         let r = fixtures::reference_rows(&loaded.qz, part);
