@@ -252,25 +252,18 @@ fn stats_json(e: &ErrorStats) -> serde_json::Value {
     serde_json::json!({"max_abs": e.max_abs, "mean_abs": e.mean_abs, "rel_l2": e.rel_l2, "nan": e.nan, "inf": e.inf})
 }
 
-/// Wall time of each step of `sdpa run`, in order.
-#[derive(Default)]
-struct Phases(Vec<(&'static str, f64)>, Option<std::time::Instant>);
+/// Wall time of each step of `sdpa run`, in order: a step ends where the next begins.
+struct Phases(Vec<(&'static str, f64)>, std::time::Instant);
 
 impl Phases {
-    fn start(&mut self) {
-        self.1 = Some(std::time::Instant::now());
-    }
     fn done(&mut self, what: &'static str) {
-        if let Some(t) = self.1.take() {
-            self.0.push((what, t.elapsed().as_secs_f64()));
-        }
-        self.start();
+        self.0.push((what, self.1.elapsed().as_secs_f64()));
+        self.1 = std::time::Instant::now();
     }
 }
 
 fn run(a: &RunArgs) -> Result<()> {
-    let mut ph = Phases::default();
-    ph.start();
+    let mut ph = Phases(Vec::new(), std::time::Instant::now());
     let bar = progress(None, "reading");
     let bytes =
         std::fs::read(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
@@ -349,11 +342,8 @@ fn run(a: &RunArgs) -> Result<()> {
         bar.finish_and_clear();
         ph.done("write");
     }
-    let check_name = match a.check {
-        Check::Full => "full",
-        Check::Sample => "sample",
-        Check::None => "none",
-    };
+    let check_value = a.check.to_possible_value().expect("no variant is skipped");
+    let check_name = check_value.get_name();
     if a.json {
         let report = serde_json::json!({
             "stage": a.stage.name(),

@@ -306,16 +306,9 @@ impl OnDevice {
         }
     }
 
-    /// O and LSE of the given global query rows (head · Sq + row) only, O widened to f32: what a sampled check
-    /// needs of outputs too large to bring back whole. Fails if any element was never written.
-    pub fn download_rows(&self, gpu: &Gpu, rows: &[usize]) -> Result<Attention<f32>> {
-        let st = &gpu.stream;
-        let d = self.shape.d;
-        let mut out = Attention {
-            o: Vec::with_capacity(rows.len() * d),
-            lse: Vec::with_capacity(rows.len()),
-        };
-        fn row<T: DeviceRepr + Default + Clone + lab::numerics::Poison>(
+    /// Elements `at .. at + n` of O, widened to f32 (exactly); fails if one was never written.
+    fn o_range(&self, st: &std::sync::Arc<CudaStream>, at: usize, n: usize) -> Result<Vec<f32>> {
+        fn copy<T: DeviceRepr + Default + Clone + lab::numerics::Poison>(
             st: &std::sync::Arc<CudaStream>,
             buf: &CudaSlice<T>,
             at: usize,
@@ -326,47 +319,52 @@ impl OnDevice {
             check_written(&h, "O")?;
             Ok(h)
         }
-        for &r in rows {
-            match &self.o {
-                OBuf::F16(b) => out
-                    .o
-                    .extend(row(st, b, r * d, d)?.iter().map(|x| x.to_f32())),
-                OBuf::Bf16(b) => out
-                    .o
-                    .extend(row(st, b, r * d, d)?.iter().map(|x| x.to_f32())),
-                OBuf::F32(b) => out.o.extend(row(st, b, r * d, d)?),
-            }
-            let mut l = [0.0f32];
-            st.memcpy_dtoh(&self.lse.slice(r..r + 1), &mut l)?;
-            check_written(&l, "LSE")?;
-            out.lse.push(l[0]);
+        Ok(match &self.o {
+            OBuf::F16(b) => copy(st, b, at, n)?.iter().map(|x| x.to_f32()).collect(),
+            OBuf::Bf16(b) => copy(st, b, at, n)?.iter().map(|x| x.to_f32()).collect(),
+            OBuf::F32(b) => copy(st, b, at, n)?,
+        })
+    }
+
+    /// LSE elements `at .. at + n`; fails if one was never written.
+    fn lse_range(&self, st: &std::sync::Arc<CudaStream>, at: usize, n: usize) -> Result<Vec<f32>> {
+        let mut h = vec![0.0f32; n];
+        st.memcpy_dtoh(&self.lse.slice(at..at + n), &mut h)?;
+        check_written(&h, "LSE")?;
+        Ok(h)
+    }
+
+    /// O and LSE of the given global query rows (head · Sq + row) only, O widened to f32: what a sampled check
+    /// needs of outputs too large to bring back whole. Consecutive rows come back in one copy each of O and
+    /// LSE. Fails if any element was never written.
+    pub fn download_rows(&self, gpu: &Gpu, rows: &[usize]) -> Result<Attention<f32>> {
+        let st = &gpu.stream;
+        let d = self.shape.d;
+        let mut out = Attention {
+            o: Vec::with_capacity(rows.len() * d),
+            lse: Vec::with_capacity(rows.len()),
+        };
+        let mut i = 0;
+        while i < rows.len() {
+            let run = 1 + rows[i + 1..]
+                .iter()
+                .zip(&rows[i..])
+                .take_while(|(next, prev)| **next == **prev + 1)
+                .count();
+            out.o.extend(self.o_range(st, rows[i] * d, run * d)?);
+            out.lse.extend(self.lse_range(st, rows[i], run)?);
+            i += run;
         }
         Ok(out)
     }
 
     /// O (widened to f32, exactly) and LSE back on the host; fails if any element was never written.
     pub fn download(&self, gpu: &Gpu) -> Result<Attention<f32>> {
-        let st = &gpu.stream;
-        let o: Vec<f32> = match &self.o {
-            OBuf::F16(b) => {
-                let h = st.clone_dtoh(b)?;
-                check_written(&h, "O")?;
-                h.iter().map(|x| x.to_f32()).collect()
-            }
-            OBuf::Bf16(b) => {
-                let h = st.clone_dtoh(b)?;
-                check_written(&h, "O")?;
-                h.iter().map(|x| x.to_f32()).collect()
-            }
-            OBuf::F32(b) => {
-                let h = st.clone_dtoh(b)?;
-                check_written(&h, "O")?;
-                h
-            }
-        };
-        let lse = st.clone_dtoh(&self.lse)?;
-        check_written(&lse, "LSE")?;
-        Ok(Attention { o, lse })
+        let rows = self.shape.heads() * self.shape.sq;
+        Ok(Attention {
+            o: self.o_range(&gpu.stream, 0, rows * self.shape.d)?,
+            lse: self.lse_range(&gpu.stream, 0, rows)?,
+        })
     }
 }
 
