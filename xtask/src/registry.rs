@@ -7,6 +7,7 @@ pub fn all_kernels() -> Vec<KernelSpec> {
     v.extend(warp_reduce::kernels());
     v.extend(online_softmax::kernels());
     v.extend(fp8_codec::kernels());
+    v.extend(hadamard::kernels());
     v.extend(cp_async_ring::kernels());
     v.extend(wgmma::kernels());
     v.extend(tma_ring::kernels());

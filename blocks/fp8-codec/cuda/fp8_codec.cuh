@@ -7,13 +7,59 @@ namespace fp8 {
 
 // The scale that maps a tensor's largest magnitude onto E4M3's 448; 1 for an all-zero tensor (a zero scale
 // would make x / scale NaN).
+// __fdiv_rn: IEEE division whatever the compile flags, as the host model divides.
 __device__ __forceinline__ float scale_from_amax(float amax) {
-  return (amax > 0.0f && isfinite(amax)) ? amax / 448.0f : 1.0f;
+  return (amax > 0.0f && isfinite(amax)) ? __fdiv_rn(amax, 448.0f) : 1.0f;
 }
 
 // The quantizer of every Q, K, V: q = E4M3(x / scale), round to nearest even, saturating to +-448.
 __device__ __forceinline__ unsigned char quantize(float x, float scale) {
-  return __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
+  return __nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+}
+
+// ---- Whole tensors: [groups][len] f32 -> E4M3 codes with one scale per head, in three grid-wide steps. ----
+
+// Step 1. Block b of a grid of groups x parts folds max |x| over its part of group b / parts into
+// amax_bits[b / parts] (zeroed before). Max is exact and order-free, so any split agrees with the host model;
+// non-negative floats order as their bit patterns, so atomicMax on the bits is the float max. fmaxf drops
+// NaN as the host's f32::max does (inputs are checked finite anyway). 256 threads; len4 float4s a group.
+__device__ __forceinline__ void group_amax(const float4* x, long long len4, int parts, unsigned* amax_bits) {
+  const long long group = blockIdx.x / parts;
+  const int part = blockIdx.x % parts;
+  const float4* g = x + group * len4;
+  float m = 0.0f;
+  for (long long i = (long long)part * blockDim.x + threadIdx.x; i < len4; i += (long long)parts * blockDim.x) {
+    const float4 v = g[i];
+    m = fmaxf(fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits + group, __float_as_uint(m));
+}
+
+// Step 2. scales[h] for every head h of `heads`, from the amax of its group (heads_per_group heads a group:
+// 1 per head, all of them per tensor). Grid-stride.
+__device__ __forceinline__ void head_scales(const unsigned* amax_bits, long long heads, long long heads_per_group,
+                                            float* scales) {
+  for (long long h = (long long)blockIdx.x * blockDim.x + threadIdx.x; h < heads; h += (long long)gridDim.x * blockDim.x)
+    scales[h] = scale_from_amax(__uint_as_float(amax_bits[h / heads_per_group]));
+}
+
+// Step 3. Sixteen elements a thread (four 16-byte loads, one 16-byte store) of a tensor of n16 such runs,
+// head_len16 runs a head (S * D is a multiple of 16, so a run never straddles two heads). Grid-stride.
+__device__ __forceinline__ void quantize_tensor(const float4* x, long long n16, long long head_len16,
+                                                const float* scales, uint4* q) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (long long)gridDim.x * blockDim.x) {
+    const float s = scales[i / head_len16];
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 v = x[4 * i + j];
+      w[j] = (unsigned)quantize(v.x, s) | ((unsigned)quantize(v.y, s) << 8) | ((unsigned)quantize(v.z, s) << 16) |
+             ((unsigned)quantize(v.w, s) << 24);
+    }
+    q[i] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 // Four E4M3 codes in one 32-bit word (one 4-byte shared-memory load) as two half2, exactly: every E4M3 value

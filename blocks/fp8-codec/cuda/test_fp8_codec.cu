@@ -60,3 +60,4 @@ extern "C" __global__ void dequantize_smem(const unsigned char* q, const float* 
     }
   }
 }
+

@@ -28,4 +28,30 @@ pub const DECODE_ALL: KernelSpec = k("decode_all", 0);
 pub const HEAD_SCALES: KernelSpec = k("head_scales", 1024);
 pub const QUANTIZE: KernelSpec = k("quantize_e4m3", 0);
 pub const DEQUANTIZE: KernelSpec = k("dequantize_smem", 4096);
-pub const KERNELS: &[KernelSpec] = &[ENCODE_ALL, DECODE_ALL, HEAD_SCALES, QUANTIZE, DEQUANTIZE];
+/// The library kernels of [`crate::TensorQuantizer`]: whole tensors quantized on the device.
+pub const TENSOR_SOURCE: Source = Source {
+    file: "quantize_tensor.cu",
+    code: include_str!("../cuda/quantize_tensor.cu"),
+    headers: &[HEADERS],
+};
+
+const fn t(name: &'static str) -> KernelSpec {
+    KernelSpec {
+        source: &TENSOR_SOURCE,
+        ..k(name, 0)
+    }
+}
+
+pub const TENSOR_AMAX: KernelSpec = t("fp8_tensor_amax");
+pub const TENSOR_SCALES: KernelSpec = t("fp8_tensor_scales");
+pub const TENSOR_QUANTIZE: KernelSpec = t("fp8_tensor_quantize");
+pub const KERNELS: &[KernelSpec] = &[
+    ENCODE_ALL,
+    DECODE_ALL,
+    HEAD_SCALES,
+    QUANTIZE,
+    DEQUANTIZE,
+    TENSOR_AMAX,
+    TENSOR_SCALES,
+    TENSOR_QUANTIZE,
+];

@@ -2,14 +2,17 @@
 //!
 //! [`encode`] / [`decode`] are bit-exact to the device (checked there on every code and every rounding
 //! boundary); [`quantize`] / [`dequantize`] with [`head_scales`] are the per-head (and per-tensor) scheme
-//! that `cuda/fp8_codec.cuh` runs on the device.
+//! that `cuda/fp8_codec.cuh` runs on the device; [`TensorQuantizer`] quantizes whole tensors on the device
+//! (amax, scales, codes: `cuda/quantize_tensor.cu`), bit for bit as [`quantize_tensor`] does on the host.
+mod device;
 mod kernels;
 mod model;
 
+pub use device::{Granularity, TensorQuantizer};
 pub use kernels::*;
 pub use model::{
     Format, Saturation, amax, boundary_inputs, decode, decode_f16_bits, dequantize, encode,
-    head_scales, quantize, scale_from_amax,
+    head_scales, quantize, quantize_tensor, scale_from_amax,
 };
 
 /// Every kernel of this block, for `cargo xtask ptxas`.

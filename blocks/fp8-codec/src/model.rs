@@ -181,6 +181,17 @@ pub fn quantize(x: &[f32], scales: &[f32], per_head: usize) -> Vec<u8> {
     out
 }
 
+/// Codes and per-head scales of `x` (heads of `head_len` elements): one scale a head, or one for the tensor
+/// repeated for every head. What [`crate::TensorQuantizer::run`] computes on the device.
+pub fn quantize_tensor(x: &[f32], head_len: usize, per: crate::Granularity) -> (Vec<u8>, Vec<f32>) {
+    let heads = x.len() / head_len;
+    let scales = match per {
+        crate::Granularity::PerHead => head_scales(x, head_len),
+        crate::Granularity::PerTensor => vec![scale_from_amax(amax(x)); heads],
+    };
+    (quantize(x, &scales, head_len), scales)
+}
+
 /// x ≈ decode(q) · scale, in f32 (one rounding: the product).
 pub fn dequantize(q: &[u8], scales: &[f32], per_head: usize) -> Vec<f32> {
     q.iter()

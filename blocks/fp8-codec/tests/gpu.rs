@@ -155,6 +155,66 @@ fn check_quantize(
     Ok(())
 }
 
+/// Tensors for the whole-tensor quantizer: `tensor()`; one head holding every E4M3 rounding boundary at scale 1
+/// (its amax is 448) beside a head whose largest magnitude is negative; 3000 short heads; one long head (several
+/// blocks fold its amax, the largest value last).
+fn tensor_cases() -> Vec<(String, Vec<f32>, usize)> {
+    let mut cases = Vec::new();
+    let (x, per_head) = tensor();
+    cases.push(("6 heads of 37×64, one all zero".to_string(), x, per_head));
+    let mut edges: Vec<f32> = boundary_inputs(Format::E4M3)
+        .into_iter()
+        .filter(|v| v.is_finite() && v.abs() <= 448.0)
+        .collect();
+    edges.push(448.0);
+    let len = edges.len().next_multiple_of(16);
+    edges.resize(len, 0.0);
+    let mut neg = Inputs::seeded(5).normal(len, 0.0, 3.0);
+    neg[len / 2 + 3] = -1000.0;
+    edges.extend(neg);
+    cases.push(("rounding boundaries; a negative amax".into(), edges, len));
+    cases.push((
+        "3000 heads of 2×64".into(),
+        Inputs::seeded(6).normal(3000 * 128, 0.0, 2.0),
+        128,
+    ));
+    let mut long = Inputs::seeded(7).normal((1 << 20) + 48, 0.0, 1.0);
+    *long.last_mut().expect("non-empty") = -77.0;
+    let n = long.len();
+    cases.push(("one head of 2^20 + 48".into(), long, n));
+    cases
+}
+
+/// The device quantizer against the model on every case and both granularities; the first difference.
+fn check_tensor_quantizer(gpu: &Gpu, tq: &TensorQuantizer) -> Result<()> {
+    for (what, x, head_len) in tensor_cases() {
+        let dx = gpu.stream.clone_htod(&x)?;
+        for per in [Granularity::PerHead, Granularity::PerTensor] {
+            let (q, s) = tq.run(gpu, &dx, x.len() / head_len, head_len, per)?;
+            let (q, s) = (gpu.stream.clone_dtoh(&q)?, gpu.stream.clone_dtoh(&s)?);
+            let (wq, ws) = quantize_tensor(&x, head_len, per);
+            if let Some(h) = (0..ws.len()).find(|&h| s[h].to_bits() != ws[h].to_bits()) {
+                bail!(
+                    "{what}, {}: scale of head {h}: device {:e}, model {:e}",
+                    per.name(),
+                    s[h],
+                    ws[h]
+                );
+            }
+            if let Some(i) = (0..x.len()).find(|&i| q[i] != wq[i]) {
+                bail!(
+                    "{what}, {}: element {i} = {:e}: device {:#04x}, model {:#04x}",
+                    per.name(),
+                    x[i],
+                    q[i],
+                    wq[i]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let mut t = Suite::new();
     t.kernels(KERNELS);
@@ -321,6 +381,45 @@ fn main() {
             }
             Ok(()) => bail!("a quantizer without saturation passed"),
         }
+    });
+    t.gpu("tensor_quantizer_is_bit_exact_per_head_and_per_tensor", |gpu| {
+        check_tensor_quantizer(gpu, &TensorQuantizer::default())?;
+        eprintln!(
+            "tensor quantizer: {} cases × (per head, per tensor): codes and scales bit-exact to the model",
+            tensor_cases().len()
+        );
+        Ok(())
+    });
+    t.gpu("mutant_tensor_quantizers_are_caught", |gpu| {
+        for (what, from, to) in [
+            (
+                "amax without |x| on one lane",
+                "fmaxf(fabsf(v.x), fabsf(v.y))",
+                "fmaxf(v.x, fabsf(v.y))",
+            ),
+            (
+                "no warp reduction before the atomic",
+                "for (int o = 16; o > 0;",
+                "for (int o = 0; o > 0;",
+            ),
+            (
+                "division by a reciprocal",
+                "__fdiv_rn(x, scale)",
+                "x * (1.0f / scale)",
+            ),
+            (
+                "the next head's scale",
+                "scales[i / head_len16]",
+                "scales[(i + 1) / head_len16]",
+            ),
+        ] {
+            let m = TensorQuantizer::default().mutated("fp8_codec.cuh", from, to)?;
+            match check_tensor_quantizer(gpu, &m) {
+                Err(e) => eprintln!("mutant `{what}` caught: {e}"),
+                Ok(()) => bail!("the mutant `{what}` passed every case"),
+            }
+        }
+        Ok(())
     });
     t.run()
 }
