@@ -59,39 +59,56 @@ def time_one(backend, shape, warmup=5, iters=100, sets=3):
     return replay_times(graphs, warmup, iters)
 
 
-def time_cudnn_fp8(shape, warmup=5, iters=100, sets=3):
-    """cuDNN's own FP8 SDPA (graph.sdpa_fp8 from nvidia-cudnn-frontend): E4M3 Q, K, V [B, H, S, D], unit
-    descales, FP8 O (what Hopper requires), no stats; one CUDA graph per input set, replayed between events."""
+def cudnn_fp8_graph(handle, q, k, v, causal):
+    """cuDNN's FP8 SDPA (graph.sdpa_fp8) for E4M3 q, k, v [B, H, S, D]: returns (graph, o, amax_o, run), where
+    run(descales, scales, ws) packs q, k, v, o, the six scale tensors [descale_q, descale_k, descale_v,
+    descale_s, scale_s, scale_o] (1x1x1x1 f32 each) and executes. O is E4M3 (what Hopper requires), no stats."""
     import cudnn  # the wheel travels with the bundle (--no-deps); its absence is reported by the caller
+
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    d = q.shape[-1]
+    o = torch.empty_like(q)
+    amax_s = torch.empty(1, 1, 1, 1, dtype=torch.float32, device="cuda")
+    amax_o = torch.empty_like(amax_s)
+    g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+    tq, tk, tv = (g.tensor(dim=list(x.shape), stride=list(x.stride()), data_type=e4m3) for x in (q, k, v))
+    sc = [g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for _ in range(6)]
+    to, _, tas, tao = g.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2],
+                                descale_s=sc[3], scale_s=sc[4], scale_o=sc[5], generate_stats=False,
+                                attn_scale=1.0 / math.sqrt(d), use_causal_mask=causal)
+    to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_data_type(e4m3)
+    for t in (tas, tao):
+        t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    ws = torch.empty(g.get_workspace_size(), device="cuda", dtype=torch.uint8)
+    pack = {tq: q, tk: k, tv: v, to: o, tas: amax_s, tao: amax_o}
+
+    def run(scales):
+        p = dict(pack)
+        p.update({t: x for t, x in zip(sc, scales)})
+        g.execute(p, ws, handle=handle)
+
+    return g, o, amax_o, pack, sc, ws, run
+
+
+def time_cudnn_fp8(shape, warmup=5, iters=100, sets=3):
+    """cuDNN's own FP8 SDPA: E4M3 Q, K, V [B, H, S, D], unit descales, FP8 O, no stats; one CUDA graph per
+    input set, replayed between events."""
+    import cudnn
 
     b, h, s, d, causal = shape
     sets = 1 if s > 4096 else sets
     handle = cudnn.create_handle()
-    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     gen = torch.Generator(device="cuda").manual_seed(0)
     ones = torch.ones(1, 1, 1, 1, dtype=torch.float32, device="cuda")
     runs = []
     for _ in range(sets):
         q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
-        o = torch.empty_like(q)
-        amax_s = torch.empty(1, 1, 1, 1, dtype=torch.float32, device="cuda")
-        amax_o = torch.empty_like(amax_s)
-        g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
-        tq, tk, tv = (g.tensor(dim=list(x.shape), stride=list(x.stride()), data_type=e4m3) for x in (q, k, v))
-        sc = [g.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for _ in range(6)]
-        to, _, tas, tao = g.sdpa_fp8(q=tq, k=tk, v=tv, descale_q=sc[0], descale_k=sc[1], descale_v=sc[2],
-                                    descale_s=sc[3], scale_s=sc[4], scale_o=sc[5], generate_stats=False,
-                                    attn_scale=1.0 / math.sqrt(d), use_causal_mask=causal)
-        to.set_output(True).set_dim(list(o.shape)).set_stride(list(o.stride())).set_data_type(e4m3)
-        for t in (tas, tao):
-            t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
-        g.validate()
-        g.build_operation_graph()
-        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        g.check_support()
-        g.build_plans()
-        ws = torch.empty(g.get_workspace_size(), device="cuda", dtype=torch.uint8)
-        pack = {tq: q, tk: k, tv: v, to: o, tas: amax_s, tao: amax_o}
+        g, _, _, pack, sc, ws, _ = cudnn_fp8_graph(handle, q, k, v, causal)
         pack.update({t: ones for t in sc})
         runs.append((g, pack, ws))
     side = torch.cuda.Stream()

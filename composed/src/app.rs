@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use clap::{Parser, Subcommand, ValueEnum};
-use fixtures::{Dist, OutDtype, Shape};
+use fixtures::{Dist, Granularity, OutDtype, Rotate, Scheme, Shape};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lab::numerics::{ErrorStats, Tolerance, error_stats};
 
@@ -32,9 +32,45 @@ pub enum Check {
     None,
 }
 
+/// How real-valued inputs become E4M3 (on the device): `--scales`, `--smooth-k`, `--rotate`.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct SchemeArgs {
+    /// One scale per head or one per tensor (amax / 448).
+    #[arg(long, value_enum, default_value_t = Scales::PerHead)]
+    pub scales: Scales,
+    /// Subtract K's per-channel mean over keys before quantizing (the softmax is unchanged; the LSE is
+    /// corrected back). Off by default: docs/accuracy.md says where it helps.
+    #[arg(long)]
+    pub smooth_k: bool,
+    /// Rotate Q and K along D by the same orthonormal Hadamard matrix before quantizing (hadamard-signs: with
+    /// seeded sign flips). D must be a power of two. Off by default: docs/accuracy.md says where it helps.
+    #[arg(long, default_value = "none", value_parser = Rotate::from_str)]
+    pub rotate: Rotate,
+}
+
+/// `--scales` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scales {
+    PerHead,
+    PerTensor,
+}
+
+impl SchemeArgs {
+    pub fn scheme(&self) -> Scheme {
+        Scheme {
+            per: match self.scales {
+                Scales::PerHead => Granularity::PerHead,
+                Scales::PerTensor => Granularity::PerTensor,
+            },
+            smooth_k: self.smooth_k,
+            rotate: self.rotate,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
-    /// Run one stage: q, k, v in F16/BF16/F32 (quantized per head here), or F8_E4M3 with q_scale, k_scale, v_scale.
+    /// Run one stage: q, k, v in F16/BF16/F32 (quantized on the GPU), or F8_E4M3 with q_scale, k_scale, v_scale.
     Run {
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
@@ -55,17 +91,19 @@ pub enum Cmd {
         /// Print the report as one JSON object on stdout (progress stays on stderr).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        scheme: SchemeArgs,
     },
     /// List the stages and what each needs.
     Stages,
-    /// Time a stage on generated inputs (quantized per head): no file needed.
+    /// Time a stage on generated inputs (quantized on the GPU): no file needed.
     Bench {
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
         /// B,H,Sq,Sk,D (or B,H,S,D)
         #[arg(long, value_parser = Shape::parse)]
         shape: Shape,
-        /// Input family: normal, outliers-k-x10 … outliers-qk-x100, large-logits, heavy-tail.
+        /// Input family: normal, outliers-k-x10 … outliers-qk-x100, large-logits, heavy-tail, k-bias.
         #[arg(long, default_value = "normal", value_parser = Dist::from_str)]
         dist: Dist,
         /// A source variant timed beside the stage in the same process, as LABEL=HEADER:FROM=>TO (the first FROM
@@ -73,6 +111,8 @@ pub enum Cmd {
         /// measure": the A/B of a change is its revert as a variant.
         #[arg(long = "variant")]
         variants: Vec<String>,
+        #[command(flatten)]
+        scheme: SchemeArgs,
     },
 }
 
@@ -108,6 +148,7 @@ pub fn main(args: Args) -> Result<()> {
             rows_per_head,
             out_dtype,
             json,
+            scheme,
         } => run(&RunArgs {
             stage,
             input,
@@ -116,13 +157,15 @@ pub fn main(args: Args) -> Result<()> {
             rows_per_head: rows_per_head as usize,
             out_dtype,
             json,
+            scheme: scheme.scheme(),
         }),
         Cmd::Bench {
             stage,
             shape,
             dist,
             variants,
-        } => bench(stage, shape, dist, &variants),
+            scheme,
+        } => bench(stage, shape, dist, &variants, scheme.scheme()),
     }
 }
 
@@ -166,7 +209,7 @@ pub fn parse_variant(v: &str) -> Result<(&str, Vec<Edit<'_>>)> {
     Ok((label, edits))
 }
 
-fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String]) -> Result<()> {
+fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String], scheme: Scheme) -> Result<()> {
     let mut runs = vec![(stage.name().to_string(), None)];
     for v in variants {
         let (label, edits) = parse_variant(v)?;
@@ -177,9 +220,9 @@ fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String]) -> Result<()> 
         runs.push((format!("{} [{label}]", stage.name()), Some(spec)));
     }
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
-    OnDevice::check_fits(gpu, &s, OutDtype::F16)?;
-    let qz = fixtures::quantize_per_head(&fixtures::Raw::generate(s, 1000, dist));
-    let mut sets = [OnDevice::upload(gpu, &qz)?];
+    let raw = fixtures::Raw::generate(s, 1000, dist);
+    let mut sets = [OnDevice::prepare(gpu, &raw, scheme, OutDtype::F16)?];
+    drop(raw);
     // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
     let mut best: Vec<Option<crate::bench::Timing>> = vec![None; runs.len()];
     for _round in 0..2 {
@@ -194,8 +237,9 @@ fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String]) -> Result<()> 
     for ((name, _), t) in runs.iter().zip(best) {
         let t = t.expect("timed");
         println!(
-            "{name} {} {dist}: p50 {:.1} µs, p90 {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
+            "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
             shape_text(&s),
+            scheme.name(),
             t.p50_us,
             t.p90_us,
             crate::bench::BACK_TO_BACK,
@@ -246,6 +290,7 @@ struct RunArgs {
     rows_per_head: usize,
     out_dtype: OutDtype,
     json: bool,
+    scheme: Scheme,
 }
 
 fn stats_json(e: &ErrorStats) -> serde_json::Value {
@@ -268,24 +313,47 @@ fn run(a: &RunArgs) -> Result<()> {
     let bytes =
         std::fs::read(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
     ph.done("read");
-    bar.set_message("quantizing");
-    let loaded = cli::load(&bytes)?;
+    bar.set_message("parsing");
+    let loaded = cli::load(&bytes, a.scheme)?;
     drop(bytes);
     bar.finish_and_clear();
-    ph.done("parse and quantize");
-    let s = loaded.qz.shape;
+    ph.done("parse");
+    let s = loaded.shape();
     let gpu = lab::Gpu::get().context("sdpa run needs a CUDA GPU")?;
     let bar = progress(None, "running");
-    let mut dev = OnDevice::upload_as(gpu, &loaded.qz, a.out_dtype)?;
-    dev.launch(gpu, a.stage)?;
     let rows: Vec<usize> = match a.check {
         Check::Full => (0..s.heads() * s.sq).collect(),
         Check::Sample => fixtures::sample_rows(s, a.rows_per_head, 0),
         Check::None => Vec::new(),
     };
+    // Real-valued inputs are quantized on the device; the reference then needs the device's codes back
+    // (one byte an element), and the LSE the smoothing shift the device added.
+    let (mut dev, qz, raw) = match loaded {
+        cli::Loaded::Fp8(qz) => (OnDevice::upload_as(gpu, &qz, a.out_dtype)?, qz, None),
+        cli::Loaded::Real(raw) => {
+            let dev = OnDevice::prepare(gpu, &raw, a.scheme, a.out_dtype)?;
+            let qz = if rows.is_empty() {
+                fixtures::Quantized {
+                    shape: s,
+                    q: Vec::new(),
+                    k: Vec::new(),
+                    v: Vec::new(),
+                    q_scale: Vec::new(),
+                    k_scale: Vec::new(),
+                    v_scale: Vec::new(),
+                    softmax_scale: dev.softmax_scale,
+                }
+            } else {
+                dev.quantized(gpu)?
+            };
+            (dev, qz, Some(raw))
+        }
+    };
+    dev.launch(gpu, a.stage)?;
     let got = dev.download_rows(gpu, &rows)?;
+    let shift = dev.lse_shift_rows(gpu, &rows)?;
     bar.finish_and_clear();
-    ph.done("device: init, compile, upload, run");
+    ph.done("device: init, compile, upload, quantize, run");
     // The reference a few heads at a time, so that the bar moves.
     let mut want = fixtures::Attention {
         o: Vec::with_capacity(got.o.len()),
@@ -299,15 +367,21 @@ fn run(a: &RunArgs) -> Result<()> {
         .max(1);
     let bar = progress(Some(rows.len() as u64), "reference");
     for part in rows.chunks(chunk) {
-        let r = fixtures::reference_rows(&loaded.qz, part);
+        let r = fixtures::reference_rows(&qz, part);
         want.o.extend(r.o);
         want.lse.extend(r.lse);
-        if let Some(raw) = &loaded.raw {
-            let u = fixtures::reference_unquantized_rows(raw, loaded.qz.softmax_scale, part);
+        if let Some(raw) = &raw {
+            let u = fixtures::reference_unquantized_rows(raw, qz.softmax_scale, part);
             want_unq.o.extend(u.o);
+            want_unq.lse.extend(u.lse);
         }
         bar.inc(part.len() as u64);
     }
+    // The stage's LSE is of the smoothed problem plus the shift: so is the reference's.
+    want.lse
+        .iter_mut()
+        .zip(&shift)
+        .for_each(|(w, &sh)| *w += f64::from(sh));
     bar.finish_and_clear();
     ph.done("reference");
     let tol = Tolerance {
@@ -327,8 +401,13 @@ fn run(a: &RunArgs) -> Result<()> {
             }
         })
         .fold(0.0, f64::max);
-    let unq =
-        (loaded.raw.is_some() && !rows.is_empty()).then(|| error_stats(&got.o, &want_unq.o, tol));
+    let unq = (raw.is_some() && !rows.is_empty()).then(|| error_stats(&got.o, &want_unq.o, tol));
+    let lse_unq_max = got
+        .lse
+        .iter()
+        .zip(&want_unq.lse)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0.0, f64::max);
     let bar = progress(None, "timing");
     // A short timing (20 graph replays of 20 launches): `sdpa bench` is the instrument; this is a figure.
     let t = crate::bench::time_stage(gpu, a.stage, std::slice::from_mut(&mut dev), 3, 20)?;
@@ -357,7 +436,9 @@ fn run(a: &RunArgs) -> Result<()> {
                 "o_vs_dequantized": checked.as_ref().map(stats_json),
                 "lse_max_abs": (!rows.is_empty()).then_some(lse_max),
                 "o_vs_unquantized": unq.as_ref().map(stats_json),
+                "lse_vs_unquantized_max_abs": unq.is_some().then_some(lse_unq_max),
             },
+            "scheme": raw.is_some().then(|| a.scheme.name()),
             "time": {"p50_us": t.p50_us, "p90_us": t.p90_us, "replays": t.iters, "tflops": t.tflops(&s)},
             "output": a.output.as_ref().map(|p| p.display().to_string()),
             "phases_s": ph.0.iter().map(|(k, v)| serde_json::json!({"phase": k, "s": v})).collect::<Vec<_>>(),
@@ -389,7 +470,11 @@ fn run(a: &RunArgs) -> Result<()> {
         None => println!("not checked (--check none)"),
     }
     if let Some(u) = &unq {
-        println!("O vs f64 SDPA on the unquantized inputs: {u}");
+        println!(
+            "O vs f64 SDPA on the unquantized inputs ({}, quantized on the GPU): {u}",
+            a.scheme.name()
+        );
+        println!("LSE vs f64 on the unquantized inputs: max_abs={lse_unq_max:.3e}");
     }
     println!(
         "time: p50 {:.1} µs, p90 {:.1} µs over {} graph replays; {:.2} TFLOP/s",
@@ -427,6 +512,7 @@ mod tests {
             out_dtype,
             json,
             rows_per_head,
+            scheme,
             ..
         } = Args::try_parse_from(v).unwrap().cmd
         else {
@@ -436,6 +522,21 @@ mod tests {
             (check, out_dtype, json, rows_per_head),
             (Check::Sample, OutDtype::F16, false, 32)
         );
+        assert_eq!(scheme.scheme(), Scheme::default());
+        assert_eq!(scheme.scheme().name(), "per-head");
+        let mut v = vec!["sdpa"];
+        v.extend_from_slice(&RUN);
+        v.extend([
+            "--scales",
+            "per-tensor",
+            "--smooth-k",
+            "--rotate",
+            "hadamard-signs",
+        ]);
+        let Cmd::Run { scheme, .. } = Args::try_parse_from(v).unwrap().cmd else {
+            panic!("not run")
+        };
+        assert_eq!(scheme.scheme().name(), "per-tensor+smooth-k+hadamard-signs");
     }
 
     #[test]
@@ -457,6 +558,16 @@ mod tests {
         );
         let e = with(&["--rows-per-head", "0"]);
         assert!(e.contains("--rows-per-head"), "{e}");
+        let e = with(&["--rotate", "fourier"]);
+        assert!(
+            e.contains("--rotate") && e.contains("unknown rotation `fourier`"),
+            "{e}"
+        );
+        let e = with(&["--scales", "per-row"]);
+        assert!(
+            e.contains("--scales") && e.contains("per-head, per-tensor"),
+            "{e}"
+        );
         let e = parse_err(&["run", "--stage", "stage9", "--input", "x"]);
         assert!(e.contains("unknown stage `stage9`"), "{e}");
         let e = parse_err(&["bench", "--stage", "stage5", "--shape", "4,16,x,128"]);

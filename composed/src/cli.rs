@@ -1,18 +1,27 @@
 // The `sdpa` command line: safetensors in, checks with named errors, a stage on the GPU, O and LSE out.
 use anyhow::{Context, Result, bail, ensure};
-use fixtures::{OutDtype, Quantized, Raw, Shape, quantize_per_head};
+use fixtures::{OutDtype, Quantized, Raw, Scheme, Shape};
 use half::{bf16, f16};
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::stages::DIMS;
 
-/// What an input file held: E4M3 tensors with scales, or real-valued tensors the CLI quantized (kept, to
-/// report the error against the unquantized inputs too).
+/// What an input file held: E4M3 tensors with their scales, or real-valued tensors (quantized on the device by
+/// a [`Scheme`], and kept to report the error against the unquantized inputs too).
 #[derive(Debug)]
-pub struct Loaded {
-    pub qz: Quantized,
-    pub raw: Option<Raw>,
+pub enum Loaded {
+    Fp8(Quantized),
+    Real(Raw),
+}
+
+impl Loaded {
+    pub fn shape(&self) -> Shape {
+        match self {
+            Loaded::Fp8(qz) => qz.shape,
+            Loaded::Real(raw) => raw.shape,
+        }
+    }
 }
 
 fn tensor<'a>(st: &'a SafeTensors<'a>, name: &str) -> Result<TensorView<'a>> {
@@ -75,9 +84,10 @@ fn scales(st: &SafeTensors, name: &str, heads: usize) -> Result<Vec<f32>> {
     }
 }
 
-/// Reads `q`, `k`, `v` (F16 / BF16 / F32, quantized here per head) or E4M3 `q`, `k`, `v` with `q_scale`,
-/// `k_scale`, `v_scale`. Every problem is an error naming what is wrong; nothing is launched.
-pub fn load(bytes: &[u8]) -> Result<Loaded> {
+/// Reads `q`, `k`, `v` (F16 / BF16 / F32, to be quantized by `scheme`) or E4M3 `q`, `k`, `v` with `q_scale`,
+/// `k_scale`, `v_scale` (`scheme` must then be the default: the file's codes are used as they are). Every
+/// problem is an error naming what is wrong; nothing is launched.
+pub fn load(bytes: &[u8], scheme: Scheme) -> Result<Loaded> {
     let st = SafeTensors::deserialize(bytes).context("reading the safetensors file")?;
     let (q, k, v) = (tensor(&st, "q")?, tensor(&st, "k")?, tensor(&st, "v")?);
     let ([b, h, sq, d], [bk, hk, sk, dk], sv) =
@@ -95,6 +105,7 @@ pub fn load(bytes: &[u8]) -> Result<Loaded> {
         sq >= 1 && sk >= 1,
         "sequence length 0 (Sq = {sq}, Sk = {sk}): there is nothing to attend"
     );
+    scheme.rotate.rotation(d).context("--rotate")?;
     ensure!(
         DIMS.contains(&d),
         "head dimension D = {d} is not supported: the stages are built for D = 64 and 128"
@@ -105,6 +116,11 @@ pub fn load(bytes: &[u8]) -> Result<Loaded> {
         .filter(|t| t.dtype() == Dtype::F8_E4M3)
         .count();
     if fp8 == 3 {
+        ensure!(
+            scheme == Scheme::default(),
+            "--scales, --smooth-k and --rotate apply to real-valued inputs; this file holds E4M3 codes with their scales ({} asked)",
+            scheme.name()
+        );
         let qz = Quantized {
             shape,
             q: q.data().to_vec(),
@@ -116,7 +132,7 @@ pub fn load(bytes: &[u8]) -> Result<Loaded> {
             softmax_scale: 1.0 / (d as f32).sqrt(),
         };
         crate::validate(&qz)?;
-        return Ok(Loaded { qz, raw: None });
+        return Ok(Loaded::Fp8(qz));
     }
     ensure!(
         fp8 == 0,
@@ -128,9 +144,7 @@ pub fn load(bytes: &[u8]) -> Result<Loaded> {
         k: real("k", &k)?,
         v: real("v", &v)?,
     };
-    let qz = quantize_per_head(&raw);
-    crate::validate(&qz)?;
-    Ok(Loaded { qz, raw: Some(raw) })
+    Ok(Loaded::Real(raw))
 }
 
 /// `o` ([B, H, Sq, D] in `out`: the values the stage wrote, exactly) and `lse` (F32 [B, H, Sq]) as safetensors
@@ -160,6 +174,7 @@ pub fn save(shape: Shape, o: &[f32], lse: &[f32], out: OutDtype) -> Result<Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fixtures::{Granularity, Rotate};
 
     fn file(tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
         let views: Vec<(&str, TensorView)> = tensors
@@ -190,15 +205,18 @@ mod tests {
     }
 
     fn err(tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>) -> String {
-        format!("{:#}", load(&file(&tensors)).unwrap_err())
+        format!(
+            "{:#}",
+            load(&file(&tensors), Scheme::default()).unwrap_err()
+        )
     }
 
     #[test]
     fn good_inputs_load_in_every_dtype() {
         for dt in [Dtype::F16, Dtype::F32] {
-            let l = load(&file(&qkv([1, 2, 5, 64], dt))).unwrap();
-            assert_eq!(l.qz.shape, Shape::new(1, 2, 5, 64));
-            assert!(l.raw.is_some());
+            let l = load(&file(&qkv([1, 2, 5, 64], dt)), Scheme::default()).unwrap();
+            assert_eq!(l.shape(), Shape::new(1, 2, 5, 64));
+            assert!(matches!(l, Loaded::Real(_)));
         }
         let mut t = qkv([1, 2, 5, 64], Dtype::F32);
         for x in t.iter_mut() {
@@ -208,8 +226,42 @@ mod tests {
         for name in ["q_scale", "k_scale", "v_scale"] {
             t.push((name, Dtype::F32, vec![2], f32s(2, 0.5)));
         }
-        let l = load(&file(&t)).unwrap();
-        assert!(l.raw.is_none() && l.qz.q_scale == vec![0.5, 0.501]);
+        let l = load(&file(&t), Scheme::default()).unwrap();
+        assert!(matches!(l, Loaded::Fp8(qz) if qz.q_scale == vec![0.5, 0.501]));
+    }
+
+    #[test]
+    fn schemes_that_cannot_apply_are_named() {
+        let rot = Scheme {
+            rotate: Rotate::Hadamard,
+            ..Scheme::default()
+        };
+        let e = format!(
+            "{:#}",
+            load(&file(&qkv([1, 1, 4, 96], Dtype::F32)), rot).unwrap_err()
+        );
+        assert!(
+            e.contains("--rotate") && e.contains("D = 96") && e.contains("power of two"),
+            "{e}"
+        );
+        let mut t = qkv([1, 1, 4, 64], Dtype::F32);
+        for x in t.iter_mut() {
+            x.1 = Dtype::F8_E4M3;
+            x.3 = vec![0x38; 256];
+        }
+        for name in ["q_scale", "k_scale", "v_scale"] {
+            t.push((name, Dtype::F32, vec![1], f32s(1, 0.5)));
+        }
+        let smooth = Scheme {
+            smooth_k: true,
+            per: Granularity::PerTensor,
+            ..Scheme::default()
+        };
+        let e = format!("{:#}", load(&file(&t), smooth).unwrap_err());
+        assert!(
+            e.contains("apply to real-valued inputs") && e.contains("per-tensor+smooth-k"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,15 +1,18 @@
 //! `composed`: the fused FP8 SDPA forward, stages 1 → 5, each a kernel source built from block headers.
 //!
 //! [`Stage`] lists them; [`run`] checks the inputs ([`validate`]: a clear error, no launch) and runs one;
-//! [`OnDevice`] keeps a problem on the device for timing. References live in the `fixtures` crate.
+//! [`OnDevice`] keeps a problem on the device for timing; [`OnDevice::prepare`] quantizes real-valued inputs
+//! there, by a [`fixtures::Scheme`]. References live in the `fixtures` crate.
 pub mod app;
 pub mod bench;
 pub mod cli;
+mod prep;
 mod run;
 mod stages;
 
 pub use fixtures::OutDtype;
-pub use run::{OnDevice, grid, run, run_as, validate};
+pub use prep::{LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K};
+pub use run::{OnDevice, grid, run, run_as, validate, validate_shape};
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, Stage,
     bc,
@@ -17,5 +20,7 @@ pub use stages::{
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {
-    KERNELS.to_vec()
+    let mut v = KERNELS.to_vec();
+    v.extend_from_slice(PREP_KERNELS);
+    v
 }

@@ -11,9 +11,8 @@ use lab::numerics::{check_written, poisoned};
 
 use crate::stages::{DIMS, Stage};
 
-/// Why an input is refused: named tensor, first bad index.
-pub fn validate(qz: &Quantized) -> Result<()> {
-    let s = qz.shape;
+/// Why a shape is refused: a zero size, or a head dimension the stages are not built for.
+pub fn validate_shape(s: &fixtures::Shape) -> Result<()> {
     ensure!(
         s.sq >= 1 && s.sk >= 1,
         "sequence length must be at least 1 (Sq = {}, Sk = {})",
@@ -31,6 +30,13 @@ pub fn validate(qz: &Quantized) -> Result<()> {
         "head dimension D = {} is not supported: the stages are built for D = 64 and 128",
         s.d
     );
+    Ok(())
+}
+
+/// Why an input is refused: named tensor, first bad index.
+pub fn validate(qz: &Quantized) -> Result<()> {
+    let s = qz.shape;
+    validate_shape(&s)?;
     for (name, t, rows) in [("q", &qz.q, s.sq), ("k", &qz.k, s.sk), ("v", &qz.v, s.sk)] {
         let want = s.heads() * rows * s.d;
         ensure!(
@@ -145,6 +151,9 @@ pub struct OnDevice {
     scales: [CudaSlice<f32>; 3],
     o: OBuf,
     pub lse: CudaSlice<f32>,
+    /// softmax_scale·q·μ per query row when K was smoothed (`OnDevice::prepare`): added to the LSE on the way
+    /// back, so that callers get the LSE of the problem they gave.
+    pub(crate) lse_shift: Option<CudaSlice<f32>>,
     /// A source variant of the stage's kernel to launch instead (`sdpa bench --variant`: A/B in one process).
     kernel: Option<lab::KernelSpec>,
 }
@@ -169,7 +178,18 @@ impl OnDevice {
 
     /// Fails, naming how much is needed and how much is free, when the device cannot hold the problem.
     pub fn check_fits(gpu: &Gpu, s: &fixtures::Shape, out: OutDtype) -> Result<()> {
-        let parts = Self::bytes_needed(s, out);
+        Self::check_fits_with(gpu, s, out, &[])
+    }
+
+    /// As [`OnDevice::check_fits`], with `extra` named buffers (the f32 staging of device quantization).
+    pub fn check_fits_with(
+        gpu: &Gpu,
+        s: &fixtures::Shape,
+        out: OutDtype,
+        extra: &[(&'static str, usize)],
+    ) -> Result<()> {
+        let mut parts = Self::bytes_needed(s, out).to_vec();
+        parts.extend_from_slice(extra);
         let need: usize = parts.iter().map(|p| p.1).sum();
         let (free, total) = gpu
             .ctx
@@ -202,25 +222,52 @@ impl OnDevice {
         validate(qz)?;
         Self::check_fits(gpu, &qz.shape, out)?;
         let st = &gpu.stream;
-        let s = qz.shape;
-        let n = s.heads() * s.sq * s.d;
-        Ok(OnDevice {
-            shape: qz.shape,
-            softmax_scale: qz.softmax_scale,
-            q: st.clone_htod(&qz.q)?,
-            k: st.clone_htod(&qz.k)?,
-            v: st.clone_htod(&qz.v)?,
-            scales: [
+        Self::assemble(
+            gpu,
+            qz.shape,
+            qz.softmax_scale,
+            [
+                st.clone_htod(&qz.q)?,
+                st.clone_htod(&qz.k)?,
+                st.clone_htod(&qz.v)?,
+            ],
+            [
                 st.clone_htod(&qz.q_scale)?,
                 st.clone_htod(&qz.k_scale)?,
                 st.clone_htod(&qz.v_scale)?,
             ],
+            out,
+            None,
+        )
+    }
+
+    /// A problem from inputs already on the device; O and LSE allocated poisoned.
+    pub(crate) fn assemble(
+        gpu: &Gpu,
+        shape: fixtures::Shape,
+        softmax_scale: f32,
+        [q, k, v]: [CudaSlice<u8>; 3],
+        scales: [CudaSlice<f32>; 3],
+        out: OutDtype,
+        lse_shift: Option<CudaSlice<f32>>,
+    ) -> Result<Self> {
+        let st = &gpu.stream;
+        let s = shape;
+        let n = s.heads() * s.sq * s.d;
+        Ok(OnDevice {
+            shape,
+            softmax_scale,
+            q,
+            k,
+            v,
+            scales,
             o: match out {
                 OutDtype::F16 => OBuf::F16(st.clone_htod(&poisoned::<f16>(n))?),
                 OutDtype::Bf16 => OBuf::Bf16(st.clone_htod(&poisoned::<bf16>(n))?),
                 OutDtype::F32 => OBuf::F32(st.clone_htod(&poisoned::<f32>(n))?),
             },
             lse: st.clone_htod(&poisoned::<f32>(s.heads() * s.sq))?,
+            lse_shift,
             kernel: None,
         })
     }
@@ -326,12 +373,42 @@ impl OnDevice {
         })
     }
 
-    /// LSE elements `at .. at + n`; fails if one was never written.
+    /// LSE elements `at .. at + n` (with the smoothing shift added back); fails if one was never written.
     fn lse_range(&self, st: &std::sync::Arc<CudaStream>, at: usize, n: usize) -> Result<Vec<f32>> {
         let mut h = vec![0.0f32; n];
         st.memcpy_dtoh(&self.lse.slice(at..at + n), &mut h)?;
         check_written(&h, "LSE")?;
+        if let Some(shift) = &self.lse_shift {
+            let mut sh = vec![0.0f32; n];
+            st.memcpy_dtoh(&shift.slice(at..at + n), &mut sh)?;
+            h.iter_mut().zip(&sh).for_each(|(l, s)| *l += s);
+        }
         Ok(h)
+    }
+
+    /// The LSE shift of the given rows (zero without smoothing): what the stage's own LSE lacks.
+    pub fn lse_shift_rows(&self, gpu: &Gpu, rows: &[usize]) -> Result<Vec<f32>> {
+        let Some(shift) = &self.lse_shift else {
+            return Ok(vec![0.0; rows.len()]);
+        };
+        let all = gpu.stream.clone_dtoh(shift)?;
+        Ok(rows.iter().map(|&r| all[r]).collect())
+    }
+
+    /// The E4M3 inputs and scales as the device holds them (after device quantization: what the reference on
+    /// the dequantized inputs needs).
+    pub fn quantized(&self, gpu: &Gpu) -> Result<Quantized> {
+        let st = &gpu.stream;
+        Ok(Quantized {
+            shape: self.shape,
+            q: st.clone_dtoh(&self.q)?,
+            k: st.clone_dtoh(&self.k)?,
+            v: st.clone_dtoh(&self.v)?,
+            q_scale: st.clone_dtoh(&self.scales[0])?,
+            k_scale: st.clone_dtoh(&self.scales[1])?,
+            v_scale: st.clone_dtoh(&self.scales[2])?,
+            softmax_scale: self.softmax_scale,
+        })
     }
 
     /// O and LSE of the given global query rows (head · Sq + row) only, O widened to f32: what a sampled check

@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{Result, ensure};
+use clap::Parser;
 use composed::{OnDevice, OutDtype, Stage, bc, run_as};
 use fixtures::{
     Attention, Quantized, Raw, Shape, emulate, emulate_fp8p, quantize_per_head,
@@ -449,6 +450,7 @@ fn subset(qz: &Quantized, heads: &[usize]) -> Quantized {
 fn main() {
     let mut t = Suite::new();
     t.kernels(composed::KERNELS);
+    t.kernels(composed::PREP_KERNELS);
     lab::sass_snapshots!(t, composed::KERNELS);
     t.model(
         "launch_grid_puts_heads_in_x_and_refuses_what_does_not_fit",
@@ -623,5 +625,252 @@ fn main() {
             Ok(())
         });
     }
+    for (scheme, shapes) in device_schemes() {
+        t.gpu(
+            &format!("device_quantization::{}", scheme.name()),
+            move |gpu| {
+                for (shape, dist) in shapes {
+                    check_device_scheme(gpu, &composed::Prep::default(), scheme, shape, dist)?;
+                }
+                Ok(())
+            },
+        );
+    }
+    t.gpu("device_quantization::mutants_are_caught", |gpu| {
+        let all = fixtures::Scheme {
+            per: fixtures::Granularity::PerHead,
+            smooth_k: true,
+            rotate: fixtures::Rotate::HadamardSigns,
+        };
+        let base = composed::Prep::default();
+        for (what, prep) in [
+            (
+                "the mean added instead of subtracted",
+                composed::Prep {
+                    smooth_k: base
+                        .smooth_k
+                        .mutated_source("kh[(long long)j * d] -= m", "kh[(long long)j * d] += m")?,
+                    ..base
+                },
+            ),
+            (
+                "the LSE shift without the softmax scale",
+                composed::Prep {
+                    lse_shift: base
+                        .lse_shift
+                        .mutated_source("(float)((double)softmax_scale * dot)", "(float)dot")?,
+                    ..base
+                },
+            ),
+        ] {
+            match check_device_scheme(
+                gpu,
+                &prep,
+                all,
+                Shape::cross(2, 3, 77, 130, 64),
+                fixtures::Dist::Normal,
+            ) {
+                Err(e) => eprintln!("mutant `{what}` caught: {e:#}"),
+                Ok(()) => anyhow::bail!("the mutant `{what}` passed"),
+            }
+        }
+        Ok(())
+    });
+    t.gpu("sdpa_run_end_to_end_with_remedies", |_gpu| {
+        // The CLI as a user runs it: an F32 file, quantized on the GPU with both remedies, every row checked, O
+        // written; the written O must be the unquantized problem's within the FP8 error.
+        use safetensors::tensor::{Dtype, TensorView};
+        let shape = Shape::cross(1, 2, 150, 260, 128);
+        let raw = Raw::generate(shape, 5, fixtures::Dist::KBias);
+        let dir = std::env::temp_dir().join(format!("sdpa-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let (input, output) = (dir.join("in.safetensors"), dir.join("out.safetensors"));
+        let bytes = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+        let (qb, kb, vb) = (bytes(&raw.q), bytes(&raw.k), bytes(&raw.v));
+        let dims = |s: usize| vec![shape.b, shape.h, s, shape.d];
+        let views = [
+            ("q", TensorView::new(Dtype::F32, dims(shape.sq), &qb)?),
+            ("k", TensorView::new(Dtype::F32, dims(shape.sk), &kb)?),
+            ("v", TensorView::new(Dtype::F32, dims(shape.sk), &vb)?),
+        ];
+        std::fs::write(&input, safetensors::serialize(views, None)?)?;
+        let args = composed::app::Args::try_parse_from([
+            "sdpa", "run", "--stage", "stage5", "--check", "full", "--smooth-k", "--rotate", "hadamard",
+            "--out-dtype", "f32", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(),
+        ])?;
+        composed::app::main(args)?;
+        let out = std::fs::read(&output)?;
+        let st = safetensors::SafeTensors::deserialize(&out)?;
+        let f32s = |name: &str| -> Result<Vec<f32>> {
+            Ok(st.tensor(name)?.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+        };
+        let (o, lse) = (f32s("o")?, f32s("lse")?);
+        std::fs::remove_dir_all(&dir)?;
+        let r = reference_unquantized(&raw, 1.0 / (shape.d as f32).sqrt());
+        let e = error_stats(&o, &r.o, Tolerance { atol: 0.0, rtol: 0.0 });
+        let lse_err = lse.iter().zip(&r.lse).map(|(&a, &b)| (f64::from(a) - b).abs()).fold(0.0, f64::max);
+        ensure!(e.rel_l2 < 0.1 && lse_err < 0.1, "sdpa run's O rel-L2 {:.3e}, LSE max abs {lse_err:.3e}", e.rel_l2);
+        eprintln!("sdpa run --smooth-k --rotate hadamard on k-bias inputs: written O {e}; LSE max abs {lse_err:.3e}");
+        Ok(())
+    });
+    t.model("rotation_of_an_unsupported_d_is_named", || {
+        let raw = normal(Shape::new(1, 1, 4, 96), 1);
+        let scheme = fixtures::Scheme {
+            rotate: fixtures::Rotate::Hadamard,
+            ..Default::default()
+        };
+        let e = format!("{:#}", fixtures::prepare(&raw, scheme).unwrap_err());
+        ensure!(e.contains("D = 96") && e.contains("Hadamard"), "{e}");
+        Ok(())
+    });
     t.run()
+}
+
+/// The schemes the device pipeline is checked on, each with its shapes and input families: several heads,
+/// Sq ≠ Sk, both D, outliers (where the remedies matter).
+fn device_schemes() -> Vec<(fixtures::Scheme, Vec<(Shape, fixtures::Dist)>)> {
+    use fixtures::{Dist, Granularity, Rotate, Scheme};
+    let shapes = vec![
+        (Shape::cross(2, 3, 77, 130, 64), Dist::Normal),
+        (
+            Shape::cross(1, 2, 300, 200, 128),
+            Dist::Outliers {
+                factor: 30.0,
+                both: true,
+            },
+        ),
+        (Shape::new(3, 1, 129, 128), Dist::KBias),
+        (Shape::new(1, 2, 64, 64), Dist::HeavyTail),
+    ];
+    let mut v = Vec::new();
+    for per in [Granularity::PerHead, Granularity::PerTensor] {
+        for smooth_k in [false, true] {
+            for rotate in Rotate::ALL {
+                v.push((
+                    Scheme {
+                        per,
+                        smooth_k,
+                        rotate,
+                    },
+                    shapes.clone(),
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// Device quantization against its host model, bit for bit (codes, scales, LSE shift); then stage 5 (stage 4
+/// off Hopper) on the device's inputs against the f64 reference on the unquantized inputs: the remedies must
+/// leave O and the LSE those of the problem given.
+fn check_device_scheme(
+    gpu: &Gpu,
+    prep: &composed::Prep,
+    scheme: fixtures::Scheme,
+    shape: Shape,
+    dist: fixtures::Dist,
+) -> Result<()> {
+    let raw = Raw::generate(shape, 77, dist);
+    let want = fixtures::prepare(&raw, scheme)?;
+    let mut d = OnDevice::prepare_with(gpu, prep, &raw, scheme, OutDtype::F32)?;
+    let got = d.quantized(gpu)?;
+    let what = format!("{} on {dist} {shape:?}", scheme.name());
+    for (name, g, w) in [
+        ("q", &got.q, &want.qz.q),
+        ("k", &got.k, &want.qz.k),
+        ("v", &got.v, &want.qz.v),
+    ] {
+        if let Some(i) = (0..w.len()).find(|&i| g[i] != w[i]) {
+            anyhow::bail!(
+                "{what}: `{name}` code {i}: device {:#04x}, model {:#04x}",
+                g[i],
+                w[i]
+            );
+        }
+    }
+    for (name, g, w) in [
+        ("q_scale", &got.q_scale, &want.qz.q_scale),
+        ("k_scale", &got.k_scale, &want.qz.k_scale),
+        ("v_scale", &got.v_scale, &want.qz.v_scale),
+    ] {
+        ensure!(
+            g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: `{name}` device {g:?}, model {w:?}"
+        );
+    }
+    let rows: Vec<usize> = (0..shape.heads() * shape.sq).collect();
+    let shift = d.lse_shift_rows(gpu, &rows)?;
+    let want_shift = want
+        .lse_shift
+        .clone()
+        .unwrap_or_else(|| vec![0.0; rows.len()]);
+    ensure!(
+        shift
+            .iter()
+            .zip(&want_shift)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: LSE shift differs from the model"
+    );
+    let stage = if gpu.arch >= lab::Arch::Sm90 {
+        Stage::S5
+    } else {
+        Stage::S4
+    };
+    d.launch(gpu, stage)?;
+    let out = d.download(gpu)?;
+    // The kernel on the device's codes, by the stage's own rule (FlashAttention's, against the f64 reference and
+    // the emulation of the dequantized, smoothed, rotated inputs); the LSE as the stage wrote it, before the
+    // shift (checked bit for bit above) is added back.
+    let deq = reference(&got);
+    let own = Attention {
+        o: out.o.clone(),
+        lse: gpu.stream.clone_dtoh(&d.lse)?,
+    };
+    let mut e_deq = 0.0;
+    rule(
+        stage,
+        &got,
+        &deq,
+        &emulation_of(stage, &got, OutDtype::F32),
+        &own,
+        &what,
+        |stats, _| e_deq = stats.rel_l2,
+    )?;
+    // Against the unquantized inputs: the remedies must leave O and the LSE those of the problem given. A
+    // wrong rotation gives O of another problem (rel-L2 ~1); a missing or reversed shift moves the LSE by
+    // softmax_scale·q·μ, large on k-bias inputs. On the outlier families the FP8 error itself is that large,
+    // so they are checked only above.
+    let r = reference_unquantized(&raw, got.softmax_scale);
+    let e = error_stats(&out.o, &r.o, Tolerance::exact());
+    let lse_err = out
+        .lse
+        .iter()
+        .zip(&r.lse)
+        .map(|(&a, &b)| (f64::from(a) - b).abs())
+        .fold(0.0, f64::max);
+    let shift_max = want_shift
+        .iter()
+        .fold(0.0f64, |a, &s| a.max(f64::from(s).abs()));
+    match dist {
+        fixtures::Dist::Normal => ensure!(
+            e.rel_l2 < 0.1 && lse_err < 0.1,
+            "{what}: {stage:?} O rel-L2 {:.3e} (bound 0.1), LSE max abs {lse_err:.3e} (bound 0.1) against the unquantized inputs",
+            e.rel_l2
+        ),
+        fixtures::Dist::KBias if scheme.smooth_k => ensure!(
+            e.rel_l2 < 0.1 && lse_err < 0.25 * shift_max,
+            "{what}: {stage:?} O rel-L2 {:.3e} (bound 0.1), LSE max abs {lse_err:.3e} (bound a quarter of the largest shift, {shift_max:.3e}) against the unquantized inputs",
+            e.rel_l2
+        ),
+        _ => {}
+    }
+    eprintln!(
+        "{what}: bit-exact to the model; {} within FlashAttention's rule on the dequantized inputs (O rel-L2 {:.3e}); on the unquantized inputs: O max abs {:.3e}, mean abs {:.3e}, rel-L2 {:.3e}, LSE max abs {lse_err:.3e} (largest shift {shift_max:.2e})",
+        stage.name(),
+        e_deq,
+        e.max_abs,
+        e.mean_abs,
+        e.rel_l2
+    );
+    Ok(())
 }

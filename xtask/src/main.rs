@@ -1,4 +1,5 @@
 //! The lab's task runner: a thin dispatcher, one module per task.
+mod accuracy;
 mod build;
 mod ci;
 mod gpu_bundle;
@@ -57,6 +58,21 @@ enum Task {
         #[arg(long, default_value_t = 200)]
         iters: usize,
     },
+    /// On the GPU machine: the FP8 accuracy study (input families × quantization schemes, with cuDNN FP8 and
+    /// PyTorch fp16 on the same inputs): accuracy.md and accuracy.json into OUT.
+    Accuracy {
+        #[arg(long, default_value = "target/accuracy")]
+        out: PathBuf,
+        /// Where the inputs are written for the Python references (removed at the end).
+        #[arg(long, default_value = "/tmp/lab-accuracy")]
+        work: PathBuf,
+        /// Shapes B,H,S,D (repeatable).
+        #[arg(long = "shape", value_parser = fixtures::Shape::parse, default_values = ["2,8,1024,128", "2,8,1024,64"])]
+        shapes: Vec<fixtures::Shape>,
+        /// Seeds a (shape, family): single-seed differences of a few percent are noise.
+        #[arg(long, default_value_t = 3)]
+        seeds: u64,
+    },
     /// On the GPU machine: one stage at one shape under Nsight Compute (ncu), summarised: throughputs,
     /// occupancy, the tensor pipe, the top warp stalls.
     Profile {
@@ -98,6 +114,12 @@ fn main() -> ExitCode {
         Task::GpuBundle { dir } => gpu_bundle::build(dir).map(|()| true),
         Task::Ci => ci::run(),
         Task::Ladder { out, iters } => ladder::run(&out, iters),
+        Task::Accuracy {
+            out,
+            work,
+            shapes,
+            seeds,
+        } => accuracy::run(&out, &work, &shapes, seeds),
         Task::Profile { stage, shape } => profile::run(&stage, &shape),
         Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
         Task::Sass { kernel, arch } => ptxas::sass(&kernel, arch.as_deref()),

@@ -66,7 +66,7 @@ impl TensorQuantizer {
     ) -> Result<(CudaSlice<u8>, CudaSlice<f32>)> {
         let n = heads * head_len;
         ensure!(
-            head_len % 16 == 0 && head_len > 0 && heads > 0,
+            head_len.is_multiple_of(16) && head_len > 0 && heads > 0,
             "the device quantizer takes heads of a multiple of 16 elements: {heads} heads of {head_len}"
         );
         ensure!(

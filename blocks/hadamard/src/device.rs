@@ -22,7 +22,7 @@ impl Rotation {
         inverse: bool,
     ) -> Result<()> {
         ensure!(
-            x.len() % self.d == 0,
+            x.len().is_multiple_of(self.d),
             "rotating rows of {}: {} elements are not whole rows",
             self.d,
             x.len()

@@ -515,6 +515,22 @@ impl KernelSpec {
         Ok(KernelSpec { source, ..*self })
     }
 
+    /// The kernel with its own source file's text edited (the first `from` becomes `to`), for kernels whose
+    /// logic lives in the `.cu` file rather than a header.
+    pub fn mutated_source(&self, from: &str, to: &str) -> Result<KernelSpec> {
+        if !self.source.code.contains(from) {
+            return Err(anyhow!(
+                "mutation `{from}` no longer applies to {}: update the test",
+                self.source.file
+            ));
+        }
+        let source: &'static Source = Box::leak(Box::new(Source {
+            code: Box::leak(self.source.code.replacen(from, to, 1).into_boxed_str()),
+            ..*self.source
+        }));
+        Ok(KernelSpec { source, ..*self })
+    }
+
     /// Compiles and checks the budget, the ptxas warnings and the SASS the kernel must contain; the error lists
     /// every violation.
     pub fn check_budget(&self, arch: Arch) -> Result<Resources> {

@@ -39,6 +39,16 @@ pub struct Tolerance {
     pub rtol: f64,
 }
 
+impl Tolerance {
+    /// No tolerance: every difference counts as outside (for figures that only report the error).
+    pub const fn exact() -> Self {
+        Tolerance {
+            atol: 0.0,
+            rtol: 0.0,
+        }
+    }
+}
+
 /// Error of `got` against `want`: the figures every GPU test reports.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ErrorStats {

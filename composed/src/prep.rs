@@ -1,0 +1,173 @@
+// Device quantization: real-valued Q, K, V to E4M3 on the GPU by a Scheme, bit for bit fixtures::prepare.
+use anyhow::{Context, Result, ensure};
+use fixtures::{OutDtype, Raw, Scheme};
+use lab::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use lab::{Arch, Budget, Gpu, KernelSpec, Source};
+
+use crate::OnDevice;
+
+/// K smoothing and its LSE correction (`cuda/prep.cu`); rotation and quantization are the blocks' own kernels.
+pub const PREP: Source = Source {
+    file: "prep.cu",
+    code: include_str!("../cuda/prep.cu"),
+    headers: &[],
+};
+
+const fn k(name: &'static str) -> KernelSpec {
+    // Scalar loops with an f64 accumulator: 64 registers is ample, no shared memory.
+    KernelSpec {
+        block: "composed",
+        name,
+        source: &PREP,
+        budget: Budget::new(64, 0),
+        archs: &Arch::REQUIRED,
+        sass: &[],
+    }
+}
+
+pub const SMOOTH_K: KernelSpec = k("prep_smooth_k");
+pub const LSE_SHIFT: KernelSpec = k("prep_lse_shift");
+pub const PREP_KERNELS: &[KernelSpec] = &[SMOOTH_K, LSE_SHIFT];
+
+/// The kernels of the device pipeline; a mutation test replaces one.
+#[derive(Debug, Clone, Copy)]
+pub struct Prep {
+    pub smooth_k: KernelSpec,
+    pub lse_shift: KernelSpec,
+    pub quantizer: fp8_codec::TensorQuantizer,
+}
+
+impl Default for Prep {
+    fn default() -> Self {
+        Prep {
+            smooth_k: SMOOTH_K,
+            lse_shift: LSE_SHIFT,
+            quantizer: fp8_codec::TensorQuantizer::default(),
+        }
+    }
+}
+
+impl OnDevice {
+    /// Uploads real-valued inputs and quantizes them on the device by `scheme`: smoothing K, rotating Q and K,
+    /// quantizing Q, K, V; one f32 tensor on the device at a time. Fails before any allocation if the device
+    /// lacks the memory, naming the parts.
+    pub fn prepare(gpu: &Gpu, raw: &Raw, scheme: Scheme, out: OutDtype) -> Result<Self> {
+        Self::prepare_with(gpu, &Prep::default(), raw, scheme, out)
+    }
+
+    /// As [`OnDevice::prepare`] through `prep`'s kernels.
+    pub fn prepare_with(
+        gpu: &Gpu,
+        prep: &Prep,
+        raw: &Raw,
+        scheme: Scheme,
+        out: OutDtype,
+    ) -> Result<Self> {
+        let s = raw.shape;
+        let rotation = scheme.rotate.rotation(s.d)?;
+        crate::validate_shape(&s)?;
+        let (nq, nk) = (s.heads() * s.sq * s.d, s.heads() * s.sk * s.d);
+        for (name, t, n) in [("q", &raw.q, nq), ("k", &raw.k, nk), ("v", &raw.v, nk)] {
+            ensure!(
+                t.len() == n,
+                "tensor `{name}` has {} elements, [B, H, Sq, Sk, D] = [{}, {}, {}, {}, {}] needs {n}",
+                t.len(),
+                s.b,
+                s.h,
+                s.sq,
+                s.sk,
+                s.d
+            );
+        }
+        let mut extra = vec![("f32 staging", 4 * nq.max(nk))];
+        if scheme.smooth_k {
+            extra.push(("LSE shift", 4 * s.heads() * s.sq));
+        }
+        Self::check_fits_with(gpu, &s, out, &extra)?;
+        let st = &gpu.stream;
+        let softmax_scale = 1.0 / (s.d as f32).sqrt();
+        let quantize = |x: &CudaSlice<f32>, rows: usize| {
+            prep.quantizer
+                .run(gpu, x, s.heads(), rows * s.d, scheme.per)
+                .with_context(|| format!("quantizing on the device ({})", scheme.name()))
+        };
+        // K first: smoothing it gives the means that Q's LSE shift needs.
+        let mut kf = st.clone_htod(&raw.k)?;
+        let mu = if scheme.smooth_k {
+            let mut mu = st.alloc_zeros::<f32>(s.heads() * s.d)?;
+            let kern = gpu.load(&prep.smooth_k)?;
+            let (sk, d) = (s.sk as i32, s.d as i32);
+            let cfg = LaunchConfig {
+                grid_dim: (s.heads() as u32, 1, 1),
+                block_dim: (s.d as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: prep_smooth_k(float* k[heads·sk·d], int sk, int d, float* mu[heads·d]); a block of D
+            // threads a head (heads ≤ 2^31 − 1, checked by validate_shape's grid limits in the launch path).
+            unsafe {
+                st.launch_builder(&kern.func)
+                    .arg(&mut kf)
+                    .arg(&sk)
+                    .arg(&d)
+                    .arg(&mut mu)
+                    .launch(cfg)
+            }
+            .context("launching prep_smooth_k")?;
+            Some(mu)
+        } else {
+            None
+        };
+        if let Some(r) = &rotation {
+            r.apply(gpu, &mut kf, false)?;
+        }
+        let (kc, ks) = quantize(&kf, s.sk)?;
+        drop(kf);
+        let mut qf = st.clone_htod(&raw.q)?;
+        let shift = match &mu {
+            Some(mu) => {
+                let rows = (s.heads() * s.sq) as i64;
+                let mut shift = st.alloc_zeros::<f32>(rows as usize)?;
+                let kern = gpu.load(&prep.lse_shift)?;
+                let (sq, d) = (s.sq as i32, s.d as i32);
+                let cfg = LaunchConfig {
+                    grid_dim: ((rows as u64).div_ceil(256).min(1 << 20) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: prep_lse_shift(const float* q[rows·d], long long rows, int sq, int d,
+                // const float* mu[heads·d], float softmax_scale, float* shift[rows]), grid-stride.
+                unsafe {
+                    st.launch_builder(&kern.func)
+                        .arg(&qf)
+                        .arg(&rows)
+                        .arg(&sq)
+                        .arg(&d)
+                        .arg(mu)
+                        .arg(&softmax_scale)
+                        .arg(&mut shift)
+                        .launch(cfg)
+                }
+                .context("launching prep_lse_shift")?;
+                Some(shift)
+            }
+            None => None,
+        };
+        if let Some(r) = &rotation {
+            r.apply(gpu, &mut qf, false)?;
+        }
+        let (qc, qs) = quantize(&qf, s.sq)?;
+        drop(qf);
+        let vf = st.clone_htod(&raw.v)?;
+        let (vc, vs) = quantize(&vf, s.sk)?;
+        drop(vf);
+        Self::assemble(
+            gpu,
+            s,
+            softmax_scale,
+            [qc, kc, vc],
+            [qs, ks, vs],
+            out,
+            shift,
+        )
+    }
+}
