@@ -4,7 +4,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-/// (test binary, libtest filter, tools): the tests whose kernels use TMA, mbarriers, wgmma or cp.async rings.
+/// (test binary, libtest filter, tools): the tests whose kernels use TMA, mbarriers, wgmma or cp.async rings,
+/// and the grid-stride library kernels of device quantization (64-bit indexing, vector loads).
 const RUNS: &[(&str, &str, &[&str])] = &[
     (
         "tma-ring--gpu",
@@ -20,6 +21,17 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "wgmma--gpu",
         "gpu::reuse_of_a_tile",
         &["memcheck", "racecheck"],
+    ),
+    (
+        "fp8-codec--gpu",
+        "gpu::tensor_quantizer_is_bit_exact",
+        &["memcheck"],
+    ),
+    ("hadamard--gpu", "gpu::rows_are_bit_exact", &["memcheck"]),
+    (
+        "composed--gpu",
+        "gpu::device_quantization::per-head+smooth-k+hadamard-signs",
+        &["memcheck", "initcheck"],
     ),
     (
         "composed--gpu",
