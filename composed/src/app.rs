@@ -130,11 +130,16 @@ fn cubin_cache() -> Option<PathBuf> {
     }
 }
 
-/// Runs a parsed command.
+/// Runs a parsed command, keeping compiled kernels on disk between runs (see `cubin_cache`).
 pub fn main(args: Args) -> Result<()> {
     if let Some(dir) = cubin_cache() {
         lab::cache_cubins_in(dir);
     }
+    execute(args)
+}
+
+/// Runs a parsed command with no disk cache: what tests call, so that no test reads another run's kernels.
+pub fn execute(args: Args) -> Result<()> {
     match args.cmd {
         Cmd::Stages => {
             stages();

@@ -300,10 +300,20 @@ pub fn compile(src: &Source, arch: Arch, extra: &[&str]) -> Result<Arc<Cubin>> {
     Ok(cubin)
 }
 
+/// `stem` + `.ext`. Not `Path::with_extension`: a stem such as `stage5.cu-sm_90a-<hash>` has a dot in the
+/// source's file name, and replacing "the extension" there would drop the arch and the hash, so that every
+/// version of a source shared one entry (a stale kernel after an edit, a mutant running as the original).
+fn disk_file(stem: &Path, ext: &str) -> PathBuf {
+    let mut s = stem.as_os_str().to_owned();
+    s.push(".");
+    s.push(ext);
+    PathBuf::from(s)
+}
+
 /// A cached compile, if both its files are there.
 fn load_disk(stem: &Path, src: &Source, arch: Arch, opts: &[String]) -> Option<Cubin> {
-    let image = std::fs::read(stem.with_extension("cubin")).ok()?;
-    let log = std::fs::read_to_string(stem.with_extension("log")).ok()?;
+    let image = std::fs::read(disk_file(stem, "cubin")).ok()?;
+    let log = std::fs::read_to_string(disk_file(stem, "log")).ok()?;
     Some(Cubin {
         file: src.file.into(),
         arch,
@@ -317,8 +327,8 @@ fn load_disk(stem: &Path, src: &Source, arch: Arch, opts: &[String]) -> Option<C
 /// Writes the cubin, then its log: an entry whose log is missing (a write cut short) is never read.
 fn store_disk(stem: &Path, c: &Cubin) -> std::io::Result<()> {
     std::fs::create_dir_all(stem.parent().unwrap_or(stem))?;
-    std::fs::write(stem.with_extension("cubin"), &c.image)?;
-    std::fs::write(stem.with_extension("log"), &c.log)
+    std::fs::write(disk_file(stem, "cubin"), &c.image)?;
+    std::fs::write(disk_file(stem, "log"), &c.log)
 }
 
 fn compile_with(src: &Source, arch: Arch, opts: &[String]) -> Result<Cubin> {
@@ -596,6 +606,31 @@ mod tests {
         store_disk(&stem, &c)?;
         let back = load_disk(&stem, &src, Arch::Sm80, &opts).expect("stored");
         assert_eq!((&back.image, &back.resources), (&c.image, &c.resources));
+        // Entries of the same file name under other keys live in other files: storing one leaves the first
+        // as it was, and each loads its own (a mutant once loaded the original's cubin this way).
+        let other = dir.join(disk_key(&src, Arch::Sm89, &opts, "tc"));
+        let fake = Cubin {
+            image: vec![1, 2, 3],
+            ..c.clone()
+        };
+        store_disk(&other, &fake)?;
+        assert_eq!(
+            load_disk(&other, &src, Arch::Sm89, &opts)
+                .expect("stored")
+                .image,
+            vec![1, 2, 3]
+        );
+        assert_eq!(
+            load_disk(&stem, &src, Arch::Sm80, &opts)
+                .expect("kept")
+                .image,
+            c.image
+        );
+        assert_eq!(
+            std::fs::read_dir(&dir)?.count(),
+            4,
+            "two entries, a cubin and a log each"
+        );
         let _ = std::fs::remove_dir_all(&dir);
         // Another architecture, option, toolchain or header text is another entry.
         let k = disk_key(&src, Arch::Sm80, &opts, "tc");
