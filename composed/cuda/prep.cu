@@ -26,3 +26,37 @@ extern "C" __global__ void prep_lse_shift(const float* q, long long rows, int sq
     shift[r] = (float)((double)softmax_scale * dot);
   }
 }
+
+// Vᵀ for the TMA stages: vt[head][c][k] = v[head][key(k)][c] for k < sk_pad (a multiple of 32), where key(k)
+// is fp8_relayout's p_key order inside each 32-key group (so that P needs no shuffle), and 0 where key(k) >=
+// sk (padding must be zeros: 0 x a NaN code would be NaN). A block moves one head's 32 keys x D channels
+// through shared memory: coalesced 16-byte reads of whole rows, 16-byte writes of 16 keys. Grid (heads,
+// sk_pad / 32), 256 threads.
+__device__ __forceinline__ int vt_key(int slot) {
+  return 32 * (slot / 32) + 16 * (slot % 32 / 16) + 8 * (slot % 4 / 2) + 2 * (slot % 16 / 4) + slot % 2;
+}
+extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk_pad, unsigned char* vt) {
+  __shared__ __align__(16) unsigned char rows[32 * 256];  // 32 keys x D <= 256 bytes
+  const long long head = blockIdx.x;
+  const int k0 = blockIdx.y * 32;
+  const unsigned char* vh = v + head * sk * d;
+  for (int i = threadIdx.x; i < 32 * d / 16; i += blockDim.x) {
+    const int r = i / (d / 16), ch = i % (d / 16);
+    const uint4 x = k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * d + 16 * ch)
+                                : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(rows + r * d + 16 * ch) = x;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 2 * d; i += blockDim.x) {
+    const int c = i / 2, half = i % 2;
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      unsigned x = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) x |= unsigned(rows[vt_key(16 * half + 4 * j + b) * d + c]) << (8 * b);
+      w[j] = x;
+    }
+    *reinterpret_cast<uint4*>(vt + (head * d + c) * sk_pad + k0 + 16 * half) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}

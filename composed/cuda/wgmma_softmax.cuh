@@ -17,6 +17,46 @@ struct WgmmaPlace {
 // P is exp2(s·c − m·c + 8) in (0, 256]: E4M3's range is used from 2^-9 · 256 up (FlashAttention-3's Max_offset).
 constexpr int kFp8POffset = 8;
 
+// One warpgroup's softmax of key tile tt (128 keys) on its Q·Kᵀ accumulators: the online update, O rescaled,
+// P as E4M3 A registers in p_key order (Vᵀ's keys must be in that order).
+template <int D>
+__device__ __forceinline__ void softmax_to_p(frag::Regs<frag::WgmmaD<128>> (&s)[1], int tt, int kv_valid, float c,
+                                             osm::RowState& st, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                             unsigned (&a)[4][4]) {
+  float alpha[2];
+  osm::step<frag::WgmmaD<128>, kFp8POffset>(s, tt * 128, kv_valid, c, st, alpha);
+  osm::rescale<frag::WgmmaD<D>>(o, alpha);
+  relayout::acc_to_a_e4m3_local<128>(s[0].x, 1.0f, a);
+}
+
+// One warpgroup's 64 rows from row0: O normalised and scaled by V's scale in the caller's dtype, and the LSE.
+template <int D>
+__device__ __forceinline__ void epilogue(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                         const osm::RowState& st, float scale, int bh, int row0) {
+  using OL = frag::WgmmaD<D>;
+  const int t = threadIdx.x % 128;
+  float lse[2];
+  osm::finish<OL, kFp8POffset>(o, st, scale, lse);
+  const long long o0 = ((long long)bh * p.sq + row0) * D;
+  const float vs = p.v_scale[bh];
+  switch (p.o_dtype) {
+    case kBf16:
+      relayout::store_rows<__nv_bfloat16, D>(o[0].x, vs, static_cast<__nv_bfloat16*>(p.o) + o0, D, p.sq - row0);
+      break;
+    case kF32:
+      relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + o0, D, p.sq - row0);
+      break;
+    default:
+      relayout::store_rows<__half, D>(o[0].x, vs, static_cast<__half*>(p.o) + o0, D, p.sq - row0);
+  }
+  if ((t & 3) == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + frag::wgmma_d_row(t, 2 * h);
+      if (r < p.sq) p.lse[(long long)bh * p.sq + r] = lse[h];
+    }
+}
+
 // WGS consumer warpgroups of 64 query rows each share K/V tiles of 128 keys, which the cp.async ring (STAGES
 // deep) lands as swizzled K-major tiles. Per tile: S = Q·Kᵀ on wgmma (Q and K from shared memory) is issued,
 // and while it runs V is transposed into the K-major B operand of P·V (fp8-relayout); then osm::step on S in
@@ -36,7 +76,7 @@ __device__ void wgmma_attention(const Params& p) {
   unsigned char* ring_v = ring_k + Ring::kBytes;
   unsigned char* vt0 = ring_v + Ring::kBytes;  // Vᵀ, two buffers: P·V of tile t reads one while t + 1 fills the other
   constexpr int kVtBytes = D * BC;
-  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, wg = threadIdx.x / 128;
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
   const Ring rk{ring_k, p.k + (long long)bh * p.sk * D, D, p.sk};
   const Ring rv{ring_v, p.v + (long long)bh * p.sk * D, D, p.sk};
@@ -85,10 +125,7 @@ __device__ void wgmma_attention(const Params& p) {
     wgmma::wait<0>();       // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
     wgmma::fence_operand(s[0].x);
     wgmma::fence_operand(o[0].x);
-    float alpha[2];
-    osm::step<SL, kFp8POffset>(s, tt * BC, p.sk, c, st, alpha);
-    osm::rescale<OL>(o, alpha);
-    relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
+    softmax_to_p<D>(s, tt, p.sk, c, st, o, a);
     // O += P·V, not waited for here: it runs under the next tile's barrier, copies and Q·Kᵀ issue.
     wgmma::fence();
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, vt, true);
@@ -97,27 +134,7 @@ __device__ void wgmma_attention(const Params& p) {
   }
   wgmma::wait<0>();
   wgmma::fence_operand(o[0].x);
-  float lse[2];
-  osm::finish<OL, kFp8POffset>(o, st, scale, lse);
-  const int row0 = q0 + 64 * wg;
-  const long long o0 = ((long long)bh * p.sq + row0) * D;
-  const float vs = p.v_scale[bh];
-  switch (p.o_dtype) {
-    case kBf16:
-      relayout::store_rows<__nv_bfloat16, D>(o[0].x, vs, static_cast<__nv_bfloat16*>(p.o) + o0, D, p.sq - row0);
-      break;
-    case kF32:
-      relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + o0, D, p.sq - row0);
-      break;
-    default:
-      relayout::store_rows<__half, D>(o[0].x, vs, static_cast<__half*>(p.o) + o0, D, p.sq - row0);
-  }
-  if ((t & 3) == 0)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row0 + frag::wgmma_d_row(t, 2 * h);
-      if (r < p.sq) p.lse[(long long)bh * p.sq + r] = lse[h];
-    }
+  epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
 }
 
 }  // namespace sdpa

@@ -11,11 +11,14 @@ mod run;
 mod stages;
 
 pub use fixtures::OutDtype;
-pub use prep::{LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K};
+pub use prep::{
+    LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, transpose_v_model,
+    transpose_v_with, vt_keys,
+};
 pub use run::{OnDevice, grid, run, run_as, validate, validate_shape};
 pub use stages::{
-    DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, Stage,
-    bc,
+    DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,
+    Stage, bc,
 };
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.

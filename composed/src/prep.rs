@@ -27,7 +27,125 @@ const fn k(name: &'static str) -> KernelSpec {
 
 pub const SMOOTH_K: KernelSpec = k("prep_smooth_k");
 pub const LSE_SHIFT: KernelSpec = k("prep_lse_shift");
-pub const PREP_KERNELS: &[KernelSpec] = &[SMOOTH_K, LSE_SHIFT];
+/// V transposed for the TMA stages (one 8 KB shared-memory tile: static smem within the 64-register budget).
+pub const TRANSPOSE_V: KernelSpec = KernelSpec {
+    budget: Budget::new(64, 8192),
+    ..k("prep_vt")
+};
+pub const PREP_KERNELS: &[KernelSpec] = &[SMOOTH_K, LSE_SHIFT, TRANSPOSE_V];
+
+/// Keys of Vᵀ's rows: Sk rounded up to 32 (P's key order permutes inside groups of 32; rows of a multiple of 16
+/// bytes are what a tensor map takes).
+pub fn vt_keys(sk: usize) -> usize {
+    sk.next_multiple_of(32)
+}
+
+/// Vᵀ of `v` ([B·H, Sk, D] E4M3) as the TMA stages load it: [B·H, D, vt_keys(Sk)], row c of head h holding key
+/// `KeyOrder::Local.key(k)` at position k (zero past Sk). The host model of `prep_vt`.
+pub fn transpose_v_model(v: &[u8], s: &fixtures::Shape) -> Vec<u8> {
+    let (sk, d, kp) = (s.sk, s.d, vt_keys(s.sk));
+    let mut out = vec![0u8; s.heads() * d * kp];
+    for h in 0..s.heads() {
+        for c in 0..d {
+            for k in 0..kp {
+                let key = fp8_relayout::KeyOrder::Local.key(k as u32) as usize;
+                if key < sk {
+                    out[(h * d + c) * kp + k] = v[(h * sk + key) * d + c];
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Vᵀ on the device (`prep_vt`), on stream `st`; fails by name where the device lacks the memory.
+pub(crate) fn transpose_v(
+    gpu: &Gpu,
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    v: &CudaSlice<u8>,
+    s: &fixtures::Shape,
+) -> Result<CudaSlice<u8>> {
+    transpose_v_with(gpu, &TRANSPOSE_V, st, v, s)
+}
+
+/// As [`transpose_v`] through `spec` (a mutant, in tests).
+pub fn transpose_v_with(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    v: &CudaSlice<u8>,
+    s: &fixtures::Shape,
+) -> Result<CudaSlice<u8>> {
+    let kp = vt_keys(s.sk);
+    let bytes = s.heads() * s.d * kp;
+    let (free, _) = gpu
+        .ctx
+        .mem_get_info()
+        .context("asking the device for its free memory")?;
+    ensure!(
+        bytes <= free,
+        "the TMA stages need Vᵀ, {:.2} GiB, and the device has {:.2} GiB free",
+        bytes as f64 / f64::from(1u32 << 30),
+        free as f64 / f64::from(1u32 << 30)
+    );
+    ensure!(
+        kp / 32 <= 65535 && s.heads() <= i32::MAX as usize,
+        "Vᵀ of Sk = {} keys and {} heads does not fit one transpose grid",
+        s.sk,
+        s.heads()
+    );
+    let mut vt = st.alloc_zeros::<u8>(bytes)?;
+    let kern = gpu.load(spec)?;
+    let (sk, d, kpi) = (s.sk as i32, s.d as i32, kp as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (s.heads() as u32, (kp / 32) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: prep_vt(const u8* v[heads·sk·d], int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad]); grid (heads,
+    // sk_pad / 32), 256 threads; d ≤ 256 (the smem tile is 32 × 256 bytes).
+    unsafe {
+        st.launch_builder(&kern.func)
+            .arg(v)
+            .arg(&sk)
+            .arg(&d)
+            .arg(&kpi)
+            .arg(&mut vt)
+            .launch(cfg)
+    }
+    .context("launching prep_vt")?;
+    Ok(vt)
+}
+
+/// The tensor maps of the TMA stages, for Q, K and Vᵀ at the given device addresses: each [B·H, rows, row
+/// bytes] as a 4-D map (row bytes, rows, B·H, 1) whose box is one canonical wgmma tile: Q 64 rows and K 128
+/// keys of D bytes (64- or 128-byte swizzle), Vᵀ D rows of 128 keys (128-byte swizzle).
+pub(crate) fn tma_maps(
+    s: &fixtures::Shape,
+    [q, k, vt]: [u64; 3],
+) -> Result<[tma_ring::TensorMap; 3]> {
+    use frag_layout::Swizzle;
+    use tma_ring::{Elem, MapSpec};
+    let sw = if s.d == 64 {
+        Swizzle::B64
+    } else {
+        Swizzle::B128
+    };
+    let heads = s.heads() as u64;
+    let (d, sq, sk) = (s.d as u64, s.sq as u64, s.sk as u64);
+    Ok([
+        MapSpec::heads(Elem::U8, [1, heads, sq, d], false, 64, sw).encode(q)?,
+        MapSpec::heads(Elem::U8, [1, heads, sk, d], false, 128, sw).encode(k)?,
+        MapSpec::heads(
+            Elem::U8,
+            [1, heads, d, vt_keys(s.sk) as u64],
+            false,
+            s.d as u32,
+            Swizzle::B128,
+        )
+        .encode(vt)?,
+    ])
+}
 
 /// The kernels of the device pipeline; a mutation test replaces one.
 #[derive(Debug, Clone, Copy)]

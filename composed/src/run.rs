@@ -154,6 +154,9 @@ pub struct OnDevice {
     /// softmax_scale·q·μ per query row when K was smoothed (`OnDevice::prepare`): added to the LSE on the way
     /// back, so that callers get the LSE of the problem they gave.
     pub(crate) lse_shift: Option<CudaSlice<f32>>,
+    /// V transposed for the TMA stages ([B·H, D, Sk rounded up to 32], keys in P's register order), made at
+    /// the first launch of such a stage.
+    vt: Option<CudaSlice<u8>>,
     /// A source variant of the stage's kernel to launch instead (`sdpa bench --variant`: A/B in one process).
     kernel: Option<lab::KernelSpec>,
 }
@@ -268,6 +271,7 @@ impl OnDevice {
             },
             lse: st.clone_htod(&poisoned::<f32>(s.heads() * s.sq))?,
             lse_shift,
+            vt: None,
             kernel: None,
         })
     }
@@ -318,6 +322,16 @@ impl OnDevice {
             OBuf::F32(b) => b.device_ptr(st),
         };
         let (lse, _gl) = self.lse.device_ptr(st);
+        if stage.tma() && self.vt.is_none() {
+            self.vt = Some(crate::prep::transpose_v(gpu, st, &self.v, &s)?);
+        }
+        let maps = match (&self.vt, stage.tma()) {
+            (Some(vt), true) => {
+                let (vt, _gvt) = vt.device_ptr(st);
+                Some(crate::prep::tma_maps(&s, [q, kk, vt])?)
+            }
+            _ => None,
+        };
         let p = Params {
             q,
             k: kk,
@@ -337,10 +351,14 @@ impl OnDevice {
             block_dim: (stage.threads() as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // SAFETY: stageN_dD(sdpa::Params) with the grid and block it was written for; every pointer holds the
-        // [B, H, S, D] extents validate() checked.
-        unsafe { st.launch_builder(&k.func).arg(&p).launch(cfg) }
-            .with_context(|| format!("launching {}", spec.name))?;
+        let mut b = st.launch_builder(&k.func);
+        b.arg(&p);
+        if let Some(m) = &maps {
+            b.arg(&m[0]).arg(&m[1]).arg(&m[2]);
+        }
+        // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt]) with the grid and block it was written for; every
+        // pointer holds the [B, H, S, D] extents validate() checked, each map describes its tensor (tma_maps).
+        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
         Ok(())
     }
 

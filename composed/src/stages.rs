@@ -19,6 +19,10 @@ pub const HEADERS: &[Header] = &[
         name: "wgmma_softmax.cuh",
         code: include_str!("../cuda/wgmma_softmax.cuh"),
     },
+    Header {
+        name: "tma_attention.cuh",
+        code: include_str!("../cuda/tma_attention.cuh"),
+    },
 ];
 
 const BLOCK_HEADERS: &[&[Header]] = &[
@@ -30,6 +34,7 @@ const BLOCK_HEADERS: &[&[Header]] = &[
     frag_layout::WGMMA_HEADERS,
     wgmma::HEADERS,
     fp8_relayout::HEADERS,
+    tma_ring::HEADERS,
     HEADERS,
 ];
 
@@ -49,6 +54,7 @@ pub const STAGE3A: Source = source!("stage3a.cu");
 pub const STAGE3B: Source = source!("stage3b.cu");
 pub const STAGE4: Source = source!("stage4.cu");
 pub const STAGE5: Source = source!("stage5.cu");
+pub const STAGE6: Source = source!("stage6.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
@@ -58,16 +64,18 @@ pub enum Stage {
     S3b,
     S4,
     S5,
+    S6,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 6] = [
+    pub const ALL: [Stage; 7] = [
         Stage::S1,
         Stage::S2,
         Stage::S3a,
         Stage::S3b,
         Stage::S4,
         Stage::S5,
+        Stage::S6,
     ];
 
     pub fn name(self) -> &'static str {
@@ -78,6 +86,7 @@ impl Stage {
             Stage::S3b => "stage3b",
             Stage::S4 => "stage4",
             Stage::S5 => "stage5",
+            Stage::S6 => "stage6",
         }
     }
 
@@ -87,7 +96,7 @@ impl Stage {
             .find(|st| st.name() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4, stage5"
+                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4, stage5, stage6"
                 )
             })
     }
@@ -106,6 +115,9 @@ impl Stage {
             Stage::S5 => {
                 "Q·Kᵀ and P·V on FP8 wgmma (sm_90a), P rounded to E4M3 in registers (×2^8, FlashAttention-3's Max_offset), V transposed to K-major in shared memory; two warpgroups of 64 query rows share 128-key tiles from the cp.async ring"
             }
+            Stage::S6 => {
+                "stage5's math fed by a producer warpgroup: Q, K and Vᵀ (transposed in global memory once, keys in P's register order) by TMA into an mbarrier ring; two consumer warpgroups with setmaxnreg and no block barrier in the loop"
+            }
         }
     }
 
@@ -123,22 +135,32 @@ impl Stage {
 
     /// Threads of one block.
     pub fn threads(self) -> usize {
-        if self == Stage::S5 { 256 } else { 128 }
+        match self {
+            Stage::S5 => 256,
+            Stage::S6 => 384,
+            _ => 128,
+        }
     }
 
     /// Query rows one block owns.
     pub fn rows_per_block(self) -> usize {
-        if self == Stage::S5 { 128 } else { 64 }
+        if self.fp8_p() { 128 } else { 64 }
     }
 
     /// Keys per K/V tile.
     pub fn bc(self, d: usize) -> usize {
-        if self == Stage::S5 { 128 } else { bc(d) }
+        if self.fp8_p() { 128 } else { bc(d) }
     }
 
-    /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stage, f16 for the others.
+    /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stages, f16 for the others.
     pub fn fp8_p(self) -> bool {
-        self == Stage::S5
+        matches!(self, Stage::S5 | Stage::S6)
+    }
+
+    /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,
+    /// and V must first be transposed in global memory (`prep_vt`).
+    pub fn tma(self) -> bool {
+        self == Stage::S6
     }
 
     pub fn source(self) -> &'static Source {
@@ -149,6 +171,7 @@ impl Stage {
             Stage::S3b => &STAGE3B,
             Stage::S4 => &STAGE4,
             Stage::S5 => &STAGE5,
+            Stage::S6 => &STAGE6,
         }
     }
 
@@ -156,8 +179,17 @@ impl Stage {
         if self == Stage::S4 { 3 } else { 2 }
     }
 
+    /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows), and per ring stage a K tile
+    /// and a Vᵀ tile (128 keys × D each). Its mbarriers are static.
+    fn tma_smem(self, d: usize) -> usize {
+        1024 + 128 * d + self.ring_stages() * 2 * 128 * d
+    }
+
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).
     pub fn smem_bytes(self, d: usize) -> usize {
+        if self.tma() {
+            return self.tma_smem(d);
+        }
         if self == Stage::S5 {
             // 1024 for alignment, Q (128 rows), the K and V rings (2 × 2 stages × 128 keys), Vᵀ (2 × D × 128).
             return 1024 + 128 * d + 2 * 2 * 128 * d + 2 * d * 128;
@@ -170,7 +202,7 @@ impl Stage {
             + match self {
                 Stage::S1 | Stage::S3a => bq * bc * 4 + stats,
                 Stage::S2 => bq * bc * 4 + stats + bq * bc * 2,
-                Stage::S3b | Stage::S4 | Stage::S5 => 0,
+                Stage::S3b | Stage::S4 | Stage::S5 | Stage::S6 => 0,
             }
     }
 
@@ -217,6 +249,20 @@ const fn k90a(name: &'static str, source: &'static Source) -> KernelSpec {
     }
 }
 
+const fn k90a_tma(name: &'static str, source: &'static Source) -> KernelSpec {
+    // 384 threads under __launch_bounds__(384, 1): ptxas's report is the entry cap, 168; past setmaxnreg the
+    // producer runs on 40 registers and the consumers on 232 (128·40 + 256·232 = 64512 of 65536). Spills: 0.
+    // Static shared memory: the ring's and Q's mbarriers (48 bytes for 2 stages).
+    KernelSpec {
+        block: "composed",
+        name,
+        source,
+        budget: Budget::new(168, 64),
+        archs: &[Arch::Sm90a],
+        sass: &["QGMMA", "UTMALDG", "SYNCS"],
+    }
+}
+
 pub const KERNELS: &[KernelSpec] = &[
     k("stage1_d64", &STAGE1),
     k("stage1_d128", &STAGE1),
@@ -230,4 +276,6 @@ pub const KERNELS: &[KernelSpec] = &[
     k("stage4_d128", &STAGE4),
     k90a("stage5_d64", &STAGE5),
     k90a("stage5_d128", &STAGE5),
+    k90a_tma("stage6_d64", &STAGE6),
+    k90a_tma("stage6_d128", &STAGE6),
 ];

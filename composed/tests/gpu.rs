@@ -466,39 +466,71 @@ fn main() {
             Ok(())
         },
     );
-    t.model("stage5_elsewhere_is_refused_by_name", || {
+    t.model("hopper_stages_elsewhere_are_refused_by_name", || {
         // An sm_90a stage on an sm_80 / sm_89 device: a clear error before any launch, not a launch failure.
-        for arch in [lab::Arch::Sm80, lab::Arch::Sm89] {
-            let e = format!("{:#}", Stage::S5.kernel(64).target_for(arch).unwrap_err());
-            ensure!(
-                e.contains("stage5_d64") && e.contains("sm_90a"),
-                "{arch}: {e}"
-            );
+        for stage in [Stage::S5, Stage::S6] {
+            for arch in [lab::Arch::Sm80, lab::Arch::Sm89] {
+                let e = format!("{:#}", stage.kernel(64).target_for(arch).unwrap_err());
+                ensure!(
+                    e.contains(&format!("{}_d64", stage.name())) && e.contains("sm_90a"),
+                    "{arch}: {e}"
+                );
+            }
+            ensure!(stage.kernel(128).target_for(lab::Arch::Sm90)? == lab::Arch::Sm90a);
+            ensure!(stage.needs().starts_with("sm_90a"), "{}", stage.needs());
         }
-        ensure!(Stage::S5.kernel(128).target_for(lab::Arch::Sm90)? == lab::Arch::Sm90a);
-        ensure!(
-            Stage::S5.needs().starts_with("sm_90a"),
-            "{}",
-            Stage::S5.needs()
-        );
         Ok(())
     });
-    t.compile("stage5_gemms_run_on_qgmma", || {
-        // Q·Kᵀ is D/32 QGMMA a tile and P·V 128/32: exactly those, and no HMMA (no f16 fallback).
-        for d in composed::DIMS {
-            let spec = Stage::S5.kernel(d);
-            let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
-            let h = lab::sass::histogram(&cubin, spec.name)?;
-            let want = d / 32 + 128 / 32;
-            ensure!(
-                h.get("QGMMA") == Some(&want) && !h.contains_key("HMMA"),
-                "{}: QGMMA {:?} (want {want}), HMMA {:?}",
-                spec.name,
-                h.get("QGMMA"),
-                h.get("HMMA")
-            );
+    t.compile("hopper_gemms_run_on_qgmma_and_loads_on_tma", || {
+        // Q·Kᵀ is D/32 QGMMA a tile and P·V 128/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
+        // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
+        // three scales (LDG).
+        for stage in [Stage::S5, Stage::S6] {
+            for d in composed::DIMS {
+                let spec = stage.kernel(d);
+                let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
+                let h = lab::sass::histogram(&cubin, spec.name)?;
+                let want = d / 32 + 128 / 32;
+                ensure!(
+                    h.get("QGMMA") == Some(&want) && !h.contains_key("HMMA"),
+                    "{}: QGMMA {:?} (want {want}), HMMA {:?}",
+                    spec.name,
+                    h.get("QGMMA"),
+                    h.get("HMMA")
+                );
+                if stage == Stage::S6 {
+                    ensure!(
+                        h.get("UTMALDG").is_some_and(|&n| n >= 3)
+                            && !h.contains_key("LDGSTS")
+                            && h.get("LDG").is_none_or(|&n| n <= 3),
+                        "{}: UTMALDG {:?}, LDGSTS {:?}, LDG {:?}",
+                        spec.name,
+                        h.get("UTMALDG"),
+                        h.get("LDGSTS"),
+                        h.get("LDG")
+                    );
+                }
+            }
         }
         Ok(())
+    });
+    for (sq, sk, d) in [(5, 77, 64), (130, 300, 128), (1, 1, 128), (64, 4096, 64)] {
+        t.gpu(&format!("transpose_v::sk{sk}_d{d}"), move |gpu| {
+            check_transpose_v(gpu, &composed::TRANSPOSE_V, Shape::cross(2, 3, sq, sk, d))
+        });
+    }
+    t.gpu("transpose_v::mutant_without_p_key_order_is_caught", |gpu| {
+        let m = composed::TRANSPOSE_V.mutated_source(
+            "rows[vt_key(16 * half + 4 * j + b) * d + c]",
+            "rows[(16 * half + 4 * j + b) * d + c]",
+        )?;
+        match check_transpose_v(gpu, &m, Shape::cross(1, 2, 5, 77, 64)) {
+            Err(e) => {
+                eprintln!("mutant caught: {e:#}");
+                Ok(())
+            }
+            Ok(()) => anyhow::bail!("a transpose in plain key order passed"),
+        }
     });
     for case in matrix() {
         for stage in Stage::ALL {
@@ -724,6 +756,39 @@ fn main() {
         Ok(())
     });
     t.run()
+}
+
+/// prep_vt against its host model, byte for byte (every position of every padded row).
+fn check_transpose_v(gpu: &Gpu, spec: &lab::KernelSpec, shape: Shape) -> Result<()> {
+    let qz = quantize_per_head(&normal(shape, 9));
+    let dv = gpu.stream.clone_htod(&qz.v)?;
+    let got = gpu.stream.clone_dtoh(&composed::transpose_v_with(
+        gpu,
+        spec,
+        &gpu.stream,
+        &dv,
+        &shape,
+    )?)?;
+    let want = composed::transpose_v_model(&qz.v, &shape);
+    ensure!(
+        got.len() == want.len(),
+        "{} bytes, want {}",
+        got.len(),
+        want.len()
+    );
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        let kp = composed::vt_keys(shape.sk);
+        anyhow::bail!(
+            "{shape:?}: Vᵀ head {} channel {} position {}: device {:#04x}, model {:#04x}",
+            i / (shape.d * kp),
+            i / kp % shape.d,
+            i % kp,
+            got[i],
+            want[i]
+        );
+    }
+    eprintln!("Vᵀ {shape:?}: {} bytes bit-exact to the model", want.len());
+    Ok(())
 }
 
 /// The schemes the device pipeline is checked on, each with its shapes and input families: several heads,

@@ -1,0 +1,91 @@
+// tma_attention.cuh: the body of stage 6: a TMA producer warpgroup feeds two consumer warpgroups (setmaxnreg), no block barrier in the loop.
+#pragma once
+#include "tma_ring.cuh"
+#include "warp_roles.cuh"
+#include "wgmma_softmax.cuh"
+
+namespace sdpa {
+
+// Three warpgroups. Warpgroup 0, the producer, gives its registers back and one thread issues every load: Q
+// once (its own mbarrier), then per key tile K (128 keys x D) and Vᵀ (D x 128 keys, transposed in global
+// memory beforehand, keys in p_key order: prep.cu's prep_vt) into a STAGES-deep tma::Ring. Warpgroups 1 and
+// 2 each own 64 query rows, claim registers, and run stage 5's tile step with no block barrier: they wait on
+// the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
+// after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
+// under the other's GEMMs.
+template <int D, int STAGES>
+__device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
+  constexpr int BC = 128, BQ = 128;
+  constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;  // rows of D bytes
+  constexpr wgmma::Swizzle SWT = wgmma::Swizzle::B128;                                 // Vᵀ rows of 128 keys
+  constexpr unsigned kTile = BC * D;  // bytes of a K tile, and of a Vᵀ tile
+  using SL = frag::WgmmaD<BC>;
+  using OL = frag::WgmmaD<D>;
+  __shared__ tma::Barriers<STAGES> bars;
+  __shared__ unsigned long long q_bar;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sq = smem_raw + ((1024 - (wgmma::smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* sk = sq + BQ * D;
+  unsigned char* svt = sk + STAGES * kTile;
+  const tma::Ring<STAGES> ring{&bars};
+  if (threadIdx.x == 0) {
+    ring.init(8);  // a stage is released by each of the 8 consumer warps
+    tma::mbar_init(&q_bar, 1);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, tiles = (p.sk + BC - 1) / BC;
+  if (roles::warpgroup() == 0) {
+    roles::release_registers<40>();
+    if (threadIdx.x == 0) {
+      tma::prefetch(mq);
+      tma::prefetch(mk);
+      tma::prefetch(mvt);
+      // Q: each consumer's 64 rows as its own canonical tile; rows past Sq are the map's zero fill.
+      tma::arrive_expect_tx(&q_bar, BQ * D);
+      tma::load_4d(mq, &q_bar, sq, 0, q0, bh, 0);
+      tma::load_4d(mq, &q_bar, sq + 64 * D, 0, q0 + 64, bh, 0);
+      for (int t = 0; t < tiles; ++t) {
+        ring.acquire(t, 2 * kTile);
+        tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * BC, bh, 0);
+        tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile, t * BC, 0, bh, 0);
+      }
+    }
+  } else {
+    roles::claim_registers<232>();
+    const int wg = roles::warpgroup() - 1;
+    const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
+    osm::RowState st;
+    osm::init(st);
+    frag::Regs<OL> o[1];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
+    unsigned a[BC / 32][4];  // P's A registers: read by P·V of tile t until the wait in tile t + 1
+    tma::wait(&q_bar, 0);
+    for (int tt = 0; tt < tiles; ++tt) {
+      ring.wait_full(tt);
+      frag::Regs<SL> s[1];
+      wgmma::fence_operand(s[0].x);
+      wgmma::fence();
+      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, sq + wg * 64 * D, SW,
+                                                    sk + ring.stage(tt) * kTile, false);
+      wgmma::commit();
+      wgmma::wait<0>();  // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
+      wgmma::fence_operand(s[0].x);
+      wgmma::fence_operand(o[0].x);
+      if (tt > 0) {
+        __syncwarp();
+        if (roles::lane() == 0) ring.release(tt - 1);  // K and Vᵀ of the tile before: every read retired
+      }
+      softmax_to_p<D>(s, tt, p.sk, c, st, o, a);
+      wgmma::fence();
+      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, svt + ring.stage(tt) * kTile, true);
+      wgmma::commit();
+    }
+    wgmma::wait<0>();
+    wgmma::fence_operand(o[0].x);
+    epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
+  }
+}
+
+}  // namespace sdpa
