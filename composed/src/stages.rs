@@ -23,6 +23,10 @@ pub const HEADERS: &[Header] = &[
         name: "tma_attention.cuh",
         code: include_str!("../cuda/tma_attention.cuh"),
     },
+    Header {
+        name: "pingpong_attention.cuh",
+        code: include_str!("../cuda/pingpong_attention.cuh"),
+    },
 ];
 
 const BLOCK_HEADERS: &[&[Header]] = &[
@@ -55,6 +59,7 @@ pub const STAGE3B: Source = source!("stage3b.cu");
 pub const STAGE4: Source = source!("stage4.cu");
 pub const STAGE5: Source = source!("stage5.cu");
 pub const STAGE6: Source = source!("stage6.cu");
+pub const STAGE7: Source = source!("stage7.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
@@ -65,10 +70,11 @@ pub enum Stage {
     S4,
     S5,
     S6,
+    S7,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 7] = [
+    pub const ALL: [Stage; 8] = [
         Stage::S1,
         Stage::S2,
         Stage::S3a,
@@ -76,6 +82,7 @@ impl Stage {
         Stage::S4,
         Stage::S5,
         Stage::S6,
+        Stage::S7,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +94,7 @@ impl Stage {
             Stage::S4 => "stage4",
             Stage::S5 => "stage5",
             Stage::S6 => "stage6",
+            Stage::S7 => "stage7",
         }
     }
 
@@ -96,7 +104,7 @@ impl Stage {
             .find(|st| st.name() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4, stage5, stage6"
+                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4, stage5, stage6, stage7"
                 )
             })
     }
@@ -118,6 +126,9 @@ impl Stage {
             Stage::S6 => {
                 "stage5's math fed by a producer warpgroup: Q, K and Vᵀ (transposed in global memory once, keys in P's register order) by TMA into an mbarrier ring; two consumer warpgroups with setmaxnreg and no block barrier in the loop"
             }
+            Stage::S7 => {
+                "stage6 with the consumers in pingpong: each issues Q·Kᵀ(t) and P·V(t − 1) in its turn on the tensor cores, then runs its softmax under the other's GEMMs"
+            }
         }
     }
 
@@ -137,7 +148,7 @@ impl Stage {
     pub fn threads(self) -> usize {
         match self {
             Stage::S5 => 256,
-            Stage::S6 => 384,
+            Stage::S6 | Stage::S7 => 384,
             _ => 128,
         }
     }
@@ -154,13 +165,13 @@ impl Stage {
 
     /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stages, f16 for the others.
     pub fn fp8_p(self) -> bool {
-        matches!(self, Stage::S5 | Stage::S6)
+        matches!(self, Stage::S5 | Stage::S6 | Stage::S7)
     }
 
     /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,
     /// and V must first be transposed in global memory (`prep_vt`).
     pub fn tma(self) -> bool {
-        self == Stage::S6
+        matches!(self, Stage::S6 | Stage::S7)
     }
 
     pub fn source(self) -> &'static Source {
@@ -172,11 +183,16 @@ impl Stage {
             Stage::S4 => &STAGE4,
             Stage::S5 => &STAGE5,
             Stage::S6 => &STAGE6,
+            Stage::S7 => &STAGE7,
         }
     }
 
     pub fn ring_stages(self) -> usize {
-        if self == Stage::S4 { 3 } else { 2 }
+        match self {
+            Stage::S4 => 3,
+            Stage::S6 | Stage::S7 => 4,
+            _ => 2,
+        }
     }
 
     /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows), and per ring stage a K tile
@@ -202,7 +218,7 @@ impl Stage {
             + match self {
                 Stage::S1 | Stage::S3a => bq * bc * 4 + stats,
                 Stage::S2 => bq * bc * 4 + stats + bq * bc * 2,
-                Stage::S3b | Stage::S4 | Stage::S5 | Stage::S6 => 0,
+                Stage::S3b | Stage::S4 | Stage::S5 | Stage::S6 | Stage::S7 => 0,
             }
     }
 
@@ -252,12 +268,12 @@ const fn k90a(name: &'static str, source: &'static Source) -> KernelSpec {
 const fn k90a_tma(name: &'static str, source: &'static Source) -> KernelSpec {
     // 384 threads under __launch_bounds__(384, 1): ptxas's report is the entry cap, 168; past setmaxnreg the
     // producer runs on 40 registers and the consumers on 232 (128·40 + 256·232 = 64512 of 65536). Spills: 0.
-    // Static shared memory: the ring's and Q's mbarriers (48 bytes for 2 stages).
+    // Static shared memory: the ring's and Q's mbarriers (80 bytes for 4 stages).
     KernelSpec {
         block: "composed",
         name,
         source,
-        budget: Budget::new(168, 64),
+        budget: Budget::new(168, 128),
         archs: &[Arch::Sm90a],
         sass: &["QGMMA", "UTMALDG", "SYNCS"],
     }
@@ -278,4 +294,6 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a("stage5_d128", &STAGE5),
     k90a_tma("stage6_d64", &STAGE6),
     k90a_tma("stage6_d128", &STAGE6),
+    k90a_tma("stage7_d64", &STAGE7),
+    k90a_tma("stage7_d128", &STAGE7),
 ];

@@ -468,7 +468,7 @@ fn main() {
     );
     t.model("hopper_stages_elsewhere_are_refused_by_name", || {
         // An sm_90a stage on an sm_80 / sm_89 device: a clear error before any launch, not a launch failure.
-        for stage in [Stage::S5, Stage::S6] {
+        for stage in [Stage::S5, Stage::S6, Stage::S7] {
             for arch in [lab::Arch::Sm80, lab::Arch::Sm89] {
                 let e = format!("{:#}", stage.kernel(64).target_for(arch).unwrap_err());
                 ensure!(
@@ -485,12 +485,13 @@ fn main() {
         // Q·Kᵀ is D/32 QGMMA a tile and P·V 128/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
         // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
         // three scales (LDG).
-        for stage in [Stage::S5, Stage::S6] {
+        for stage in [Stage::S5, Stage::S6, Stage::S7] {
             for d in composed::DIMS {
                 let spec = stage.kernel(d);
                 let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
                 let h = lab::sass::histogram(&cubin, spec.name)?;
-                let want = d / 32 + 128 / 32;
+                // Stage 7 peels its first and last turns: each GEMM appears twice in its code.
+                let want = (d / 32 + 128 / 32) * if stage == Stage::S7 { 2 } else { 1 };
                 ensure!(
                     h.get("QGMMA") == Some(&want) && !h.contains_key("HMMA"),
                     "{}: QGMMA {:?} (want {want}), HMMA {:?}",
@@ -498,7 +499,7 @@ fn main() {
                     h.get("QGMMA"),
                     h.get("HMMA")
                 );
-                if stage == Stage::S6 {
+                if stage.tma() {
                     ensure!(
                         h.get("UTMALDG").is_some_and(|&n| n >= 3)
                             && !h.contains_key("LDGSTS")

@@ -1,0 +1,100 @@
+// pingpong_attention.cuh: the body of stage 7: stage 6's producer and ring, the two consumers taking turns on the tensor cores.
+#pragma once
+#include "tma_attention.cuh"
+
+namespace sdpa {
+
+// As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an
+// arrive on the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores
+// over, and runs tile t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own
+// P·V(t − 1) also runs under that softmax: only O's rescale and P's packing wait for it (O and P's A
+// registers belong to the wgmma until it retires).
+template <int D, int STAGES>
+__device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
+  constexpr int BC = 128, BQ = 128;
+  constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
+  constexpr wgmma::Swizzle SWT = wgmma::Swizzle::B128;
+  constexpr unsigned kTile = BC * D;
+  using SL = frag::WgmmaD<BC>;
+  using OL = frag::WgmmaD<D>;
+  __shared__ tma::Barriers<STAGES> bars;
+  __shared__ unsigned long long q_bar;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sq = smem_raw + ((1024 - (wgmma::smem_addr(smem_raw) & 1023)) & 1023);
+  unsigned char* sk = sq + BQ * D;
+  unsigned char* svt = sk + STAGES * kTile;
+  const tma::Ring<STAGES> ring{&bars};
+  if (threadIdx.x == 0) {
+    ring.init(8);
+    tma::mbar_init(&q_bar, 1);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
+  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, tiles = (p.sk + BC - 1) / BC;
+  if (roles::warpgroup() == 0) {
+    roles::release_registers<40>();
+    if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, q0, tiles);
+  } else {
+    roles::claim_registers<232>();
+    const int wg = roles::warpgroup() - 1;
+    const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
+    osm::RowState st;
+    osm::init(st);
+    frag::Regs<OL> o[1];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
+    unsigned a[BC / 32][4];
+    frag::Regs<SL> s[1];
+    tma::wait(&q_bar, 0);
+    // Turns: consumer 0 first. Each consumer has tiles + 1 turns (the first issues Q·Kᵀ alone, the last P·V
+    // alone) and each turn but consumer 1's last hands over, so both barriers end with as many arrivals as
+    // waits. First and last turns are peeled: ptxas serialises wgmma (C7514 / C7515) when it cannot see that
+    // every path through a wgmma's pipeline stage waits before touching its accumulators.
+    const unsigned char* q_tile = sq + wg * 64 * D;
+    if (wg == 1) roles::arrive(1, 256);
+    float alpha[2];
+    ring.wait_full(0);
+    roles::sync(1 + wg, 256);
+    wgmma::fence_operand(s[0].x);
+    wgmma::fence();
+    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, sk, false);
+    wgmma::commit();
+    roles::arrive(2 - wg, 256);
+    wgmma::wait<0>();
+    wgmma::fence_operand(s[0].x);
+    osm::step<SL, kFp8POffset>(s, 0, p.sk, c, st, alpha);
+    relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is still zero: nothing to rescale
+    for (int tt = 1; tt < tiles; ++tt) {
+      ring.wait_full(tt);
+      roles::sync(1 + wg, 256);
+      wgmma::fence_operand(s[0].x);
+      wgmma::fence_operand(o[0].x);
+      wgmma::fence();
+      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, sk + ring.stage(tt) * kTile, false);
+      wgmma::commit();
+      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, svt + ring.stage(tt - 1) * kTile, true);
+      wgmma::commit();
+      roles::arrive(2 - wg, 256);
+      wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) may still run
+      wgmma::fence_operand(s[0].x);
+      osm::step<SL, kFp8POffset>(s, tt * BC, p.sk, c, st, alpha);
+      wgmma::wait<0>();
+      wgmma::fence_operand(o[0].x);
+      __syncwarp();
+      if (roles::lane() == 0) ring.release(tt - 1);
+      osm::rescale<OL>(o, alpha);
+      relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
+    }
+    roles::sync(1 + wg, 256);
+    wgmma::fence_operand(o[0].x);
+    wgmma::fence();
+    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, svt + ring.stage(tiles - 1) * kTile, true);
+    wgmma::commit();
+    if (wg == 0) roles::arrive(2, 256);
+    wgmma::wait<0>();
+    wgmma::fence_operand(o[0].x);
+    epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
+  }
+}
+
+}  // namespace sdpa
