@@ -16,8 +16,11 @@ const SECTIONS: [&str; 5] = [
     "MemoryWorkloadAnalysis",
     "WarpStateStats",
 ];
-const METRICS: [&str; 6] = [
+const METRICS: [&str; 9] = [
     "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio$",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
     "sm__inst_executed_pipe_tensor_op_gmma.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
@@ -128,6 +131,18 @@ pub fn run(stage: &str, shape: &str) -> Result<bool> {
         (
             "GMMA instructions",
             "sm__inst_executed_pipe_tensor_op_gmma.sum",
+        ),
+        (
+            "tensor pipe (GMMA) active, % of peak",
+            "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+        ),
+        (
+            "MUFU (XU pipe) issue, % of peak",
+            "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+        ),
+        (
+            "issue slots used, % of peak",
+            "smsp__issue_active.avg.pct_of_peak_sustained_active",
         ),
         (
             "shared loads: wavefronts",

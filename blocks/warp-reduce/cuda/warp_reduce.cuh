@@ -21,11 +21,17 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   return r;
 }
 
+// kChains: independent partial results a lane folds its cells into, round robin, before combining them in
+// order: a row of 32 cells is then kChains chains, not one of 32 dependent instructions (the softmax waits on
+// the max before its first exponential, and the sum trails the exponentials). Max is exact in any order; the
+// sum's order is part of its result, and the CPU model (row_sum_device, SUM_CHAINS) mirrors it.
 struct MaxOp {
+  static constexpr int kChains = 4;
   __device__ float operator()(float a, float b) const { return max_nan(a, b); }
   __device__ static float identity() { return neg_inf(); }
 };
 struct SumOp {
+  static constexpr int kChains = 2;
   __device__ float operator()(float a, float b) const { return a + b; }
   __device__ static float identity() { return 0.0f; }
 };
@@ -39,24 +45,32 @@ __device__ __forceinline__ float quad(float v, Op op) {
 }
 
 // Row reduction within one warp. frags[f] covers columns col0 + f * L::kCols + [0, L::kCols); Frag is a
-// wmma accumulator fragment or frag::Regs<L>. Each lane folds its own cells in (f, i) order, then the quad.
+// wmma accumulator fragment or frag::Regs<L>. Each lane folds its own cells in (f, i) order into Op::kChains
+// partials (cell k of the row into partial k % kChains), combines them in order, then the quad.
 // MASKED = false is for callers that know every column is < kv_valid (a full tile): no per-cell compare.
 template <class L, class Op, bool MASKED = true, int NF, class Frag>
 __device__ __forceinline__ void rows(const Frag (&frags)[NF], int col0, int kv_valid, Op op, float (&out)[2]) {
   const int lane = threadIdx.x & 31;
+  constexpr int K = Op::kChains;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float v = Op::identity();
+    float v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = Op::identity();
+    int k = 0;
 #pragma unroll
     for (int f = 0; f < NF; ++f) {
 #pragma unroll
       for (int i = 0; i < L::kElems; ++i) {
         if (frag::acc_half(i) != h) continue;
         const int c = col0 + f * L::kCols + L::col(lane, i);
-        v = op(v, !MASKED || c < kv_valid ? frags[f].x[i] : Op::identity());
+        v[k % K] = op(v[k % K], !MASKED || c < kv_valid ? frags[f].x[i] : Op::identity());
+        ++k;
       }
     }
-    out[h] = quad(v, op);
+#pragma unroll
+    for (int j = 1; j < K; ++j) v[0] = op(v[0], v[j]);
+    out[h] = quad(v[0], op);
   }
 }
 

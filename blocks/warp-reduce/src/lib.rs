@@ -8,7 +8,8 @@ mod model;
 
 pub use kernels::{HEADERS, KERNELS, SHAPES, SOURCE, kernel};
 pub use model::{
-    Frag, ROWS, Shape, gamma, max_nan, row_abs_sum, row_max, row_sum_device, row_sum_exact,
+    Frag, ROWS, SUM_CHAINS, Shape, gamma, max_nan, row_abs_sum, row_max, row_sum_device,
+    row_sum_exact,
 };
 
 /// Every kernel of this block, for `cargo xtask ptxas`.

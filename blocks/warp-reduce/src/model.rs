@@ -123,6 +123,9 @@ pub fn gamma(k: usize) -> f64 {
 
 /// The row sum as `warp_reduce.cuh` computes it in f32: each lane folds its cells in (fragment, element)
 /// order from 0, the quad adds (s0 + s1) + (s2 + s3), and warps' partials are added in warp order.
+/// The partial sums a lane keeps (`SumOp::kChains` in warp_reduce.cuh): cell k of its row goes into k % 2.
+pub const SUM_CHAINS: usize = 2;
+
 pub fn row_sum_device(shape: &Shape, tile: &[f32], kv_valid: usize) -> Vec<f32> {
     let (cols, fc, l) = (shape.cols(), shape.frag.cols(), shape.frag.layout());
     (0..ROWS)
@@ -132,18 +135,21 @@ pub fn row_sum_device(shape: &Shape, tile: &[f32], kv_valid: usize) -> Vec<f32> 
                 let s: Vec<f32> = (0..4u32)
                     .map(|t| {
                         let lane = 4 * (r as u32 % 8) + t;
-                        let mut s = 0.0f32;
+                        // The lane's cells round robin into SUM_CHAINS partials, then folded in order.
+                        let mut s = [0.0f32; SUM_CHAINS];
+                        let mut k = 0;
                         for f in 0..shape.nf {
                             for i in (0..l.regs()).filter(|i| (i >> 1) & 1 == half) {
                                 let c = (w * shape.nf + f) * fc + l.coord(lane, i).1 as usize;
-                                s += if c < kv_valid {
+                                s[k % SUM_CHAINS] += if c < kv_valid {
                                     tile[r * cols + c]
                                 } else {
                                     0.0
                                 };
+                                k += 1;
                             }
                         }
-                        s
+                        s[1..].iter().fold(s[0], |a, &x| a + x)
                     })
                     .collect();
                 (s[0] + s[1]) + (s[2] + s[3])
