@@ -216,23 +216,29 @@ fn main() {
         let m = kernel(&wide).mutated("warp_reduce.cuh", "max.NaN.f32 %0", "max.f32 %0")?;
         must_fail(gpu, "max through plain fmaxf", &wide, &m)
     });
-    t.gpu("mutant_sum_chains_out_of_step_with_the_model_is_caught", move |gpu| {
-        // The sum's partials are part of its bits: one chain on the device while the model keeps two.
-        let m = kernel(&wide).mutated(
-            "warp_reduce.cuh",
-            "struct SumOp {\n  static constexpr int kChains = 2;",
-            "struct SumOp {\n  static constexpr int kChains = 1;",
-        )?;
-        must_fail(gpu, "one sum chain against the model's two", &wide, &m)
-    });
-    t.gpu("mutant_max_chains_dropping_a_partial_is_caught", move |gpu| {
-        let m = kernel(&wide).mutated(
-            "warp_reduce.cuh",
-            "for (int j = 1; j < K; ++j) v[0] = op(v[0], v[j]);",
-            "for (int j = 1; j < K - 1; ++j) v[0] = op(v[0], v[j]);",
-        )?;
-        must_fail(gpu, "the last partial left out of the fold", &wide, &m)
-    });
+    t.gpu(
+        "mutant_sum_chains_out_of_step_with_the_model_is_caught",
+        move |gpu| {
+            // The sum's partials are part of its bits: one chain on the device while the model keeps two.
+            let m = kernel(&wide).mutated(
+                "warp_reduce.cuh",
+                "struct SumOp {\n  static constexpr int kChains = 2;",
+                "struct SumOp {\n  static constexpr int kChains = 1;",
+            )?;
+            must_fail(gpu, "one sum chain against the model's two", &wide, &m)
+        },
+    );
+    t.gpu(
+        "mutant_max_chains_dropping_a_partial_is_caught",
+        move |gpu| {
+            let m = kernel(&wide).mutated(
+                "warp_reduce.cuh",
+                "for (int j = 1; j < K; ++j) v[0] = op(v[0], v[j]);",
+                "for (int j = 1; j < K - 1; ++j) v[0] = op(v[0], v[j]);",
+            )?;
+            must_fail(gpu, "the last partial left out of the fold", &wide, &m)
+        },
+    );
     let multi = Shape::new(Frag::WmmaAcc, 2, 4);
     t.gpu("mutant_one_warp_only_is_caught", move |gpu| {
         let m = kernel(&multi).mutated(
