@@ -8,7 +8,9 @@ namespace sdpa {
 // arrive on the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores
 // over, and runs tile t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own
 // P·V(t − 1) also runs under that softmax: only O's rescale and P's packing wait for it (O and P's A
-// registers belong to the wgmma until it retires).
+// registers belong to the wgmma until it retires). Causal masking (p.causal): each row's key limit
+// min(Sk, row + Sk − Sq + 1) goes to the softmax (osm::step_rows), and key tiles past the block's last visible
+// key are never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
 template <int D, int STAGES>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
   constexpr int BC = 128, BQ = 128;
@@ -30,7 +32,9 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     tma::fence_barrier_init();
   }
   __syncthreads();
-  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, tiles = (p.sk + BC - 1) / BC;
+  const int bh = blockIdx.x, q0 = blockIdx.y * BQ;
+  const int visible = p.causal ? min(p.sk, max(0, min(q0 + BQ, p.sq) + p.sk - p.sq)) : p.sk;
+  const int tiles = max(1, (visible + BC - 1) / BC);
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
     if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, q0, tiles);
@@ -38,6 +42,12 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
     const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
+    int limit[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
+      limit[h] = p.causal ? min(p.sk, max(0, row + p.sk - p.sq + 1)) : p.sk;
+    }
     osm::RowState st;
     osm::init(st);
     frag::Regs<OL> o[1];
@@ -62,7 +72,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     roles::arrive(2 - wg, 256);
     wgmma::wait<0>();
     wgmma::fence_operand(s[0].x);
-    osm::step<SL, kFp8POffset>(s, 0, p.sk, c, st, alpha);
+    osm::step_rows<SL, kFp8POffset>(s, 0, limit, c, st, alpha);
     relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is still zero: nothing to rescale
     for (int tt = 1; tt < tiles; ++tt) {
       ring.wait_full(tt);
@@ -77,7 +87,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       roles::arrive(2 - wg, 256);
       wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) may still run
       wgmma::fence_operand(s[0].x);
-      osm::step<SL, kFp8POffset>(s, tt * BC, p.sk, c, st, alpha);
+      osm::step_rows<SL, kFp8POffset>(s, tt * BC, limit, c, st, alpha);
       wgmma::wait<0>();
       wgmma::fence_operand(o[0].x);
       __syncwarp();

@@ -30,6 +30,7 @@ struct Params {
   int sk;
   float softmax_scale;
   int o_dtype;  // OutDtype
+  int causal;   // stage 7 only (the host refuses it elsewhere): row i sees keys j <= i + sk - sq
 };
 
 // O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).

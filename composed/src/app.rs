@@ -91,6 +91,9 @@ pub enum Cmd {
         /// Print the report as one JSON object on stdout (progress stays on stderr).
         #[arg(long)]
         json: bool,
+        /// Causal masking, aligned bottom-right (row i sees keys j <= i + Sk - Sq); stage7 only.
+        #[arg(long)]
+        causal: bool,
         #[command(flatten)]
         scheme: SchemeArgs,
     },
@@ -111,6 +114,9 @@ pub enum Cmd {
         /// measure": the A/B of a change is its revert as a variant.
         #[arg(long = "variant")]
         variants: Vec<String>,
+        /// Causal masking (stage7 only); its TFLOP/s count half the work.
+        #[arg(long)]
+        causal: bool,
         #[command(flatten)]
         scheme: SchemeArgs,
     },
@@ -153,6 +159,7 @@ pub fn execute(args: Args) -> Result<()> {
             rows_per_head,
             out_dtype,
             json,
+            causal,
             scheme,
         } => run(&RunArgs {
             stage,
@@ -162,6 +169,7 @@ pub fn execute(args: Args) -> Result<()> {
             rows_per_head: rows_per_head as usize,
             out_dtype,
             json,
+            causal,
             scheme: scheme.scheme(),
         }),
         Cmd::Bench {
@@ -169,8 +177,15 @@ pub fn execute(args: Args) -> Result<()> {
             shape,
             dist,
             variants,
+            causal,
             scheme,
-        } => bench(stage, shape, dist, &variants, scheme.scheme()),
+        } => bench(
+            stage,
+            shape.with_causal(causal),
+            dist,
+            &variants,
+            scheme.scheme(),
+        ),
     }
 }
 
@@ -295,6 +310,7 @@ struct RunArgs {
     rows_per_head: usize,
     out_dtype: OutDtype,
     json: bool,
+    causal: bool,
     scheme: Scheme,
 }
 
@@ -319,7 +335,16 @@ fn run(a: &RunArgs) -> Result<()> {
         std::fs::read(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
     ph.done("read");
     bar.set_message("parsing");
-    let loaded = cli::load(&bytes, a.scheme)?;
+    let loaded = match cli::load(&bytes, a.scheme)? {
+        cli::Loaded::Fp8(mut qz) => {
+            qz.shape.causal = a.causal;
+            cli::Loaded::Fp8(qz)
+        }
+        cli::Loaded::Real(mut raw) => {
+            raw.shape.causal = a.causal;
+            cli::Loaded::Real(raw)
+        }
+    };
     drop(bytes);
     bar.finish_and_clear();
     ph.done("parse");
@@ -432,7 +457,7 @@ fn run(a: &RunArgs) -> Result<()> {
         let report = serde_json::json!({
             "stage": a.stage.name(),
             "device": gpu.name,
-            "shape": {"b": s.b, "h": s.h, "sq": s.sq, "sk": s.sk, "d": s.d},
+            "shape": {"b": s.b, "h": s.h, "sq": s.sq, "sk": s.sk, "d": s.d, "causal": s.causal},
             "out_dtype": a.out_dtype.name(),
             "check": {
                 "mode": check_name,
@@ -452,7 +477,7 @@ fn run(a: &RunArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} on {} for [B, H, Sq, Sk, D] = [{}, {}, {}, {}, {}], O in {}",
+        "{} on {} for [B, H, Sq, Sk, D] = [{}, {}, {}, {}, {}]{}, O in {}",
         a.stage.name(),
         gpu.name,
         s.b,
@@ -460,6 +485,7 @@ fn run(a: &RunArgs) -> Result<()> {
         s.sq,
         s.sk,
         s.d,
+        if s.causal { ", causal" } else { "" },
         a.out_dtype
     );
     match &checked {

@@ -135,8 +135,9 @@ struct Params {
     sk: i32,
     softmax_scale: f32,
     o_dtype: i32,
+    causal: i32,
 }
-// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 4 × 4 bytes).
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 5 × 4 bytes).
 unsafe impl DeviceRepr for Params {}
 
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
@@ -296,6 +297,11 @@ impl OnDevice {
         st: &std::sync::Arc<CudaStream>,
     ) -> Result<()> {
         let s = self.shape;
+        ensure!(
+            !s.causal || stage.causal(),
+            "{} has no causal masking: stage7 has (run it with --stage stage7, or without --causal)",
+            stage.name()
+        );
         let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
         let k = gpu.load(&spec)?;
         let smem = stage.smem_bytes(s.d);
@@ -345,6 +351,7 @@ impl OnDevice {
             sk: s.sk as i32,
             softmax_scale: self.softmax_scale,
             o_dtype: dtype_code(self.out_dtype()),
+            causal: i32::from(s.causal),
         };
         let cfg = LaunchConfig {
             grid_dim: grid(stage, &s)?,

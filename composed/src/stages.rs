@@ -168,6 +168,11 @@ impl Stage {
         matches!(self, Stage::S5 | Stage::S6 | Stage::S7)
     }
 
+    /// Whether the stage takes causal masking (`Shape::causal`); the others refuse it by name at launch.
+    pub fn causal(self) -> bool {
+        self == Stage::S7
+    }
+
     /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,
     /// and V must first be transposed in global memory (`prep_vt`).
     pub fn tma(self) -> bool {

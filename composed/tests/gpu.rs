@@ -262,6 +262,28 @@ fn prepared(case: &Case) -> Arc<Prepared> {
     .clone()
 }
 
+/// Causal cases for stage 7: Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key), S = 1, partial tiles, D = 64
+/// and 128, several heads, and the mission shape.
+fn causal_shapes() -> Vec<(String, Shape)> {
+    [
+        Shape::new(1, 2, 256, 64),
+        Shape::cross(1, 2, 100, 300, 128),
+        Shape::cross(1, 2, 300, 100, 64),
+        Shape::new(1, 1, 1, 128),
+        Shape::new(2, 3, 129, 128),
+        Shape::cross(1, 1, 77, 1000, 64),
+        Shape::new(1, 8, 512, 64),
+    ]
+    .into_iter()
+    .map(|s| {
+        (
+            format!("{}x{}x{}x{}x{}", s.b, s.h, s.sq, s.sk, s.d),
+            s.with_causal(true),
+        )
+    })
+    .collect()
+}
+
 fn max_abs(a: &[f32], b: &[f64]) -> f64 {
     a.iter()
         .zip(b)
@@ -377,8 +399,9 @@ fn rule(
     let score_err = score_error_bounds(stage, qz);
     for (i, (&got, &want)) in dev.lse.iter().zip(&r.lse).enumerate() {
         let tol = 2.0 * e_emu_lse + 8.0 * 2f64.powi(-24) * (1.0 + want.abs()) + score_err[i];
+        // A row that sees no key (causal, Sq > Sk) must give exactly −inf, as the reference does.
         ensure!(
-            (got as f64 - want).abs() <= tol,
+            got as f64 == want || (got as f64 - want).abs() <= tol,
             "{what}: LSE[{i}] = {got} vs {want} (tolerance {tol:.2e})"
         );
     }
@@ -744,6 +767,37 @@ fn main() {
         let lse_err = lse.iter().zip(&r.lse).map(|(&a, &b)| (f64::from(a) - b).abs()).fold(0.0, f64::max);
         ensure!(e.rel_l2 < 0.1 && lse_err < 0.1, "sdpa run's O rel-L2 {:.3e}, LSE max abs {lse_err:.3e}", e.rel_l2);
         eprintln!("sdpa run --smooth-k --rotate hadamard on k-bias inputs: written O {e}; LSE max abs {lse_err:.3e}");
+        Ok(())
+    });
+    for (name, shape) in causal_shapes() {
+        t.gpu(&format!("causal::stage7::{name}"), move |gpu| {
+            let qz = quantize_per_head(&normal(shape, 31));
+            let dev = run_as(gpu, Stage::S7, &qz, OutDtype::F16)?;
+            let r = reference(&qz);
+            let emu = emulation_of(Stage::S7, &qz, OutDtype::F16);
+            let blind = shape.sq.saturating_sub(shape.sk) * shape.heads();
+            rule(Stage::S7, &qz, &r, &emu, &dev, &name, |e, e_emu| {
+                eprintln!("stage7 causal {name}: {e} | emulation max_abs={e_emu:.3e}; {blind} rows see no key")
+            })?;
+            // The mask is the point: the same problem without it must come out different.
+            let open = run_as(gpu, Stage::S7, &Quantized { shape: shape.with_causal(false), ..qz.clone() }, OutDtype::F16)?;
+            ensure!(
+                shape.sq * shape.sk == 1 || open.o.iter().zip(&dev.o).any(|(a, b)| a != b),
+                "{name}: causal and non-causal O are identical"
+            );
+            Ok(())
+        });
+    }
+    t.gpu("causal::other_stages_refuse_it_by_name", |gpu| {
+        let qz = quantize_per_head(&normal(Shape::new(1, 1, 64, 64).with_causal(true), 1));
+        for stage in Stage::ALL.into_iter().filter(|s| !s.causal()) {
+            let e = format!("{:#}", run_as(gpu, stage, &qz, OutDtype::F16).unwrap_err());
+            ensure!(
+                e.contains(&format!("{} has no causal masking", stage.name()))
+                    && e.contains("stage7"),
+                "{e}"
+            );
+        }
         Ok(())
     });
     t.model("rotation_of_an_unsupported_d_is_named", || {

@@ -39,10 +39,10 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 namespace detail {
 template <class L, int P_OFFSET, bool MASKED, int NF, class Frag>
-__device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2]) {
+__device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st, float (&alpha)[2]) {
   const int lane = threadIdx.x & 31;
   float mx[2], m_use[2];
-  wr::row_max<L, MASKED>(s, col0, kv_valid, mx);
+  wr::rows_limited<L, wr::MaxOp, MASKED>(s, col0, limit, wr::MaxOp{}, mx);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_new = wr::max_nan(st.m[h], mx[h]);
@@ -55,7 +55,7 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
 #pragma unroll
     for (int i = 0; i < L::kElems; ++i) {
       const int h = frag::acc_half(i);
-      const bool valid = !MASKED || col0 + f * L::kCols + L::col(lane, i) < kv_valid;
+      const bool valid = !MASKED || col0 + f * L::kCols + L::col(lane, i) < limit[h];
       if constexpr (P_OFFSET == 0) {
         s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
       } else {
@@ -63,11 +63,23 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
       }
     }
   float ps[2];
-  wr::row_sum<L, MASKED>(s, col0, kv_valid, ps);
+  wr::rows_limited<L, wr::SumOp, MASKED>(s, col0, limit, wr::SumOp{}, ps);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = alpha[h] * st.l[h] + ps[h];
 }
 }  // namespace detail
+
+// As step, with a column limit per row (this lane's two rows): columns >= limit[h] of row h are masked. A
+// causal mask is limit = min(Sk, row + Sk - Sq + 1). A row with no column left keeps m = -inf and l = 0: its O
+// is 0 and its LSE -inf (finish).
+template <class L, int P_OFFSET = 0, int NF, class Frag>
+__device__ __forceinline__ void step_rows(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st,
+                                          float (&alpha)[2]) {
+  if (col0 + NF * L::kCols <= min(limit[0], limit[1]))
+    detail::step<L, P_OFFSET, false>(s, col0, limit, c, st, alpha);
+  else
+    detail::step<L, P_OFFSET, true>(s, col0, limit, c, st, alpha);
+}
 
 // One K/V tile: turns the score fragments S into P in place, updates m and l, and returns the factor O must
 // be rescaled by before P·V is added. Columns col0 + ... >= kv_valid are masked. P_OFFSET (log2 units) scales
@@ -76,10 +88,8 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
 // every column valid (all but the last, warp-uniformly) takes the path without per-cell compares.
 template <class L, int P_OFFSET = 0, int NF, class Frag>
 __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2]) {
-  if (col0 + NF * L::kCols <= kv_valid)
-    detail::step<L, P_OFFSET, false>(s, col0, kv_valid, c, st, alpha);
-  else
-    detail::step<L, P_OFFSET, true>(s, col0, kv_valid, c, st, alpha);
+  const int limit[2] = {kv_valid, kv_valid};
+  step_rows<L, P_OFFSET>(s, col0, limit, c, st, alpha);
 }
 
 // O = alpha·O, row by row.

@@ -46,10 +46,12 @@ __device__ __forceinline__ float quad(float v, Op op) {
 
 // Row reduction within one warp. frags[f] covers columns col0 + f * L::kCols + [0, L::kCols); Frag is a
 // wmma accumulator fragment or frag::Regs<L>. Each lane folds its own cells in (f, i) order into Op::kChains
-// partials (cell k of the row into partial k % kChains), combines them in order, then the quad.
-// MASKED = false is for callers that know every column is < kv_valid (a full tile): no per-cell compare.
+// partials (cell k of the row into partial k % kChains), combines them in order, then the quad. Row h of the
+// lane keeps the columns < limit[h] (a causal mask gives each row its own limit).
+// MASKED = false is for callers that know every column is below both limits (a full tile): no per-cell compare.
 template <class L, class Op, bool MASKED = true, int NF, class Frag>
-__device__ __forceinline__ void rows(const Frag (&frags)[NF], int col0, int kv_valid, Op op, float (&out)[2]) {
+__device__ __forceinline__ void rows_limited(const Frag (&frags)[NF], int col0, const int (&limit)[2], Op op,
+                                             float (&out)[2]) {
   const int lane = threadIdx.x & 31;
   constexpr int K = Op::kChains;
 #pragma unroll
@@ -64,7 +66,7 @@ __device__ __forceinline__ void rows(const Frag (&frags)[NF], int col0, int kv_v
       for (int i = 0; i < L::kElems; ++i) {
         if (frag::acc_half(i) != h) continue;
         const int c = col0 + f * L::kCols + L::col(lane, i);
-        v[k % K] = op(v[k % K], !MASKED || c < kv_valid ? frags[f].x[i] : Op::identity());
+        v[k % K] = op(v[k % K], !MASKED || c < limit[h] ? frags[f].x[i] : Op::identity());
         ++k;
       }
     }
@@ -72,6 +74,13 @@ __device__ __forceinline__ void rows(const Frag (&frags)[NF], int col0, int kv_v
     for (int j = 1; j < K; ++j) v[0] = op(v[0], v[j]);
     out[h] = quad(v[0], op);
   }
+}
+
+// Both rows with the same limit: only columns < kv_valid are real (a partial K/V tile).
+template <class L, class Op, bool MASKED = true, int NF, class Frag>
+__device__ __forceinline__ void rows(const Frag (&frags)[NF], int col0, int kv_valid, Op op, float (&out)[2]) {
+  const int limit[2] = {kv_valid, kv_valid};
+  rows_limited<L, Op, MASKED>(frags, col0, limit, op, out);
 }
 
 template <class L, bool MASKED = true, int NF, class Frag>

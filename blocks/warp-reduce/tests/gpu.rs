@@ -209,7 +209,7 @@ fn main() {
         must_fail(gpu, "quad shuffle over lanes xor 4", &wide, &m)
     });
     t.gpu("mutant_mask_off_by_one_is_caught", move |gpu| {
-        let m = kernel(&wide).mutated("warp_reduce.cuh", "c < kv_valid", "c <= kv_valid")?;
+        let m = kernel(&wide).mutated("warp_reduce.cuh", "c < limit[h]", "c <= limit[h]")?;
         must_fail(gpu, "mask keeps column kv_valid", &wide, &m)
     });
     t.gpu("mutant_fmaxf_drops_nan_is_caught", move |gpu| {
