@@ -8,7 +8,7 @@ mod model;
 
 pub use kernels::{HEADERS, KERNELS, SHAPES, SOURCE, kernel};
 pub use model::{
-    Frag, ROWS, SUM_CHAINS, Shape, gamma, max_nan, row_abs_sum, row_max, row_sum_device,
+    Frag, Mask, ROWS, SUM_CHAINS, Shape, gamma, max_nan, row_abs_sum, row_max, row_sum_device,
     row_sum_exact,
 };
 

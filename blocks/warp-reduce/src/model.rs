@@ -78,37 +78,65 @@ pub fn max_nan(a: f32, b: f32) -> f32 {
     }
 }
 
+/// Which columns of each row are real: those below `kv_valid` (a partial K/V tile) and, with a diagonal,
+/// also at most `r + diag` in row r (a causal mask: the device's `rows_limited` with limit = min(kv_valid,
+/// r + diag + 1)). A plain `usize` is `kv_valid` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask {
+    pub kv_valid: usize,
+    pub diag: Option<usize>,
+}
+
+impl Mask {
+    pub fn limit(&self, r: usize) -> usize {
+        self.diag
+            .map_or(self.kv_valid, |d| self.kv_valid.min(r + d + 1))
+    }
+}
+
+impl From<usize> for Mask {
+    fn from(kv_valid: usize) -> Mask {
+        Mask {
+            kv_valid,
+            diag: None,
+        }
+    }
+}
+
 fn valid<'a>(
     tile: &'a [f32],
     shape: &Shape,
     r: usize,
-    kv_valid: usize,
+    mask: Mask,
 ) -> impl Iterator<Item = f32> + 'a {
     let cols = shape.cols();
-    tile[r * cols..r * cols + kv_valid.min(cols)]
+    tile[r * cols..r * cols + mask.limit(r).min(cols)]
         .iter()
         .copied()
 }
 
 /// Row max over the valid columns; −inf where there are none. Order-free, so exact.
-pub fn row_max(shape: &Shape, tile: &[f32], kv_valid: usize) -> Vec<f32> {
+pub fn row_max(shape: &Shape, tile: &[f32], mask: impl Into<Mask>) -> Vec<f32> {
+    let mask = mask.into();
     (0..ROWS)
-        .map(|r| valid(tile, shape, r, kv_valid).fold(f32::NEG_INFINITY, max_nan))
+        .map(|r| valid(tile, shape, r, mask).fold(f32::NEG_INFINITY, max_nan))
         .collect()
 }
 
 /// Row sum in f64 of the valid columns: the reference.
-pub fn row_sum_exact(shape: &Shape, tile: &[f32], kv_valid: usize) -> Vec<f64> {
+pub fn row_sum_exact(shape: &Shape, tile: &[f32], mask: impl Into<Mask>) -> Vec<f64> {
+    let mask = mask.into();
     (0..ROWS)
-        .map(|r| valid(tile, shape, r, kv_valid).map(f64::from).sum())
+        .map(|r| valid(tile, shape, r, mask).map(f64::from).sum())
         .collect()
 }
 
 /// Σ|x| of the valid columns, for the error bound.
-pub fn row_abs_sum(shape: &Shape, tile: &[f32], kv_valid: usize) -> Vec<f64> {
+pub fn row_abs_sum(shape: &Shape, tile: &[f32], mask: impl Into<Mask>) -> Vec<f64> {
+    let mask = mask.into();
     (0..ROWS)
         .map(|r| {
-            valid(tile, shape, r, kv_valid)
+            valid(tile, shape, r, mask)
                 .map(|x| f64::from(x).abs())
                 .sum()
         })
@@ -126,7 +154,8 @@ pub fn gamma(k: usize) -> f64 {
 /// The partial sums a lane keeps (`SumOp::kChains` in warp_reduce.cuh): cell k of its row goes into k % 2.
 pub const SUM_CHAINS: usize = 2;
 
-pub fn row_sum_device(shape: &Shape, tile: &[f32], kv_valid: usize) -> Vec<f32> {
+pub fn row_sum_device(shape: &Shape, tile: &[f32], mask: impl Into<Mask>) -> Vec<f32> {
+    let mask = mask.into();
     let (cols, fc, l) = (shape.cols(), shape.frag.cols(), shape.frag.layout());
     (0..ROWS)
         .map(|r| {
@@ -141,7 +170,7 @@ pub fn row_sum_device(shape: &Shape, tile: &[f32], kv_valid: usize) -> Vec<f32> 
                         for f in 0..shape.nf {
                             for i in (0..l.regs()).filter(|i| (i >> 1) & 1 == half) {
                                 let c = (w * shape.nf + f) * fc + l.coord(lane, i).1 as usize;
-                                s[k % SUM_CHAINS] += if c < kv_valid {
+                                s[k % SUM_CHAINS] += if c < mask.limit(r) {
                                     tile[r * cols + c]
                                 } else {
                                     0.0

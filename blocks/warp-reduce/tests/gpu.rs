@@ -5,11 +5,22 @@ use lab::numerics::{Inputs, Tolerance, check_written, error_stats, poisoned};
 use lab::{Gpu, KernelSpec, Suite};
 use warp_reduce::*;
 
-/// One case: a tile and how many of its columns are real.
+/// One case: a tile and which of its columns are real.
 struct Case {
     what: String,
     tile: Vec<f32>,
     kv_valid: usize,
+    /// A causal diagonal: row r keeps columns ≤ r + diag too (per-row limits, `rows_limited`).
+    diag: Option<usize>,
+}
+
+impl Case {
+    fn mask(&self) -> Mask {
+        Mask {
+            kv_valid: self.kv_valid,
+            diag: self.diag,
+        }
+    }
 }
 
 fn cases(s: &Shape) -> Vec<Case> {
@@ -20,12 +31,14 @@ fn cases(s: &Shape) -> Vec<Case> {
             what: format!("normal seed {seed}"),
             tile: Inputs::seeded(seed).normal(n, 0.0, 3.0),
             kv_valid: cols,
+            diag: None,
         });
     }
     v.push(Case {
         what: "integers (exact sums)".into(),
         tile: Inputs::seeded(4).integers(n, -1000, 1000),
         kv_valid: cols,
+        diag: None,
     });
     let sweep = Inputs::seeded(5).normal(n, 1.0, 2.0);
     for kv in 0..=cols {
@@ -33,6 +46,7 @@ fn cases(s: &Shape) -> Vec<Case> {
             what: format!("kv_valid {kv}"),
             tile: sweep.clone(),
             kv_valid: kv,
+            diag: None,
         });
     }
     let mut inf_rows = Inputs::seeded(6).normal(n, 0.0, 1.0);
@@ -43,6 +57,7 @@ fn cases(s: &Shape) -> Vec<Case> {
         what: "rows all -inf".into(),
         tile: inf_rows,
         kv_valid: cols,
+        diag: None,
     });
     let huge: Vec<f32> = Inputs::seeded(7)
         .bits_u32(n)
@@ -53,11 +68,13 @@ fn cases(s: &Shape) -> Vec<Case> {
         what: "±3e38 (partial sums overflow)".into(),
         tile: huge,
         kv_valid: cols,
+        diag: None,
     });
     v.push(Case {
         what: "single valid column".into(),
         tile: Inputs::seeded(8).normal(n, 0.0, 1.0),
         kv_valid: 1,
+        diag: None,
     });
     let mut nan = Inputs::seeded(9).normal(n, 0.0, 1.0);
     nan[3 * cols + cols / 2] = f32::NAN; // valid: must propagate
@@ -66,6 +83,7 @@ fn cases(s: &Shape) -> Vec<Case> {
         what: "NaN valid in row 3, masked in row 5".into(),
         tile: nan,
         kv_valid: cols - 1,
+        diag: None,
     });
     let mut zeros = Inputs::seeded(10).normal(n, 0.0, 1.0);
     zeros[2 * cols..3 * cols].fill(-0.0);
@@ -75,7 +93,19 @@ fn cases(s: &Shape) -> Vec<Case> {
         what: "signed zeros".into(),
         tile: zeros,
         kv_valid: cols,
+        diag: None,
     });
+    // Per-row limits: every row its own; row 0 of diagonal 0 keeps one column; with kv_valid below the
+    // diagonal's reach the two limits take turns.
+    let tri = Inputs::seeded(11).normal(n, 0.5, 2.0);
+    for (diag, kv) in [(0, cols), (3, cols), (1, cols / 2 + 1), (cols, cols - 2)] {
+        v.push(Case {
+            what: format!("causal diagonal {diag}, kv_valid {kv}"),
+            tile: tri.clone(),
+            kv_valid: kv,
+            diag: Some(diag),
+        });
+    }
     v
 }
 
@@ -91,16 +121,18 @@ fn launch(
     let tile = s.clone_htod(&case.tile)?;
     let mut out = s.clone_htod(&poisoned::<f32>(2 * ROWS))?;
     let kv = case.kv_valid as i32;
+    let diag = case.diag.map_or(-1, |d| d as i32);
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (32 * shape.wn as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: reduce_*(const float* tile[16][cols], int kv_valid, float* out[32]), wn warps.
+    // SAFETY: reduce_*(const float* tile[16][cols], int kv_valid, int diag, float* out[32]), wn warps.
     unsafe {
         s.launch_builder(&k.func)
             .arg(&tile)
             .arg(&kv)
+            .arg(&diag)
             .arg(&mut out)
             .launch(cfg)?
     };
@@ -112,12 +144,12 @@ fn launch(
 /// Every row of one case against the model; the first disagreement as an error.
 fn check_case(shape: &Shape, case: &Case, mx: &[f32], sm: &[f32]) -> Result<()> {
     let (want_mx, want_sm) = (
-        row_max(shape, &case.tile, case.kv_valid),
-        row_sum_device(shape, &case.tile, case.kv_valid),
+        row_max(shape, &case.tile, case.mask()),
+        row_sum_device(shape, &case.tile, case.mask()),
     );
     let (exact, abs) = (
-        row_sum_exact(shape, &case.tile, case.kv_valid),
-        row_abs_sum(shape, &case.tile, case.kv_valid),
+        row_sum_exact(shape, &case.tile, case.mask()),
+        row_abs_sum(shape, &case.tile, case.mask()),
     );
     for r in 0..ROWS {
         let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
@@ -160,7 +192,7 @@ fn run_shape(gpu: &Gpu, shape: &Shape) -> Result<()> {
         check_case(shape, case, &mx, &sm)?;
         if case.what.starts_with("normal") {
             got.extend(&sm);
-            want.extend(row_sum_exact(shape, &case.tile, case.kv_valid));
+            want.extend(row_sum_exact(shape, &case.tile, case.mask()));
         }
     }
     let stats = error_stats(
@@ -211,6 +243,10 @@ fn main() {
     t.gpu("mutant_mask_off_by_one_is_caught", move |gpu| {
         let m = kernel(&wide).mutated("warp_reduce.cuh", "c < limit[h]", "c <= limit[h]")?;
         must_fail(gpu, "mask keeps column kv_valid", &wide, &m)
+    });
+    t.gpu("mutant_one_limit_for_both_rows_is_caught", move |gpu| {
+        let m = kernel(&wide).mutated("warp_reduce.cuh", "c < limit[h]", "c < limit[0]")?;
+        must_fail(gpu, "row 8's limit taken from row 0", &wide, &m)
     });
     t.gpu("mutant_fmaxf_drops_nan_is_caught", move |gpu| {
         let m = kernel(&wide).mutated("warp_reduce.cuh", "max.NaN.f32 %0", "max.f32 %0")?;
