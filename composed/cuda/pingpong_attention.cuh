@@ -8,7 +8,8 @@ namespace sdpa {
 // arrive on the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores
 // over, and runs tile t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own
 // P·V(t − 1) also runs under that softmax: only O's rescale and P's packing wait for it (O and P's A
-// registers belong to the wgmma until it retires). Causal masking (p.causal): each row's key limit
+// registers belong to the wgmma until it retires). Grouped-query attention: the block of query head bh reads
+// K/V head bh / p.group (and its scales). Causal masking (p.causal): each row's key limit
 // min(Sk, row + Sk − Sq + 1) goes to the softmax (osm::step_rows), and key tiles past the block's last visible
 // key are never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
 template <int D, int STAGES>
@@ -32,16 +33,16 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     tma::fence_barrier_init();
   }
   __syncthreads();
-  const int bh = blockIdx.x, q0 = blockIdx.y * BQ;
+  const int bh = blockIdx.x, kv = bh / p.group, q0 = blockIdx.y * BQ;
   const int visible = p.causal ? min(p.sk, max(0, min(q0 + BQ, p.sq) + p.sk - p.sq)) : p.sk;
   const int tiles = max(1, (visible + BC - 1) / BC);
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
-    if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, q0, tiles);
+    if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, kv, q0, tiles);
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
-    const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
+    const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
     int limit[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -14,13 +14,14 @@ extern "C" __global__ void prep_smooth_k(float* k, int sk, int d, float* mu) {
   for (int j = 0; j < sk; ++j) kh[(long long)j * d] -= m;
 }
 
-// shift[r] = softmax_scale * (q_r . mu_head), the dot product in f64 in channel order (fixtures::lse_shift): a
-// thread a query row. Each product of two f32 is exact in f64, so a fused multiply-add changes nothing.
-extern "C" __global__ void prep_lse_shift(const float* q, long long rows, int sq, int d, const float* mu,
+// shift[r] = softmax_scale * (q_r . mu_kv), mu of the row's key/value head (query head / group), the dot
+// product in f64 in channel order (fixtures::lse_shift): a thread a query row. Each product of two f32 is exact
+// in f64, so a fused multiply-add changes nothing.
+extern "C" __global__ void prep_lse_shift(const float* q, long long rows, int sq, int d, int group, const float* mu,
                                           float softmax_scale, float* shift) {
   for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
     const float* qr = q + r * d;
-    const float* m = mu + (r / sq) * d;
+    const float* m = mu + (r / sq / group) * d;
     double dot = 0.0;
     for (int c = 0; c < d; ++c) dot += (double)qr[c] * (double)m[c];
     shift[r] = (float)((double)softmax_scale * dot);

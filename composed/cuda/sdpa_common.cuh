@@ -31,6 +31,7 @@ struct Params {
   float softmax_scale;
   int o_dtype;  // OutDtype
   int causal;   // stage 7 only (the host refuses it elsewhere): row i sees keys j <= i + sk - sq
+  int group;    // query heads per K/V head (grouped-query attention; > 1 in stage 7 only): K/V head = bh / group
 };
 
 // O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).

@@ -13,12 +13,12 @@ namespace sdpa {
 // the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
 // after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
 // under the other's GEMMs.
-// The producer's one thread: Q (each consumer's 64 rows as its own canonical tile; rows past Sq are the map's
-// zero fill) on q_bar, then K and Vᵀ of every key tile through the ring.
+// The producer's one thread: Q of head bh (each consumer's 64 rows as its own canonical tile; rows past Sq are
+// the map's zero fill) on q_bar, then K and Vᵀ of key/value head kv of every key tile through the ring.
 template <int D, int STAGES>
 __device__ __forceinline__ void produce(const tma::Ring<STAGES>& ring, unsigned long long* q_bar, const tma::Map* mq,
                                         const tma::Map* mk, const tma::Map* mvt, unsigned char* sq,
-                                        unsigned char* sk, unsigned char* svt, int bh, int q0, int tiles) {
+                                        unsigned char* sk, unsigned char* svt, int bh, int kv, int q0, int tiles) {
   constexpr unsigned kTile = 128 * D;
   tma::prefetch(mq);
   tma::prefetch(mk);
@@ -28,8 +28,8 @@ __device__ __forceinline__ void produce(const tma::Ring<STAGES>& ring, unsigned 
   tma::load_4d(mq, q_bar, sq + 64 * D, 0, q0 + 64, bh, 0);
   for (int t = 0; t < tiles; ++t) {
     ring.acquire(t, 2 * kTile);
-    tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * 128, bh, 0);
-    tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile, t * 128, 0, bh, 0);
+    tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * 128, kv, 0);
+    tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile, t * 128, 0, kv, 0);
   }
 }
 
@@ -57,7 +57,7 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
   const int bh = blockIdx.x, q0 = blockIdx.y * BQ, tiles = (p.sk + BC - 1) / BC;
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
-    if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, q0, tiles);
+    if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, bh, q0, tiles);
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;

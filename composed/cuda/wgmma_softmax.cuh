@@ -38,7 +38,7 @@ __device__ __forceinline__ void epilogue(const Params& p, frag::Regs<frag::Wgmma
   float lse[2];
   osm::finish<OL, kFp8POffset>(o, st, scale, lse);
   const long long o0 = ((long long)bh * p.sq + row0) * D;
-  const float vs = p.v_scale[bh];
+  const float vs = p.v_scale[bh / p.group];
   switch (p.o_dtype) {
     case kBf16:
       relayout::store_rows<__nv_bfloat16, D>(o[0].x, vs, static_cast<__nv_bfloat16*>(p.o) + o0, D, p.sq - row0);

@@ -117,6 +117,9 @@ pub enum Cmd {
         /// Causal masking (stage7 only); its TFLOP/s count half the work.
         #[arg(long)]
         causal: bool,
+        /// Key/value heads a batch, for grouped-query attention (stage7 only; must divide H).
+        #[arg(long)]
+        kv_heads: Option<usize>,
         #[command(flatten)]
         scheme: SchemeArgs,
     },
@@ -178,10 +181,13 @@ pub fn execute(args: Args) -> Result<()> {
             dist,
             variants,
             causal,
+            kv_heads,
             scheme,
         } => bench(
             stage,
-            shape.with_causal(causal),
+            shape
+                .with_kv_heads(kv_heads.unwrap_or(shape.h))?
+                .with_causal(causal),
             dist,
             &variants,
             scheme.scheme(),
@@ -293,6 +299,10 @@ fn stages() {
     println!(
         "All stages: E4M3 Q, K, V [B, H, S, D] with per-(b, h) scales; D = 64 or 128; any S ≥ 1; Sq ≠ Sk allowed;"
     );
+    println!(
+        "stage7 also takes causal masking (--causal, bottom-right diagonal) and grouped-query attention (K, V with"
+    );
+    println!("fewer heads than Q, dividing H); the other stages refuse both by name.");
     println!(
         "outputs O [B, H, Sq, D] in f16, bf16 or f32 (--out-dtype) and LSE f32 [B, H, Sq]. stage1-4 run on sm_80 or"
     );

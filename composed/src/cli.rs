@@ -98,8 +98,8 @@ pub fn load(bytes: &[u8], scheme: Scheme) -> Result<Loaded> {
         [bk, hk, sk, dk]
     );
     ensure!(
-        [b, h, d] == [bk, hk, dk],
-        "`q` is [{b}, {h}, {sq}, {d}] but `k` is [{bk}, {hk}, {sk}, {dk}]: B, H and D must agree"
+        [b, d] == [bk, dk] && hk >= 1 && h.is_multiple_of(hk),
+        "`q` is [{b}, {h}, {sq}, {d}] but `k` is [{bk}, {hk}, {sk}, {dk}]: B and D must agree, and H must be a multiple of k's heads (grouped-query attention)"
     );
     ensure!(
         sq >= 1 && sk >= 1,
@@ -110,7 +110,7 @@ pub fn load(bytes: &[u8], scheme: Scheme) -> Result<Loaded> {
         DIMS.contains(&d),
         "head dimension D = {d} is not supported: the stages are built for D = 64 and 128"
     );
-    let shape = Shape::cross(b, h, sq, sk, d);
+    let shape = Shape::cross(b, h, sq, sk, d).with_kv_heads(hk)?;
     let fp8 = [&q, &k, &v]
         .iter()
         .filter(|t| t.dtype() == Dtype::F8_E4M3)
@@ -127,8 +127,8 @@ pub fn load(bytes: &[u8], scheme: Scheme) -> Result<Loaded> {
             k: k.data().to_vec(),
             v: v.data().to_vec(),
             q_scale: scales(&st, "q_scale", b * h)?,
-            k_scale: scales(&st, "k_scale", b * h)?,
-            v_scale: scales(&st, "v_scale", b * h)?,
+            k_scale: scales(&st, "k_scale", b * hk)?,
+            v_scale: scales(&st, "v_scale", b * hk)?,
             softmax_scale: 1.0 / (d as f32).sqrt(),
         };
         crate::validate(&qz)?;
@@ -265,6 +265,15 @@ mod tests {
     }
 
     #[test]
+    fn grouped_query_inputs_load() {
+        let mut t = qkv([1, 4, 5, 64], Dtype::F32);
+        t[1] = ("k", Dtype::F32, vec![1, 2, 7, 64], f32s(2 * 7 * 64, 0.1));
+        t[2] = ("v", Dtype::F32, vec![1, 2, 7, 64], f32s(2 * 7 * 64, 0.1));
+        let l = load(&file(&t), Scheme::default()).unwrap();
+        assert_eq!((l.shape().h, l.shape().hkv, l.shape().group()), (4, 2, 2));
+    }
+
+    #[test]
     fn a_missing_tensor_is_named() {
         let mut t = qkv([1, 1, 4, 64], Dtype::F32);
         t.remove(1);
@@ -280,7 +289,7 @@ mod tests {
         let mut t = qkv([1, 2, 4, 64], Dtype::F32);
         t[1] = ("k", Dtype::F32, vec![1, 3, 4, 64], f32s(768, 0.1));
         t[2] = ("v", Dtype::F32, vec![1, 3, 4, 64], f32s(768, 0.1));
-        assert!(err(t).contains("B, H and D must agree"));
+        assert!(err(t).contains("B and D must agree, and H must be a multiple"));
         let mut t = qkv([1, 2, 4, 64], Dtype::F32);
         t[2] = ("v", Dtype::F32, vec![1, 2, 5, 64], f32s(640, 0.1));
         assert!(err(t).contains("must have the same shape"));

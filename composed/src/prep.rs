@@ -44,8 +44,8 @@ pub fn vt_keys(sk: usize) -> usize {
 /// `KeyOrder::Local.key(k)` at position k (zero past Sk). The host model of `prep_vt`.
 pub fn transpose_v_model(v: &[u8], s: &fixtures::Shape) -> Vec<u8> {
     let (sk, d, kp) = (s.sk, s.d, vt_keys(s.sk));
-    let mut out = vec![0u8; s.heads() * d * kp];
-    for h in 0..s.heads() {
+    let mut out = vec![0u8; s.kv_heads() * d * kp];
+    for h in 0..s.kv_heads() {
         for c in 0..d {
             for k in 0..kp {
                 let key = fp8_relayout::KeyOrder::Local.key(k as u32) as usize;
@@ -77,7 +77,7 @@ pub fn transpose_v_with(
     s: &fixtures::Shape,
 ) -> Result<CudaSlice<u8>> {
     let kp = vt_keys(s.sk);
-    let bytes = s.heads() * s.d * kp;
+    let bytes = s.kv_heads() * s.d * kp;
     let (free, _) = gpu
         .ctx
         .mem_get_info()
@@ -98,7 +98,7 @@ pub fn transpose_v_with(
     let kern = gpu.load(spec)?;
     let (sk, d, kpi) = (s.sk as i32, s.d as i32, kp as i32);
     let cfg = LaunchConfig {
-        grid_dim: (s.heads() as u32, (kp / 32) as u32, 1),
+        grid_dim: (s.kv_heads() as u32, (kp / 32) as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -131,14 +131,14 @@ pub(crate) fn tma_maps(
     } else {
         Swizzle::B128
     };
-    let heads = s.heads() as u64;
+    let (heads, kv_heads) = (s.heads() as u64, s.kv_heads() as u64);
     let (d, sq, sk) = (s.d as u64, s.sq as u64, s.sk as u64);
     Ok([
         MapSpec::heads(Elem::U8, [1, heads, sq, d], false, 64, sw).encode(q)?,
-        MapSpec::heads(Elem::U8, [1, heads, sk, d], false, 128, sw).encode(k)?,
+        MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, 128, sw).encode(k)?,
         MapSpec::heads(
             Elem::U8,
-            [1, heads, d, vt_keys(s.sk) as u64],
+            [1, kv_heads, d, vt_keys(s.sk) as u64],
             false,
             s.d as u32,
             Swizzle::B128,
@@ -184,7 +184,7 @@ impl OnDevice {
         let s = raw.shape;
         let rotation = scheme.rotate.rotation(s.d)?;
         crate::validate_shape(&s)?;
-        let (nq, nk) = (s.heads() * s.sq * s.d, s.heads() * s.sk * s.d);
+        let (nq, nk) = (s.heads() * s.sq * s.d, s.kv_heads() * s.sk * s.d);
         for (name, t, n) in [("q", &raw.q, nq), ("k", &raw.k, nk), ("v", &raw.v, nk)] {
             ensure!(
                 t.len() == n,
@@ -204,19 +204,19 @@ impl OnDevice {
         Self::check_fits_with(gpu, &s, out, &extra)?;
         let st = &gpu.stream;
         let softmax_scale = 1.0 / (s.d as f32).sqrt();
-        let quantize = |x: &CudaSlice<f32>, rows: usize| {
+        let quantize = |x: &CudaSlice<f32>, heads: usize, rows: usize| {
             prep.quantizer
-                .run(gpu, x, s.heads(), rows * s.d, scheme.per)
+                .run(gpu, x, heads, rows * s.d, scheme.per)
                 .with_context(|| format!("quantizing on the device ({})", scheme.name()))
         };
         // K first: smoothing it gives the means that Q's LSE shift needs.
         let mut kf = st.clone_htod(&raw.k)?;
         let mu = if scheme.smooth_k {
-            let mut mu = st.alloc_zeros::<f32>(s.heads() * s.d)?;
+            let mut mu = st.alloc_zeros::<f32>(s.kv_heads() * s.d)?;
             let kern = gpu.load(&prep.smooth_k)?;
             let (sk, d) = (s.sk as i32, s.d as i32);
             let cfg = LaunchConfig {
-                grid_dim: (s.heads() as u32, 1, 1),
+                grid_dim: (s.kv_heads() as u32, 1, 1),
                 block_dim: (s.d as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -238,7 +238,7 @@ impl OnDevice {
         if let Some(r) = &rotation {
             r.apply(gpu, &mut kf, false)?;
         }
-        let (kc, ks) = quantize(&kf, s.sk)?;
+        let (kc, ks) = quantize(&kf, s.kv_heads(), s.sk)?;
         drop(kf);
         let mut qf = st.clone_htod(&raw.q)?;
         let shift = match &mu {
@@ -246,20 +246,21 @@ impl OnDevice {
                 let rows = (s.heads() * s.sq) as i64;
                 let mut shift = st.alloc_zeros::<f32>(rows as usize)?;
                 let kern = gpu.load(&prep.lse_shift)?;
-                let (sq, d) = (s.sq as i32, s.d as i32);
+                let (sq, d, group) = (s.sq as i32, s.d as i32, s.group() as i32);
                 let cfg = LaunchConfig {
                     grid_dim: ((rows as u64).div_ceil(256).min(1 << 20) as u32, 1, 1),
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: prep_lse_shift(const float* q[rows·d], long long rows, int sq, int d,
-                // const float* mu[heads·d], float softmax_scale, float* shift[rows]), grid-stride.
+                // SAFETY: prep_lse_shift(const float* q[rows·d], long long rows, int sq, int d, int group,
+                // const float* mu[kv_heads·d], float softmax_scale, float* shift[rows]), grid-stride.
                 unsafe {
                     st.launch_builder(&kern.func)
                         .arg(&qf)
                         .arg(&rows)
                         .arg(&sq)
                         .arg(&d)
+                        .arg(&group)
                         .arg(mu)
                         .arg(&softmax_scale)
                         .arg(&mut shift)
@@ -273,10 +274,10 @@ impl OnDevice {
         if let Some(r) = &rotation {
             r.apply(gpu, &mut qf, false)?;
         }
-        let (qc, qs) = quantize(&qf, s.sq)?;
+        let (qc, qs) = quantize(&qf, s.heads(), s.sq)?;
         drop(qf);
         let vf = st.clone_htod(&raw.v)?;
-        let (vc, vs) = quantize(&vf, s.sk)?;
+        let (vc, vs) = quantize(&vf, s.kv_heads(), s.sk)?;
         drop(vf);
         Self::assemble(
             gpu,

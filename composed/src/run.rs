@@ -37,14 +37,17 @@ pub fn validate_shape(s: &fixtures::Shape) -> Result<()> {
 pub fn validate(qz: &Quantized) -> Result<()> {
     let s = qz.shape;
     validate_shape(&s)?;
-    for (name, t, rows) in [("q", &qz.q, s.sq), ("k", &qz.k, s.sk), ("v", &qz.v, s.sk)] {
-        let want = s.heads() * rows * s.d;
+    for (name, t, heads, rows) in [
+        ("q", &qz.q, s.h, s.sq),
+        ("k", &qz.k, s.hkv, s.sk),
+        ("v", &qz.v, s.hkv, s.sk),
+    ] {
+        let want = s.b * heads * rows * s.d;
         ensure!(
             t.len() == want,
-            "tensor `{name}` has {} elements, [B, H, S, D] = [{}, {}, {rows}, {}] needs {want}",
+            "tensor `{name}` has {} elements, [B, H, S, D] = [{}, {heads}, {rows}, {}] needs {want}",
             t.len(),
             s.b,
-            s.h,
             s.d
         );
         // Chunks folded without an early exit vectorise: gigabyte tensors are scanned in well under a second.
@@ -57,16 +60,15 @@ pub fn validate(qz: &Quantized) -> Result<()> {
             bail!("tensor `{name}` holds an E4M3 NaN code at index {i}");
         }
     }
-    for (name, sc) in [
-        ("q_scale", &qz.q_scale),
-        ("k_scale", &qz.k_scale),
-        ("v_scale", &qz.v_scale),
+    for (name, sc, heads) in [
+        ("q_scale", &qz.q_scale, s.heads()),
+        ("k_scale", &qz.k_scale, s.kv_heads()),
+        ("v_scale", &qz.v_scale, s.kv_heads()),
     ] {
         ensure!(
-            sc.len() == s.heads(),
-            "`{name}` has {} entries, one per (batch, head) = {} needed",
-            sc.len(),
-            s.heads()
+            sc.len() == heads,
+            "`{name}` has {} entries, one per (batch, head) = {heads} needed",
+            sc.len()
         );
         if let Some(i) = sc.iter().position(|x| !(x.is_finite() && *x > 0.0)) {
             bail!("`{name}`[{i}] = {} is not a positive finite scale", sc[i]);
@@ -136,8 +138,9 @@ struct Params {
     softmax_scale: f32,
     o_dtype: i32,
     causal: i32,
+    group: i32,
 }
-// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 5 × 4 bytes).
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 6 × 4 bytes).
 unsafe impl DeviceRepr for Params {}
 
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
@@ -170,13 +173,13 @@ impl OnDevice {
 
     /// Device memory a problem of `s` takes: Q, K, V (E4M3), O in `out`, LSE and the scales, in bytes.
     pub fn bytes_needed(s: &fixtures::Shape, out: OutDtype) -> [(&'static str, usize); 5] {
-        let (q, kv) = (s.heads() * s.sq * s.d, s.heads() * s.sk * s.d);
+        let (q, kv) = (s.heads() * s.sq * s.d, s.kv_heads() * s.sk * s.d);
         [
             ("Q", q),
             ("K and V", 2 * kv),
             ("O", q * out.size()),
             ("LSE", s.heads() * s.sq * 4),
-            ("scales", 3 * s.heads() * 4),
+            ("scales", (s.heads() + 2 * s.kv_heads()) * 4),
         ]
     }
 
@@ -302,6 +305,13 @@ impl OnDevice {
             "{} has no causal masking: stage7 has (run it with --stage stage7, or without --causal)",
             stage.name()
         );
+        ensure!(
+            s.group() == 1 || stage.gqa(),
+            "{} has no grouped-query attention (H = {} query heads, Hkv = {} key/value heads): stage7 has",
+            stage.name(),
+            s.h,
+            s.hkv
+        );
         let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
         let k = gpu.load(&spec)?;
         let smem = stage.smem_bytes(s.d);
@@ -352,6 +362,7 @@ impl OnDevice {
             softmax_scale: self.softmax_scale,
             o_dtype: dtype_code(self.out_dtype()),
             causal: i32::from(s.causal),
+            group: s.group() as i32,
         };
         let cfg = LaunchConfig {
             grid_dim: grid(stage, &s)?,

@@ -173,6 +173,11 @@ impl Stage {
         self == Stage::S7
     }
 
+    /// Whether the stage takes grouped-query attention (`Shape::hkv` < H); the others refuse it by name.
+    pub fn gqa(self) -> bool {
+        self == Stage::S7
+    }
+
     /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,
     /// and V must first be transposed in global memory (`prep_vt`).
     pub fn tma(self) -> bool {

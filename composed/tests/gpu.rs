@@ -262,6 +262,55 @@ fn prepared(case: &Case) -> Arc<Prepared> {
     .clone()
 }
 
+/// Grouped-query cases for stage 7: 4 query heads a K/V head, multi-query (one K/V head), grouping with the
+/// causal mask and Sq ≠ Sk, D = 64 and 128.
+fn gqa_shapes() -> Vec<(String, Shape)> {
+    [
+        (Shape::new(1, 8, 256, 128), 2, false),
+        (Shape::cross(2, 4, 130, 200, 64), 1, false),
+        (Shape::new(1, 8, 300, 128), 4, true),
+        (Shape::cross(2, 6, 77, 129, 64), 3, true),
+    ]
+    .into_iter()
+    .map(|(s, hkv, causal)| {
+        (
+            format!(
+                "{}x{}q{}kv_{}x{}x{}{}",
+                s.b,
+                s.h,
+                hkv,
+                s.sq,
+                s.sk,
+                s.d,
+                if causal { "_causal" } else { "" }
+            ),
+            s.with_kv_heads(hkv).expect("divides").with_causal(causal),
+        )
+    })
+    .collect()
+}
+
+/// `qz` with every K/V head (codes and scales) repeated for each query head that reads it: the same problem
+/// as ordinary attention.
+fn expand_kv(qz: &Quantized) -> Quantized {
+    let s = qz.shape;
+    let per = s.sk * s.d;
+    let rep = |x: &[u8]| -> Vec<u8> {
+        (0..s.heads())
+            .flat_map(|h| x[s.kv_head(h) * per..(s.kv_head(h) + 1) * per].to_vec())
+            .collect()
+    };
+    let rep_s = |x: &[f32]| -> Vec<f32> { (0..s.heads()).map(|h| x[s.kv_head(h)]).collect() };
+    Quantized {
+        shape: Shape { hkv: s.h, ..s },
+        k: rep(&qz.k),
+        v: rep(&qz.v),
+        k_scale: rep_s(&qz.k_scale),
+        v_scale: rep_s(&qz.v_scale),
+        ..qz.clone()
+    }
+}
+
 /// Causal cases for stage 7: Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key), S = 1, partial tiles, D = 64
 /// and 128, several heads, and the mission shape.
 fn causal_shapes() -> Vec<(String, Shape)> {
@@ -311,11 +360,12 @@ fn score_error_bounds(stage: Stage, qz: &Quantized) -> Vec<f64> {
     let norm = |v: &[u8]| v.iter().map(|&c| dec(c) * dec(c)).sum::<f64>().sqrt();
     let mut out = Vec::with_capacity(rows);
     for h in 0..s.heads() {
+        let g = s.kv_head(h);
         let kmax = (0..s.sk)
-            .map(|j| norm(&qz.k[(h * s.sk + j) * s.d..(h * s.sk + j + 1) * s.d]))
+            .map(|j| norm(&qz.k[(g * s.sk + j) * s.d..(g * s.sk + j + 1) * s.d]))
             .fold(0.0, f64::max);
         let scale =
-            f64::from(qz.softmax_scale) * f64::from(qz.q_scale[h]) * f64::from(qz.k_scale[h]);
+            f64::from(qz.softmax_scale) * f64::from(qz.q_scale[h]) * f64::from(qz.k_scale[g]);
         for i in 0..s.sq {
             let q = norm(&qz.q[(h * s.sq + i) * s.d..(h * s.sq + i + 1) * s.d]);
             out.push(scale * wgmma::FP8_ACCUMULATION_EPS * q * kmax);
@@ -611,7 +661,10 @@ fn main() {
         t.gpu(&format!("over_2_31_elements::{}", stage.name()), move |gpu| {
             // 64-bit offsets: Q, K, V and O of more than 2^31 elements, 524,800 heads (grid x), checked on every
             // row of ~2,000 heads spread over the whole tensor, the last included, by FlashAttention's rule
-            // against the f64 reference and the emulation of those heads.
+            // against the f64 reference and the emulation of those heads. One stage at a time: each needs ~11 GB
+            // of the device (13 with the TMA stages' Vᵀ), and the tests of a binary run in parallel.
+            static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+            let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
             let qz = huge();
             let s = qz.shape;
             let heads: Vec<usize> = (0..s.heads()).step_by(263).chain([s.heads() - 1]).collect();
@@ -788,6 +841,47 @@ fn main() {
             Ok(())
         });
     }
+    for (name, shape) in gqa_shapes() {
+        t.gpu(&format!("gqa::stage7::{name}"), move |gpu| {
+            let qz = quantize_per_head(&normal(shape, 41));
+            let dev = run_as(gpu, Stage::S7, &qz, OutDtype::F32)?;
+            let r = reference(&qz);
+            let emu = emulation_of(Stage::S7, &qz, OutDtype::F32);
+            rule(Stage::S7, &qz, &r, &emu, &dev, &name, |e, e_emu| {
+                eprintln!("stage7 gqa {name}: {e} | emulation max_abs={e_emu:.3e}")
+            })?;
+            // The same problem with every K/V head repeated for its query heads, as ordinary attention: the
+            // kernel must give the same bits (the group mapping checked without fixtures' own mapping).
+            let wide = expand_kv(&qz);
+            let same = run_as(gpu, Stage::S7, &wide, OutDtype::F32)?;
+            ensure!(
+                dev.o
+                    .iter()
+                    .zip(&same.o)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+                    && dev
+                        .lse
+                        .iter()
+                        .zip(&same.lse)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: grouped-query O / LSE differ from the same heads repeated"
+            );
+            Ok(())
+        });
+    }
+    t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
+        let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
+        let qz = quantize_per_head(&normal(shape, 1));
+        for stage in Stage::ALL.into_iter().filter(|s| !s.gqa()) {
+            let e = format!("{:#}", run_as(gpu, stage, &qz, OutDtype::F16).unwrap_err());
+            ensure!(
+                e.contains(&format!("{} has no grouped-query attention", stage.name()))
+                    && e.contains("stage7"),
+                "{e}"
+            );
+        }
+        Ok(())
+    });
     t.gpu("causal::other_stages_refuse_it_by_name", |gpu| {
         let qz = quantize_per_head(&normal(Shape::new(1, 1, 64, 64).with_causal(true), 1));
         for stage in Stage::ALL.into_iter().filter(|s| !s.causal()) {
@@ -861,6 +955,12 @@ fn device_schemes() -> Vec<(fixtures::Scheme, Vec<(Shape, fixtures::Dist)>)> {
         ),
         (Shape::new(3, 1, 129, 128), Dist::KBias),
         (Shape::new(1, 2, 64, 64), Dist::HeavyTail),
+        (
+            Shape::cross(2, 4, 70, 150, 128)
+                .with_kv_heads(2)
+                .expect("4 / 2"),
+            Dist::KBias,
+        ),
     ];
     let mut v = Vec::new();
     for per in [Granularity::PerHead, Granularity::PerTensor] {
@@ -931,7 +1031,9 @@ fn check_device_scheme(
             .all(|(a, b)| a.to_bits() == b.to_bits()),
         "{what}: LSE shift differs from the model"
     );
-    let stage = if gpu.arch >= lab::Arch::Sm90 {
+    let stage = if shape.group() > 1 {
+        Stage::S7
+    } else if gpu.arch >= lab::Arch::Sm90 {
         Stage::S5
     } else {
         Stage::S4
