@@ -38,6 +38,21 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::matrix::stage5::mission_1x8x512x64_s0",
         &["memcheck", "racecheck", "synccheck", "initcheck"],
     ),
+    (
+        "composed--gpu",
+        "gpu::matrix::stage6::mission_1x8x512x64_s0",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
+        "composed--gpu",
+        "gpu::matrix::stage7::mission_1x8x512x64_s0",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
+        "composed--gpu",
+        "gpu::causal::stage7::1x2x300x100x64",
+        &["memcheck", "synccheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.
