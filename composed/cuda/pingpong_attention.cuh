@@ -17,28 +17,18 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   constexpr int BC = 128, BQ = 128;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = wgmma::Swizzle::B128;
-  constexpr unsigned kTile = BC * D;
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ unsigned long long q_bar;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* sq = smem_raw + ((1024 - (wgmma::smem_addr(smem_raw) & 1023)) & 1023);
-  unsigned char* sk = sq + BQ * D;
-  unsigned char* svt = sk + STAGES * kTile;
-  const tma::Ring<STAGES> ring{&bars};
-  if (threadIdx.x == 0) {
-    ring.init(8);
-    tma::mbar_init(&q_bar, 1);
-    tma::fence_barrier_init();
-  }
-  __syncthreads();
+  const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar);
   const int bh = blockIdx.x, kv = bh / p.group, q0 = blockIdx.y * BQ;
   const int visible = p.causal ? min(p.sk, max(0, min(q0 + BQ, p.sq) + p.sk - p.sq)) : p.sk;
   const int tiles = max(1, (visible + BC - 1) / BC);
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
-    if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, kv, q0, tiles);
+    if (threadIdx.x == 0) blk.produce(mq, mk, mvt, bh, kv, q0, tiles);
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
@@ -61,14 +51,14 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     // alone) and each turn but consumer 1's last hands over, so both barriers end with as many arrivals as
     // waits. First and last turns are peeled: ptxas serialises wgmma (C7514 / C7515) when it cannot see that
     // every path through a wgmma's pipeline stage waits before touching its accumulators.
-    const unsigned char* q_tile = sq + wg * 64 * D;
+    const unsigned char* q_tile = blk.sq + wg * 64 * D;
     if (wg == 1) roles::arrive(1, 256);
     float alpha[2];
-    ring.wait_full(0);
+    blk.ring.wait_full(0);
     roles::sync(1 + wg, 256);
     wgmma::fence_operand(s[0].x);
     wgmma::fence();
-    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, sk, false);
+    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(0), false);
     wgmma::commit();
     roles::arrive(2 - wg, 256);
     wgmma::wait<0>();
@@ -76,14 +66,14 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     osm::step_rows<SL, kFp8POffset>(s, 0, limit, c, st, alpha);
     relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is still zero: nothing to rescale
     for (int tt = 1; tt < tiles; ++tt) {
-      ring.wait_full(tt);
+      blk.ring.wait_full(tt);
       roles::sync(1 + wg, 256);
       wgmma::fence_operand(s[0].x);
       wgmma::fence_operand(o[0].x);
       wgmma::fence();
-      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, sk + ring.stage(tt) * kTile, false);
+      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(tt), false);
       wgmma::commit();
-      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, svt + ring.stage(tt - 1) * kTile, true);
+      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tt - 1), true);
       wgmma::commit();
       roles::arrive(2 - wg, 256);
       wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) may still run
@@ -92,14 +82,14 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       wgmma::wait<0>();
       wgmma::fence_operand(o[0].x);
       __syncwarp();
-      if (roles::lane() == 0) ring.release(tt - 1);
+      if (roles::lane() == 0) blk.ring.release(tt - 1);
       osm::rescale<OL>(o, alpha);
       relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
     }
     roles::sync(1 + wg, 256);
     wgmma::fence_operand(o[0].x);
     wgmma::fence();
-    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, svt + ring.stage(tiles - 1) * kTile, true);
+    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tiles - 1), true);
     wgmma::commit();
     if (wg == 0) roles::arrive(2, 256);
     wgmma::wait<0>();

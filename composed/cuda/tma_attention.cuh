@@ -33,31 +33,54 @@ __device__ __forceinline__ void produce(const tma::Ring<STAGES>& ring, unsigned 
   }
 }
 
+// The shared memory and barriers both TMA stages use: Q (128 rows), then STAGES K tiles and STAGES Vᵀ tiles,
+// 1024-aligned in the dynamic segment; the ring (released by the 8 consumer warps) and Q's mbarrier initialised
+// by thread 0 before a block barrier, the last one the block meets.
+template <int D, int STAGES>
+struct TmaBlock {
+  static constexpr unsigned kTile = 128 * D;  // bytes of a K tile, and of a Vᵀ tile
+  unsigned char* sq;
+  unsigned char* sk;
+  unsigned char* svt;
+  tma::Ring<STAGES> ring;
+  unsigned long long* q_bar;
+  __device__ TmaBlock(unsigned char* raw, tma::Barriers<STAGES>* bars, unsigned long long* qb)
+      : sq(raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023)),
+        sk(sq + 128 * D),
+        svt(sk + STAGES * kTile),
+        ring{bars},
+        q_bar(qb) {
+    if (threadIdx.x == 0) {
+      ring.init(8);
+      tma::mbar_init(q_bar, 1);
+      tma::fence_barrier_init();
+    }
+    __syncthreads();
+  }
+  __device__ const unsigned char* k_tile(int t) const { return sk + ring.stage(t) * kTile; }
+  __device__ const unsigned char* vt_tile(int t) const { return svt + ring.stage(t) * kTile; }
+  // The producer's thread: Q of head bh, K and Vᵀ of key/value head kv.
+  __device__ void produce(const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt, int bh, int kv, int q0,
+                          int tiles) const {
+    sdpa::produce<D, STAGES>(ring, q_bar, mq, mk, mvt, sq, sk, svt, bh, kv, q0, tiles);
+  }
+};
+
 template <int D, int STAGES>
 __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
   constexpr int BC = 128, BQ = 128;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;  // rows of D bytes
   constexpr wgmma::Swizzle SWT = wgmma::Swizzle::B128;                                 // Vᵀ rows of 128 keys
-  constexpr unsigned kTile = BC * D;  // bytes of a K tile, and of a Vᵀ tile
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ unsigned long long q_bar;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* sq = smem_raw + ((1024 - (wgmma::smem_addr(smem_raw) & 1023)) & 1023);
-  unsigned char* sk = sq + BQ * D;
-  unsigned char* svt = sk + STAGES * kTile;
-  const tma::Ring<STAGES> ring{&bars};
-  if (threadIdx.x == 0) {
-    ring.init(8);  // a stage is released by each of the 8 consumer warps
-    tma::mbar_init(&q_bar, 1);
-    tma::fence_barrier_init();
-  }
-  __syncthreads();
+  const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar);
   const int bh = blockIdx.x, q0 = blockIdx.y * BQ, tiles = (p.sk + BC - 1) / BC;
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
-    if (threadIdx.x == 0) produce<D, STAGES>(ring, &q_bar, mq, mk, mvt, sq, sk, svt, bh, bh, q0, tiles);
+    if (threadIdx.x == 0) blk.produce(mq, mk, mvt, bh, bh, q0, tiles);
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
@@ -70,23 +93,22 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
     unsigned a[BC / 32][4];  // P's A registers: read by P·V of tile t until the wait in tile t + 1
     tma::wait(&q_bar, 0);
     for (int tt = 0; tt < tiles; ++tt) {
-      ring.wait_full(tt);
+      blk.ring.wait_full(tt);
       frag::Regs<SL> s[1];
       wgmma::fence_operand(s[0].x);
       wgmma::fence();
-      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, sq + wg * 64 * D, SW,
-                                                    sk + ring.stage(tt) * kTile, false);
+      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, blk.sq + wg * 64 * D, SW, blk.k_tile(tt), false);
       wgmma::commit();
       wgmma::wait<0>();  // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
       wgmma::fence_operand(s[0].x);
       wgmma::fence_operand(o[0].x);
       if (tt > 0) {
         __syncwarp();
-        if (roles::lane() == 0) ring.release(tt - 1);  // K and Vᵀ of the tile before: every read retired
+        if (roles::lane() == 0) blk.ring.release(tt - 1);  // K and Vᵀ of the tile before: every read retired
       }
       softmax_to_p<D>(s, tt, p.sk, c, st, o, a);
       wgmma::fence();
-      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, svt + ring.stage(tt) * kTile, true);
+      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tt), true);
       wgmma::commit();
     }
     wgmma::wait<0>();
