@@ -276,8 +276,16 @@ fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String], scheme: Scheme
     Ok(())
 }
 
+/// `B,H,Sq,Sk,D`, with the K/V heads and the mask when they are not the defaults.
 fn shape_text(s: &Shape) -> String {
-    format!("{},{},{},{},{}", s.b, s.h, s.sq, s.sk, s.d)
+    let mut t = format!("{},{},{},{},{}", s.b, s.h, s.sq, s.sk, s.d);
+    if s.hkv != s.h {
+        t += &format!(" ({} K/V heads)", s.hkv);
+    }
+    if s.causal {
+        t += " causal";
+    }
+    t
 }
 
 fn stages() {
