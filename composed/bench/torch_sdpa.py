@@ -6,9 +6,10 @@ import sys
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# (B, H, S, D, causal): the ladder's shapes (xtask/src/ladder.rs), the causal one an anchor for later stages.
-SHAPES = [(1, 1, 32, 64, False), (1, 8, 512, 64, False), (1, 8, 2048, 64, False), (2, 8, 256, 64, False),
-          (4, 16, 4096, 64, False), (4, 16, 4096, 128, False), (1, 16, 16384, 128, False), (4, 16, 4096, 128, True)]
+# (B, H, S, D, causal, Hkv): the ladder's shapes (xtask/src/ladder.rs); Hkv < H is grouped-query attention.
+SHAPES = [(1, 1, 32, 64, False, 1), (1, 8, 512, 64, False, 8), (1, 8, 2048, 64, False, 8), (2, 8, 256, 64, False, 8),
+          (4, 16, 4096, 64, False, 16), (4, 16, 4096, 128, False, 16), (1, 16, 16384, 128, False, 16),
+          (4, 16, 4096, 128, True, 16), (4, 32, 4096, 128, False, 8), (4, 32, 4096, 128, True, 8)]
 # Launches captured back to back in one CUDA graph (composed::bench::BACK_TO_BACK): per-launch time.
 BACK_TO_BACK = 20
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -37,11 +38,13 @@ def replay_times(graphs, warmup, iters):
 
 def time_one(backend, shape, warmup=5, iters=100, sets=3):
     """BACK_TO_BACK launches per CUDA graph, one graph per input set, replayed between CUDA events."""
-    b, h, s, d, causal = shape
+    b, h, s, d, causal, hkv = shape
     sets = 1 if s > 4096 else sets
     gen = torch.Generator(device="cuda").manual_seed(0)
-    inputs = [tuple(torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3)) for _ in range(sets)]
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    make = lambda heads: torch.randn(b, heads, s, d, device="cuda", dtype=torch.float16, generator=gen)
+    inputs = [(make(h), make(hkv), make(hkv)) for _ in range(sets)]
+    gqa = {"enable_gqa": True} if hkv != h else {}
+    sdpa = lambda q, k, v, is_causal: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **gqa)
     graphs = []
     with sdpa_kernel(backend):
         side = torch.cuda.Stream()
@@ -100,14 +103,14 @@ def time_cudnn_fp8(shape, warmup=5, iters=100, sets=3):
     input set, replayed between events."""
     import cudnn
 
-    b, h, s, d, causal = shape
+    b, h, s, d, causal, hkv = shape
     sets = 1 if s > 4096 else sets
     handle = cudnn.create_handle()
     gen = torch.Generator(device="cuda").manual_seed(0)
     ones = torch.ones(1, 1, 1, 1, dtype=torch.float32, device="cuda")
     runs = []
     for _ in range(sets):
-        q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.float8_e4m3fn) for _ in range(3))
+        q, k, v = (torch.randn(b, n, s, d, device="cuda", generator=gen).to(torch.float8_e4m3fn) for n in (h, hkv, hkv))
         g, _, _, pack, sc, ws, _ = cudnn_fp8_graph(handle, q, k, v, causal)
         pack.update({t: ones for t in sc})
         runs.append((g, pack, ws))
@@ -133,16 +136,16 @@ def main():
     for shape in SHAPES:
         try:
             p50, p90 = time_cudnn_fp8(shape)
-            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4], "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
         except Exception as e:  # no wheel, or cuDNN refuses the shape: reported, never silently absent
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4], "causal": shape[4], "error": why}), flush=True)
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "error": why}), flush=True)
         for name, backend in BACKENDS.items():
             try:
                 p50, p90 = time_one(backend, shape)
-                print(json.dumps({"backend": name, "shape": shape[:4], "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
+                print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
             except RuntimeError as e:  # a backend that refuses a shape is reported, not fatal
-                print(json.dumps({"backend": name, "shape": shape[:4], "causal": shape[4], "error": str(e).splitlines()[0]}), flush=True)
+                print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "error": str(e).splitlines()[0]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,13 @@ use fixtures::Shape;
 
 use crate::build::{device_words, today, workspace_root};
 
-/// (shape, causal). The causal row is timed for the stages that mask causally (stage 7) and the references.
-const SHAPES: [(Shape, bool); 8] = [
+/// (shape, causal). The causal and grouped-query rows are timed for the stages that take them (stage 7) and the
+/// references; the grouped-query shape is 32 query heads over 8 K/V heads.
+const GQA: Shape = Shape {
+    hkv: 8,
+    ..Shape::new(4, 32, 4096, 128)
+};
+const SHAPES: [(Shape, bool); 10] = [
     (Shape::new(1, 1, 32, 64), false),
     (Shape::new(1, 8, 512, 64), false),
     (Shape::new(1, 8, 2048, 64), false),
@@ -21,10 +26,16 @@ const SHAPES: [(Shape, bool); 8] = [
     (Shape::new(4, 16, 4096, 128), false),
     (Shape::new(1, 16, 16384, 128), false),
     (Shape::new(4, 16, 4096, 128), true),
+    (GQA, false),
+    (GQA, true),
 ];
 
 fn shape_name(s: &Shape) -> String {
-    format!("({},{},{},{})", s.b, s.h, s.sq, s.d)
+    if s.hkv != s.h {
+        format!("({},{}q/{}kv,{},{})", s.b, s.h, s.hkv, s.sq, s.d)
+    } else {
+        format!("({},{},{},{})", s.b, s.h, s.sq, s.d)
+    }
 }
 
 fn key(s: &Shape, causal: bool) -> String {
@@ -83,7 +94,14 @@ fn torch(root: &Path, results: &mut Results, refusals: &mut Refusals) -> Result<
             .map(|x| x as usize)
             .collect();
         let causal = v["causal"].as_bool().unwrap_or(false);
-        let shape = key(&Shape::new(s[0], s[1], s[2], s[3]), causal);
+        let hkv = s.get(4).copied().unwrap_or(s[1]);
+        let shape = key(
+            &Shape {
+                hkv,
+                ..Shape::new(s[0], s[1], s[2], s[3])
+            },
+            causal,
+        );
         let name = format!("torch-{}", v["backend"].as_str().unwrap_or("?"));
         match (v["p50_us"].as_f64(), v["p90_us"].as_f64()) {
             (Some(a), Some(b)) => {
@@ -161,13 +179,15 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     let mut results = Results::new();
     let mut refusals = Refusals::new();
     for (shape, causal) in SHAPES {
-        if causal {
-            for stage in Stage::ALL.into_iter().filter(|s| !s.causal()) {
-                refusals.insert(
-                    (stage.name().to_string(), key(&shape, causal)),
-                    "no causal masking in this stage".into(),
-                );
-            }
+        for stage in Stage::ALL {
+            let why = if causal && !stage.causal() {
+                "no causal masking in this stage"
+            } else if shape.group() > 1 && !stage.gqa() {
+                "no grouped-query attention in this stage"
+            } else {
+                continue;
+            };
+            refusals.insert((stage.name().to_string(), key(&shape, causal)), why.into());
         }
         let n_sets = if shape.sq * shape.sk > 4096 * 4096 {
             1
@@ -175,10 +195,9 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
             3
         };
         let mut sets = input_sets(gpu, shape.with_causal(causal), n_sets)?;
-        for stage in Stage::ALL
-            .into_iter()
-            .filter(|s| timed(*s, &shape) && (!causal || s.causal()))
-        {
+        for stage in Stage::ALL.into_iter().filter(|s| {
+            timed(*s, &shape) && (!causal || s.causal()) && (shape.group() == 1 || s.gqa())
+        }) {
             let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
             eprintln!(
                 "{} {}: p50 {:.1} µs, p90 {:.1} µs, {:.1} TFLOP/s",
