@@ -6,33 +6,6 @@
 
 namespace sdpa {
 
-// Three warpgroups. Warpgroup 0, the producer, gives its registers back and one thread issues every load: Q
-// once (its own mbarrier), then per key tile K (128 keys x D) and Vᵀ (D x 128 keys, transposed in global
-// memory beforehand, keys in p_key order: prep.cu's prep_vt) into a STAGES-deep tma::Ring. Warpgroups 1 and
-// 2 each own 64 query rows, claim registers, and run stage 5's tile step with no block barrier: they wait on
-// the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
-// after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
-// under the other's GEMMs.
-// The producer's one thread: Q of head bh (each consumer's 64 rows as its own canonical tile; rows past Sq are
-// the map's zero fill) on q_bar, then K and Vᵀ of key/value head kv of every key tile through the ring.
-template <int D, int STAGES>
-__device__ __forceinline__ void produce(const tma::Ring<STAGES>& ring, unsigned long long* q_bar, const tma::Map* mq,
-                                        const tma::Map* mk, const tma::Map* mvt, unsigned char* sq,
-                                        unsigned char* sk, unsigned char* svt, int bh, int kv, int q0, int tiles) {
-  constexpr unsigned kTile = 128 * D;
-  tma::prefetch(mq);
-  tma::prefetch(mk);
-  tma::prefetch(mvt);
-  tma::arrive_expect_tx(q_bar, 128 * D);
-  tma::load_4d(mq, q_bar, sq, 0, q0, bh, 0);
-  tma::load_4d(mq, q_bar, sq + 64 * D, 0, q0 + 64, bh, 0);
-  for (int t = 0; t < tiles; ++t) {
-    ring.acquire(t, 2 * kTile);
-    tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * 128, kv, 0);
-    tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile, t * 128, 0, kv, 0);
-  }
-}
-
 // The shared memory and barriers both TMA stages use: Q (128 rows), then STAGES K tiles and STAGES Vᵀ tiles,
 // 1024-aligned in the dynamic segment; the ring (released by the 8 consumer warps) and Q's mbarrier initialised
 // by thread 0 before a block barrier, the last one the block meets.
@@ -59,13 +32,31 @@ struct TmaBlock {
   }
   __device__ const unsigned char* k_tile(int t) const { return sk + ring.stage(t) * kTile; }
   __device__ const unsigned char* vt_tile(int t) const { return svt + ring.stage(t) * kTile; }
-  // The producer's thread: Q of head bh, K and Vᵀ of key/value head kv.
+  // The producer's one thread: Q of head bh (each consumer's 64 rows as its own canonical tile; rows past Sq
+  // are the map's zero fill) on q_bar, then K and Vᵀ of key/value head kv of every key tile through the ring.
   __device__ void produce(const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt, int bh, int kv, int q0,
                           int tiles) const {
-    sdpa::produce<D, STAGES>(ring, q_bar, mq, mk, mvt, sq, sk, svt, bh, kv, q0, tiles);
+    tma::prefetch(mq);
+    tma::prefetch(mk);
+    tma::prefetch(mvt);
+    tma::arrive_expect_tx(q_bar, 128 * D);
+    tma::load_4d(mq, q_bar, sq, 0, q0, bh, 0);
+    tma::load_4d(mq, q_bar, sq + 64 * D, 0, q0 + 64, bh, 0);
+    for (int t = 0; t < tiles; ++t) {
+      ring.acquire(t, 2 * kTile);
+      tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * 128, kv, 0);
+      tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile, t * 128, 0, kv, 0);
+    }
   }
 };
 
+// Three warpgroups. Warpgroup 0, the producer, gives its registers back and one thread issues every load: Q
+// once (its own mbarrier), then per key tile K (128 keys x D) and Vᵀ (D x 128 keys, transposed in global
+// memory beforehand, keys in p_key order: prep.cu's prep_vt) into a STAGES-deep tma::Ring. Warpgroups 1 and
+// 2 each own 64 query rows, claim registers, and run stage 5's tile step with no block barrier: they wait on
+// the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
+// after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
+// under the other's GEMMs.
 template <int D, int STAGES>
 __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
   constexpr int BC = 128, BQ = 128;

@@ -22,6 +22,13 @@ impl Loaded {
             Loaded::Real(raw) => raw.shape,
         }
     }
+    /// The problem's shape, to set what the file cannot say (the causal mask).
+    pub fn shape_mut(&mut self) -> &mut Shape {
+        match self {
+            Loaded::Fp8(qz) => &mut qz.shape,
+            Loaded::Real(raw) => &mut raw.shape,
+        }
+    }
 }
 
 fn tensor<'a>(st: &'a SafeTensors<'a>, name: &str) -> Result<TensorView<'a>> {

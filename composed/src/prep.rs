@@ -89,10 +89,10 @@ pub fn transpose_v_with(
         free as f64 / f64::from(1u32 << 30)
     );
     ensure!(
-        kp / 32 <= 65535 && s.heads() <= i32::MAX as usize,
+        kp / 32 <= 65535 && s.kv_heads() <= i32::MAX as usize,
         "Vᵀ of Sk = {} keys and {} heads does not fit one transpose grid",
         s.sk,
-        s.heads()
+        s.kv_heads()
     );
     let mut vt = st.alloc_zeros::<u8>(bytes)?;
     let kern = gpu.load(spec)?;

@@ -414,21 +414,34 @@ impl OnDevice {
         let mut h = vec![0.0f32; n];
         st.memcpy_dtoh(&self.lse.slice(at..at + n), &mut h)?;
         check_written(&h, "LSE")?;
-        if let Some(shift) = &self.lse_shift {
-            let mut sh = vec![0.0f32; n];
-            st.memcpy_dtoh(&shift.slice(at..at + n), &mut sh)?;
+        if self.lse_shift.is_some() {
+            let sh = self.shift_range(st, at, n)?;
             h.iter_mut().zip(&sh).for_each(|(l, s)| *l += s);
         }
         Ok(h)
     }
 
+    /// LSE shift elements `at .. at + n` (zeros without smoothing).
+    fn shift_range(
+        &self,
+        st: &std::sync::Arc<CudaStream>,
+        at: usize,
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let mut sh = vec![0.0f32; n];
+        if let Some(shift) = &self.lse_shift {
+            st.memcpy_dtoh(&shift.slice(at..at + n), &mut sh)?;
+        }
+        Ok(sh)
+    }
+
     /// The LSE shift of the given rows (zero without smoothing): what the stage's own LSE lacks.
     pub fn lse_shift_rows(&self, gpu: &Gpu, rows: &[usize]) -> Result<Vec<f32>> {
-        let Some(shift) = &self.lse_shift else {
-            return Ok(vec![0.0; rows.len()]);
-        };
-        let all = gpu.stream.clone_dtoh(shift)?;
-        Ok(rows.iter().map(|&r| all[r]).collect())
+        let mut out = Vec::with_capacity(rows.len());
+        for (at, n) in row_runs(rows) {
+            out.extend(self.shift_range(&gpu.stream, at, n)?);
+        }
+        Ok(out)
     }
 
     /// The E4M3 inputs and scales as the device holds them (after device quantization: what the reference on
@@ -457,16 +470,9 @@ impl OnDevice {
             o: Vec::with_capacity(rows.len() * d),
             lse: Vec::with_capacity(rows.len()),
         };
-        let mut i = 0;
-        while i < rows.len() {
-            let run = 1 + rows[i + 1..]
-                .iter()
-                .zip(&rows[i..])
-                .take_while(|(next, prev)| **next == **prev + 1)
-                .count();
-            out.o.extend(self.o_range(st, rows[i] * d, run * d)?);
-            out.lse.extend(self.lse_range(st, rows[i], run)?);
-            i += run;
+        for (at, n) in row_runs(rows) {
+            out.o.extend(self.o_range(st, at * d, n * d)?);
+            out.lse.extend(self.lse_range(st, at, n)?);
         }
         Ok(out)
     }
@@ -481,6 +487,21 @@ impl OnDevice {
     }
 }
 
+/// `rows` as runs of consecutive indices, (first, length), in order: what one copy each brings back.
+fn row_runs(rows: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let first = *rows.get(i)?;
+        let n = 1 + rows[i + 1..]
+            .iter()
+            .zip(&rows[i..])
+            .take_while(|(next, prev)| **next == **prev + 1)
+            .count();
+        i += n;
+        Some((first, n))
+    })
+}
+
 /// One checked run of `stage` on `qz`, O in f16.
 pub fn run(gpu: &Gpu, stage: Stage, qz: &Quantized) -> Result<Attention<f32>> {
     run_as(gpu, stage, qz, OutDtype::F16)
@@ -491,4 +512,16 @@ pub fn run_as(gpu: &Gpu, stage: Stage, qz: &Quantized, out: OutDtype) -> Result<
     let mut d = OnDevice::upload_as(gpu, qz, out)?;
     d.launch(gpu, stage)?;
     d.download(gpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_runs;
+
+    #[test]
+    fn rows_come_back_in_runs_of_consecutive_indices() {
+        let runs: Vec<_> = row_runs(&[0, 1, 2, 7, 9, 10]).collect();
+        assert_eq!(runs, vec![(0, 3), (7, 1), (9, 2)]);
+        assert_eq!(row_runs(&[]).count(), 0);
+    }
 }

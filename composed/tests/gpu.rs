@@ -262,6 +262,25 @@ fn prepared(case: &Case) -> Arc<Prepared> {
     .clone()
 }
 
+/// Every stage without the option (`takes` false) refuses a problem of `shape` by its own name, saying what it
+/// lacks and that stage 7 has it.
+fn refused_by_the_others(
+    gpu: &Gpu,
+    shape: Shape,
+    takes: fn(Stage) -> bool,
+    lacks: &str,
+) -> Result<()> {
+    let qz = quantize_per_head(&normal(shape, 1));
+    for stage in Stage::ALL.into_iter().filter(|s| !takes(*s)) {
+        let e = format!("{:#}", run_as(gpu, stage, &qz, OutDtype::F16).unwrap_err());
+        ensure!(
+            e.contains(&format!("{} {lacks}", stage.name())) && e.contains("stage7"),
+            "{e}"
+        );
+    }
+    Ok(())
+}
+
 /// Grouped-query cases for stage 7: 4 query heads a K/V head, multi-query (one K/V head), grouping with the
 /// causal mask and Sq ≠ Sk, D = 64 and 128.
 fn gqa_shapes() -> Vec<(String, Shape)> {
@@ -871,28 +890,11 @@ fn main() {
     }
     t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
         let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
-        let qz = quantize_per_head(&normal(shape, 1));
-        for stage in Stage::ALL.into_iter().filter(|s| !s.gqa()) {
-            let e = format!("{:#}", run_as(gpu, stage, &qz, OutDtype::F16).unwrap_err());
-            ensure!(
-                e.contains(&format!("{} has no grouped-query attention", stage.name()))
-                    && e.contains("stage7"),
-                "{e}"
-            );
-        }
-        Ok(())
+        refused_by_the_others(gpu, shape, Stage::gqa, "has no grouped-query attention")
     });
     t.gpu("causal::other_stages_refuse_it_by_name", |gpu| {
-        let qz = quantize_per_head(&normal(Shape::new(1, 1, 64, 64).with_causal(true), 1));
-        for stage in Stage::ALL.into_iter().filter(|s| !s.causal()) {
-            let e = format!("{:#}", run_as(gpu, stage, &qz, OutDtype::F16).unwrap_err());
-            ensure!(
-                e.contains(&format!("{} has no causal masking", stage.name()))
-                    && e.contains("stage7"),
-                "{e}"
-            );
-        }
-        Ok(())
+        let shape = Shape::new(1, 1, 64, 64).with_causal(true);
+        refused_by_the_others(gpu, shape, Stage::causal, "has no causal masking")
     });
     t.model("rotation_of_an_unsupported_d_is_named", || {
         let raw = normal(Shape::new(1, 1, 4, 96), 1);
