@@ -89,6 +89,14 @@ __device__ __forceinline__ unsigned long long desc(Swizzle s, int rows, int step
   return encode(k_major(s, rows, step), smem_addr(tile));
 }
 
+// What K-step `step` adds to the descriptor of step 0: its start offset in the 16-byte units of bits 0-13. The
+// tile GEMMs below build one descriptor per operand and add this a step, rather than rebuilding each step's
+// from the address (ptxas kept ~9 uniform-datapath instructions a K-step for that). Exact because a shared-memory address plus a tile's extent stays below 2^18 (228 KiB on sm_90), so the
+// 14-bit start field never carries into LBO.
+__host__ __device__ constexpr unsigned long long step_offset(Swizzle s, int rows, int step) {
+  return k_major(s, rows, step).start >> 4;
+}
+
 // ---- ordering ----
 // Ordinary stores to shared memory become visible to wgmma / TMA (the async proxy) only after this, in each
 // writing thread, before the barrier that orders them.
@@ -116,16 +124,19 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
 template <int N, class TA, class TB, int STEPS>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], Swizzle sa, const void* a, Swizzle sb, const void* b,
                                        bool accumulate) {
+  const unsigned long long da = desc(sa, 64, 0, a), db = desc(sb, N, 0, b);
 #pragma unroll
   for (int s = 0; s < STEPS; ++s)
-    wg::Mma<N, TA, TB>::ss(d, desc(sa, 64, s, a), desc(sb, N, s, b), (s > 0 || accumulate) ? 1 : 0);
+    wg::Mma<N, TA, TB>::ss(d, da + step_offset(sa, 64, s), db + step_offset(sb, N, s), (s > 0 || accumulate) ? 1 : 0);
 }
 // A from registers: a[s] holds K-step s as frag::wgmma_a_k32 / _k16 lays it out.
 template <int N, class TA, class TB, int STEPS>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[STEPS][4], Swizzle sb, const void* b,
                                        bool accumulate) {
+  const unsigned long long db = desc(sb, N, 0, b);
 #pragma unroll
-  for (int s = 0; s < STEPS; ++s) wg::Mma<N, TA, TB>::rs(d, a[s], desc(sb, N, s, b), (s > 0 || accumulate) ? 1 : 0);
+  for (int s = 0; s < STEPS; ++s)
+    wg::Mma<N, TA, TB>::rs(d, a[s], db + step_offset(sb, N, s), (s > 0 || accumulate) ? 1 : 0);
 }
 
 // The synchronous tile GEMM: fence, the K-steps, commit, wait for all, pin d. What a test (or a first stage)

@@ -41,6 +41,12 @@ pub fn value_range(dtype: DType) -> i32 {
     }
 }
 
+/// The highest 1024-aligned base at which a tile of `rows` rows and `k_bytes` bytes of K still ends inside 227 KiB
+/// (the most shared memory a block can have on sm_90), as its distance from that end.
+fn tile_end(sw: Swizzle, rows: u32, k_bytes: u32) -> u32 {
+    Desc::tile_bytes(sw, rows, k_bytes).div_ceil(1024) * 1024
+}
+
 /// CUDA source that static_asserts `wgmma.cuh`'s tile functions against frag_layout's model
 /// (`Desc::k_major`, `byte_of`, `encode`, `tile_bytes`): compiling it proves the header and the model agree.
 pub fn header_checks() -> String {
@@ -84,6 +90,21 @@ pub fn header_checks() -> String {
                         d.encode(0x2400),
                         n = name(sw)
                     );
+                    // mma_ss / mma_rs add step_offset to step 0's descriptor: equal to the model's own
+                    // encoding of the step at every 1024-aligned tile base up to the end of shared memory.
+                    for base in [
+                        0u32,
+                        0x2400,
+                        0x1_0000,
+                        227 * 1024 - tile_end(sw, rows, k_bytes),
+                    ] {
+                        let _ = writeln!(
+                            s,
+                            "static_assert(encode(k_major({n}, {rows}, 0), {base}u) + step_offset({n}, {rows}, {step}) == {}ull, \"{n} rows {rows} step {step}: step descriptor at base {base}\");",
+                            d.encode(base),
+                            n = name(sw)
+                        );
+                    }
                     for row in [0u32, 1, 7, 8, 9, 63, rows - 1] {
                         for kb in [0u32, 4, 15, 16, 17, 31] {
                             let _ = writeln!(

@@ -305,6 +305,21 @@ fn main() {
         );
         Ok(())
     });
+    t.gpu("mutant::step_offset_in_bytes", |gpu| {
+        // A K-step's descriptor advanced by the start offset in bytes instead of 16-byte units.
+        let (bad, all) = wrong_runs(
+            gpu,
+            "return k_major(s, rows, step).start >> 4;",
+            "return k_major(s, rows, step).start;",
+        )?;
+        eprintln!("step offset in bytes: {bad} of {all} runs wrong");
+        ensure!(
+            bad == all,
+            "a K-step descriptor advanced in bytes went unnoticed in {} runs",
+            all - bad
+        );
+        Ok(())
+    });
     t.gpu("fp8_accumulation_error_is_bounded", |gpu| {
         let worst = (0..8).map(|seed| fp8_accumulation_error(gpu, seed)).collect::<Result<Vec<_>>>()?;
         let max = worst.iter().copied().fold(0.0, f64::max);
