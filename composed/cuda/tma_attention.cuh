@@ -7,8 +7,8 @@
 namespace sdpa {
 
 // The shared memory and barriers both TMA stages use: Q (128 rows), then STAGES K tiles and STAGES Vᵀ tiles,
-// 1024-aligned in the dynamic segment; the ring (released by the 8 consumer warps) and Q's mbarrier initialised
-// by thread 0 before a block barrier, the last one the block meets.
+// 1024-aligned in the dynamic segment; the ring (released by the 4 warps of each of `consumers` warpgroups,
+// 1 or 2) and Q's mbarrier initialised by thread 0 before a block barrier, the last one the block meets.
 template <int D, int STAGES>
 struct TmaBlock {
   static constexpr unsigned kTile = 128 * D;  // bytes of a K tile, and of a Vᵀ tile
@@ -17,14 +17,16 @@ struct TmaBlock {
   unsigned char* svt;
   tma::Ring<STAGES> ring;
   unsigned long long* q_bar;
-  __device__ TmaBlock(unsigned char* raw, tma::Barriers<STAGES>* bars, unsigned long long* qb)
+  int consumers;
+  __device__ TmaBlock(unsigned char* raw, tma::Barriers<STAGES>* bars, unsigned long long* qb, int consumers_ = 2)
       : sq(raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023)),
         sk(sq + 128 * D),
         svt(sk + STAGES * kTile),
         ring{bars},
-        q_bar(qb) {
+        q_bar(qb),
+        consumers(consumers_) {
     if (threadIdx.x == 0) {
-      ring.init(8);
+      ring.init(4 * consumers);
       tma::mbar_init(q_bar, 1);
       tma::fence_barrier_init();
     }
@@ -39,9 +41,8 @@ struct TmaBlock {
     tma::prefetch(mq);
     tma::prefetch(mk);
     tma::prefetch(mvt);
-    tma::arrive_expect_tx(q_bar, 128 * D);
-    tma::load_4d(mq, q_bar, sq, 0, q0, bh, 0);
-    tma::load_4d(mq, q_bar, sq + 64 * D, 0, q0 + 64, bh, 0);
+    tma::arrive_expect_tx(q_bar, consumers * 64 * D);
+    for (int w = 0; w < consumers; ++w) tma::load_4d(mq, q_bar, sq + w * 64 * D, 0, q0 + 64 * w, bh, 0);
     for (int t = 0; t < tiles; ++t) {
       ring.acquire(t, 2 * kTile);
       tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * 128, kv, 0);
@@ -56,10 +57,11 @@ struct TmaBlock {
 // 2 each own 64 query rows, claim registers, and run stage 5's tile step with no block barrier: they wait on
 // the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
 // after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
-// under the other's GEMMs.
+// under the other's GEMMs. A block owns p.q_rows query rows, 128 or 64: the host picks 64 when blocks of 128
+// would leave half the SMs idle (the mission shape: 8 heads × 512 rows), and consumer 2 then leaves at once.
 template <int D, int STAGES>
 __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
-  constexpr int BC = 128, BQ = 128;
+  constexpr int BC = 128;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;  // rows of D bytes
   constexpr wgmma::Swizzle SWT = wgmma::Swizzle::B128;                                 // Vᵀ rows of 128 keys
   using SL = frag::WgmmaD<BC>;
@@ -67,14 +69,16 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ unsigned long long q_bar;
   extern __shared__ unsigned char smem_raw[];
-  const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar);
-  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, tiles = (p.sk + BC - 1) / BC;
+  const int consumers = p.q_rows / 64;
+  const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar, consumers);
+  const int bh = blockIdx.x, q0 = blockIdx.y * p.q_rows, tiles = (p.sk + BC - 1) / BC;
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
     if (threadIdx.x == 0) blk.produce(mq, mk, mvt, bh, bh, q0, tiles);
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
+    if (wg >= consumers) return;
     const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
     osm::RowState st;
     osm::init(st);

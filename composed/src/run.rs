@@ -84,9 +84,9 @@ pub fn validate(qz: &Quantized) -> Result<()> {
 
 /// The launch grid of `stage` on `s`: (B·H, query tiles), or why it cannot be launched. x holds up to
 /// 2^31 − 1 blocks and y up to 65535, so B·H goes in x (decode batches of 1024 × 64 heads and more) and the
-/// query tiles in y (Sq up to 65535 tiles of `rows_per_block` rows).
-pub fn grid(stage: Stage, s: &fixtures::Shape) -> Result<(u32, u32, u32)> {
-    let tiles = s.sq.div_ceil(stage.rows_per_block());
+/// query tiles in y (Sq up to 65535 tiles of `rows` rows: `Stage::rows_for`).
+pub fn grid(stage: Stage, s: &fixtures::Shape, rows: usize) -> Result<(u32, u32, u32)> {
+    let tiles = s.sq.div_ceil(rows);
     ensure!(
         s.heads() <= i32::MAX as usize,
         "B·H = {} heads: a launch holds at most 2^31 − 1 (B = {}, H = {})",
@@ -98,7 +98,7 @@ pub fn grid(stage: Stage, s: &fixtures::Shape) -> Result<(u32, u32, u32)> {
         tiles <= 65535,
         "Sq = {} needs {tiles} query tiles of {} rows for {}, more than a grid's 65535",
         s.sq,
-        stage.rows_per_block(),
+        rows,
         stage.name()
     );
     Ok((s.heads() as u32, tiles as u32, 1))
@@ -139,8 +139,9 @@ struct Params {
     o_dtype: i32,
     causal: i32,
     group: i32,
+    q_rows: i32,
 }
-// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 6 × 4 bytes).
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 7 × 4 bytes).
 unsafe impl DeviceRepr for Params {}
 
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
@@ -314,6 +315,7 @@ impl OnDevice {
         );
         let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
         let k = gpu.load(&spec)?;
+        let rows = stage.rows_for(&s, gpu.sms);
         let smem = stage.smem_bytes(s.d);
         k.func
             .set_attribute(
@@ -363,9 +365,10 @@ impl OnDevice {
             o_dtype: dtype_code(self.out_dtype()),
             causal: i32::from(s.causal),
             group: s.group() as i32,
+            q_rows: rows as i32,
         };
         let cfg = LaunchConfig {
-            grid_dim: grid(stage, &s)?,
+            grid_dim: grid(stage, &s, rows)?,
             block_dim: (stage.threads() as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };

@@ -136,10 +136,15 @@ impl Stage {
     pub fn needs(self) -> String {
         let archs: Vec<&str> = self.kernel(64).archs.iter().map(|a| a.name()).collect();
         format!(
-            "{}; {} threads a block, {} query rows a block, {} keys a tile, D = 64 or 128",
+            "{}; {} threads a block, {} query rows a block{}, {} keys a tile, D = 64 or 128",
             archs.join(" / "),
             self.threads(),
             self.rows_per_block(),
+            if self == Stage::S6 {
+                " (64 when blocks of 128 would fill at most half the SMs)"
+            } else {
+                ""
+            },
             self.bc(64)
         )
     }
@@ -153,9 +158,22 @@ impl Stage {
         }
     }
 
-    /// Query rows one block owns.
+    /// Query rows one block owns at most.
     pub fn rows_per_block(self) -> usize {
         if self.fp8_p() { 128 } else { 64 }
+    }
+
+    /// Query rows one block owns when `s` is launched on a device of `sms` SMs. Stage 6 halves its blocks to 64
+    /// rows (one consumer warpgroup) when blocks of 128 would cover at most half the SMs: every block then still
+    /// has an SM of its own, and one consumer alone finishes a block sooner than two sharing the tensor cores
+    /// and the MUFU pipe (the mission shape, 8 heads × 512 rows: 32 blocks → 64 on 132 SMs).
+    pub fn rows_for(self, s: &fixtures::Shape, sms: usize) -> usize {
+        let full = self.rows_per_block();
+        if self == Stage::S6 && 2 * s.heads() * s.sq.div_ceil(full) <= sms {
+            full / 2
+        } else {
+            full
+        }
     }
 
     /// Keys per K/V tile.

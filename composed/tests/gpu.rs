@@ -547,14 +547,28 @@ fn main() {
     t.model(
         "launch_grid_puts_heads_in_x_and_refuses_what_does_not_fit",
         || {
-            let g = composed::grid(Stage::S3b, &Shape::new(2, 35000, 3, 64))?;
+            let g = composed::grid(Stage::S3b, &Shape::new(2, 35000, 3, 64), 64)?;
             ensure!(g == (70000, 1, 1), "{g:?}");
-            ensure!(composed::grid(Stage::S5, &Shape::new(1, 1, 1 << 20, 64))?.1 == 8192);
+            ensure!(composed::grid(Stage::S5, &Shape::new(1, 1, 1 << 20, 64), 128)?.1 == 8192);
             let e = format!(
                 "{:#}",
-                composed::grid(Stage::S3b, &Shape::new(1, 1, 65536 * 64 + 1, 64)).unwrap_err()
+                composed::grid(Stage::S3b, &Shape::new(1, 1, 65536 * 64 + 1, 64), 64).unwrap_err()
             );
             ensure!(e.contains("query tiles") && e.contains("65535"), "{e}");
+            Ok(())
+        },
+    );
+    t.model(
+        "stage6_halves_its_blocks_only_when_they_would_leave_half_the_sms_idle",
+        || {
+            let rows = |stage: Stage, b, h, sq| stage.rows_for(&Shape::new(b, h, sq, 64), 132);
+            // The mission shape: 8 heads × 4 tiles of 128 = 32 blocks on 132 SMs → 64 blocks of 64 rows.
+            ensure!(rows(Stage::S6, 1, 8, 512) == 64);
+            // 66 blocks of 128 fill exactly half: halved; 67 do not.
+            ensure!(rows(Stage::S6, 1, 66, 128) == 64 && rows(Stage::S6, 1, 67, 128) == 128);
+            ensure!(rows(Stage::S6, 4, 16, 4096) == 128);
+            // Stage 7's pingpong needs both consumers; stage 5 has no producer to spare them.
+            ensure!(rows(Stage::S7, 1, 8, 512) == 128 && rows(Stage::S5, 1, 8, 512) == 128);
             Ok(())
         },
     );

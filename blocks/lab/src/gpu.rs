@@ -81,6 +81,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub arch: Arch,
     pub name: String,
+    /// Streaming multiprocessors: what a grid must cover to use the whole device.
+    pub sms: usize,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
 }
 
@@ -107,11 +109,17 @@ impl Gpu {
         };
         let ctx = CudaContext::new(0).context("creating the CUDA context")?;
         let stream = ctx.default_stream();
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .context("reading the SM count")? as usize;
         Ok(Gpu {
             ctx,
             stream,
             arch: Arch::for_device(major, minor)?,
             name,
+            sms,
             modules: Mutex::new(HashMap::new()),
         })
     }

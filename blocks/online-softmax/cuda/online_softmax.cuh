@@ -41,8 +41,18 @@ namespace detail {
 template <class L, int P_OFFSET, bool MASKED, int NF, class Frag>
 __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st, float (&alpha)[2]) {
   const int lane = threadIdx.x & 31;
+  // Masked cells become -inf once, in place, so the max, the exponentials and the sum below need no per-cell
+  // predicate of their own: a mask kept alive across the three loops cost ~30 registers (64 predicates packed
+  // into words), which three consumer warpgroups at 160 registers cannot spare.
+  if constexpr (MASKED) {
+#pragma unroll
+    for (int f = 0; f < NF; ++f)
+#pragma unroll
+      for (int i = 0; i < L::kElems; ++i)
+        if (col0 + f * L::kCols + L::col(lane, i) >= limit[frag::acc_half(i)]) s[f].x[i] = wr::neg_inf();
+  }
   float mx[2], m_use[2];
-  wr::rows_limited<L, wr::MaxOp, MASKED>(s, col0, limit, wr::MaxOp{}, mx);
+  wr::rows_limited<L, wr::MaxOp, false>(s, col0, limit, wr::MaxOp{}, mx);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_new = wr::max_nan(st.m[h], mx[h]);
@@ -55,7 +65,8 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)
 #pragma unroll
     for (int i = 0; i < L::kElems; ++i) {
       const int h = frag::acc_half(i);
-      const bool valid = !MASKED || col0 + f * L::kCols + L::col(lane, i) < limit[h];
+      // A score of the E4M3 GEMM is finite, so -inf here is a masked cell (and exp2 of -inf·c is 0 only for c > 0).
+      const bool valid = !MASKED || s[f].x[i] != wr::neg_inf();
       if constexpr (P_OFFSET == 0) {
         s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
       } else {
@@ -63,7 +74,7 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)
       }
     }
   float ps[2];
-  wr::rows_limited<L, wr::SumOp, MASKED>(s, col0, limit, wr::SumOp{}, ps);
+  wr::rows_limited<L, wr::SumOp, false>(s, col0, limit, wr::SumOp{}, ps);
 #pragma unroll
   for (int h = 0; h < 2; ++h) st.l[h] = alpha[h] * st.l[h] + ps[h];
 }

@@ -305,17 +305,20 @@ fn main() {
         );
         Ok(())
     });
-    t.gpu("mutant::step_offset_in_bytes", |gpu| {
-        // A K-step's descriptor advanced by the start offset in bytes instead of 16-byte units.
+    t.gpu("mutant::step_offset_one_step_behind", |gpu| {
+        // Every K-step but the first reads the K-step before it (an off-by-one in step_offset). Inside the tile,
+        // so the mutant runs to completion with wrong sums (advancing in bytes instead of 16-byte units, the
+        // other plausible slip, leaves shared memory: a fault that would poison the context for later tests;
+        // the model's static_asserts catch that one at compile time).
         let (bad, all) = wrong_runs(
             gpu,
             "return k_major(s, rows, step).start >> 4;",
-            "return k_major(s, rows, step).start;",
+            "return k_major(s, rows, step > 0 ? step - 1 : 0).start >> 4;",
         )?;
-        eprintln!("step offset in bytes: {bad} of {all} runs wrong");
+        eprintln!("step offset one step behind: {bad} of {all} runs wrong");
         ensure!(
             bad == all,
-            "a K-step descriptor advanced in bytes went unnoticed in {} runs",
+            "a K-step descriptor one step behind went unnoticed in {} runs",
             all - bad
         );
         Ok(())
