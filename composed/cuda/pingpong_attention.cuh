@@ -23,7 +23,8 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   __shared__ unsigned long long q_bar;
   extern __shared__ unsigned char smem_raw[];
   const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar);
-  const int bh = blockIdx.x, kv = bh / p.group, q0 = blockIdx.y * BQ;
+  const TileCoord tc = tile_coord();
+  const int bh = tc.bh, kv = bh / p.group, q0 = tc.qt * BQ;
   const int visible = p.causal ? min(p.sk, max(0, min(q0 + BQ, p.sq) + p.sk - p.sq)) : p.sk;
   const int tiles = max(1, (visible + BC - 1) / BC);
   if (roles::warpgroup() == 0) {

@@ -111,6 +111,17 @@ __device__ void dequant_tile(const unsigned char* src, __half* dst) {
     store16(dst + (c / (D / 16)) * Tile<D>::kLd + 16 * (c % (D / 16)), reinterpret_cast<const uint4*>(src)[c]);
 }
 
+// The (head, query tile) of this block in a grid of (heads, query tiles), numbered so that query tiles run
+// fastest in launch order: the blocks resident at once then share a few heads, whose K and V stay in L2
+// (with heads fastest, 132 resident blocks read 64+ different heads' K and V, more than L2 holds at S = 4096).
+struct TileCoord {
+  int bh, qt;
+};
+__device__ __forceinline__ TileCoord tile_coord() {
+  const long long lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+  return {int(lin / gridDim.y), int(lin % gridDim.y)};
+}
+
 // Which head and query rows this block owns, and the softmax scale folded for the raw fp8 codes: scores are
 // q·k of the unscaled codes, so scale = softmax_scale · q_scale · k_scale; c = scale · log2(e) feeds exp2.
 struct Block {

@@ -71,7 +71,8 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
   extern __shared__ unsigned char smem_raw[];
   const int consumers = p.q_rows / 64;
   const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar, consumers);
-  const int bh = blockIdx.x, q0 = blockIdx.y * p.q_rows, tiles = (p.sk + BC - 1) / BC;
+  const TileCoord tc = tile_coord();
+  const int bh = tc.bh, q0 = tc.qt * p.q_rows, tiles = (p.sk + BC - 1) / BC;
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
     if (threadIdx.x == 0) blk.produce(mq, mk, mvt, bh, bh, q0, tiles);

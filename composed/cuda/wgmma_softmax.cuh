@@ -76,7 +76,8 @@ __device__ void wgmma_attention(const Params& p) {
   unsigned char* ring_v = ring_k + Ring::kBytes;
   unsigned char* vt0 = ring_v + Ring::kBytes;  // Vᵀ, two buffers: P·V of tile t reads one while t + 1 fills the other
   constexpr int kVtBytes = D * BC;
-  const int bh = blockIdx.x, q0 = blockIdx.y * BQ, wg = threadIdx.x / 128;
+  const TileCoord tc = tile_coord();
+  const int bh = tc.bh, q0 = tc.qt * BQ, wg = threadIdx.x / 128;
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[bh], c = scale * kLog2e;
   const Ring rk{ring_k, p.k + (long long)bh * p.sk * D, D, p.sk};
   const Ring rv{ring_v, p.v + (long long)bh * p.sk * D, D, p.sk};
