@@ -32,7 +32,7 @@ struct Params {
   int o_dtype;  // OutDtype
   int causal;   // stage 7 only (the host refuses it elsewhere): row i sees keys j <= i + sk - sq
   int group;    // query heads per K/V head (grouped-query attention; > 1 in stage 7 only): K/V head = bh / group
-  int q_rows;   // query rows a block (the grid's y tiles): the host's Stage::rows_per_block
+  int q_rows;   // query rows a block (the grid's y tiles): the host's Stage::rows_for
 };
 
 // O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).

@@ -43,7 +43,7 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)
   const int lane = threadIdx.x & 31;
   // Masked cells become -inf once, in place, so the max, the exponentials and the sum below need no per-cell
   // predicate of their own: a mask kept alive across the three loops cost ~30 registers (64 predicates packed
-  // into words), which three consumer warpgroups at 160 registers cannot spare.
+  // into words) in the FP8 stages' consumers.
   if constexpr (MASKED) {
 #pragma unroll
     for (int f = 0; f < NF; ++f)

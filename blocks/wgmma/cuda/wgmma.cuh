@@ -91,7 +91,8 @@ __device__ __forceinline__ unsigned long long desc(Swizzle s, int rows, int step
 
 // What K-step `step` adds to the descriptor of step 0: its start offset in the 16-byte units of bits 0-13. The
 // tile GEMMs below build one descriptor per operand and add this a step, rather than rebuilding each step's
-// from the address (ptxas kept ~9 uniform-datapath instructions a K-step for that). Exact because a shared-memory address plus a tile's extent stays below 2^18 (228 KiB on sm_90), so the
+// from the address (ptxas kept ~9 uniform-datapath instructions a K-step for that). Exact because a
+// shared-memory address plus a tile's extent stays below 2^18 (a block has at most 227 KiB on sm_90), so the
 // 14-bit start field never carries into LBO.
 __host__ __device__ constexpr unsigned long long step_offset(Swizzle s, int rows, int step) {
   return k_major(s, rows, step).start >> 4;

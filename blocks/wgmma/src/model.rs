@@ -41,9 +41,9 @@ pub fn value_range(dtype: DType) -> i32 {
     }
 }
 
-/// The highest 1024-aligned base at which a tile of `rows` rows and `k_bytes` bytes of K still ends inside 227 KiB
-/// (the most shared memory a block can have on sm_90), as its distance from that end.
-fn tile_end(sw: Swizzle, rows: u32, k_bytes: u32) -> u32 {
+/// Bytes a tile of `rows` rows and `k_bytes` bytes of K spans from a 1024-aligned base, rounded up to 1024: 227 KiB
+/// (the most shared memory a block has on sm_90) less this is the last base at which the tile still fits.
+fn tile_span(sw: Swizzle, rows: u32, k_bytes: u32) -> u32 {
     Desc::tile_bytes(sw, rows, k_bytes).div_ceil(1024) * 1024
 }
 
@@ -96,7 +96,7 @@ pub fn header_checks() -> String {
                         0u32,
                         0x2400,
                         0x1_0000,
-                        227 * 1024 - tile_end(sw, rows, k_bytes),
+                        227 * 1024 - tile_span(sw, rows, k_bytes),
                     ] {
                         let _ = writeln!(
                             s,
