@@ -22,7 +22,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ unsigned long long q_bar;
   extern __shared__ unsigned char smem_raw[];
-  const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar);
+  const TmaBlock<D, STAGES, BC> blk(smem_raw, &bars, &q_bar);
   const TileCoord tc = tile_coord();
   const int bh = tc.bh, kv = bh / p.group, q0 = tc.qt * BQ;
   const int visible = p.causal ? min(p.sk, max(0, min(q0 + BQ, p.sq) + p.sk - p.sq)) : p.sk;

@@ -6,12 +6,17 @@
 
 namespace sdpa {
 
-// The shared memory and barriers both TMA stages use: Q (128 rows), then STAGES K tiles and STAGES Vᵀ tiles,
-// 1024-aligned in the dynamic segment; the ring (released by the 4 warps of each of `consumers` warpgroups,
-// 1 or 2) and Q's mbarrier initialised by thread 0 before a block barrier, the last one the block meets.
-template <int D, int STAGES>
+// The shared memory and barriers both TMA stages use: Q (128 rows), then STAGES K tiles and STAGES Vᵀ tiles of
+// BC keys, 1024-aligned in the dynamic segment; the ring (released by the 4 warps of each of `consumers`
+// warpgroups, 1 or 2) and Q's mbarrier initialised by thread 0 before a block barrier, the last one the block
+// meets. A Vᵀ tile is D rows of BC keys: one 128-byte swizzle panel when BC = 128, else BC / 64 panels of 64
+// bytes (wgmma::k_major's K panels, one TMA box each).
+template <int D, int STAGES, int BC>
 struct TmaBlock {
-  static constexpr unsigned kTile = 128 * D;  // bytes of a K tile, and of a Vᵀ tile
+  static constexpr unsigned kTile = BC * D;  // bytes of a K tile, and of a Vᵀ tile
+  static constexpr wgmma::Swizzle kSwVt = BC % 128 == 0 ? wgmma::Swizzle::B128 : wgmma::Swizzle::B64;
+  static constexpr int kVtPanel = int(wgmma::row_bytes(kSwVt));
+  static_assert(BC % kVtPanel == 0 && BC <= 256, "a key tile is whole Vᵀ panels and one wgmma N");
   unsigned char* sq;
   unsigned char* sk;
   unsigned char* svt;
@@ -45,32 +50,33 @@ struct TmaBlock {
     for (int w = 0; w < consumers; ++w) tma::load_4d(mq, q_bar, sq + w * 64 * D, 0, q0 + 64 * w, bh, 0);
     for (int t = 0; t < tiles; ++t) {
       ring.acquire(t, 2 * kTile);
-      tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * 128, kv, 0);
-      tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile, t * 128, 0, kv, 0);
+      tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * BC, kv, 0);
+#pragma unroll
+      for (int p = 0; p < BC / kVtPanel; ++p)
+        tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0, kv, 0);
     }
   }
 };
 
 // Three warpgroups. Warpgroup 0, the producer, gives its registers back and one thread issues every load: Q
-// once (its own mbarrier), then per key tile K (128 keys x D) and Vᵀ (D x 128 keys, transposed in global
+// once (its own mbarrier), then per key tile K (BC keys x D) and Vᵀ (D x BC keys, transposed in global
 // memory beforehand, keys in p_key order: prep.cu's prep_vt) into a STAGES-deep tma::Ring. Warpgroups 1 and
 // 2 each own 64 query rows, claim registers, and run stage 5's tile step with no block barrier: they wait on
 // the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
 // after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
 // under the other's GEMMs. A block owns p.q_rows query rows, 128 or 64: the host picks 64 when blocks of 128
 // would leave half the SMs idle (the mission shape: 8 heads × 512 rows), and consumer 2 then leaves at once.
-template <int D, int STAGES>
+template <int D, int STAGES, int BC>
 __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
-  constexpr int BC = 128;
+  using Block = TmaBlock<D, STAGES, BC>;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;  // rows of D bytes
-  constexpr wgmma::Swizzle SWT = wgmma::Swizzle::B128;                                 // Vᵀ rows of 128 keys
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ unsigned long long q_bar;
   extern __shared__ unsigned char smem_raw[];
   const int consumers = p.q_rows / 64;
-  const TmaBlock<D, STAGES> blk(smem_raw, &bars, &q_bar, consumers);
+  const Block blk(smem_raw, &bars, &q_bar, consumers);
   const TileCoord tc = tile_coord();
   const int bh = tc.bh, q0 = tc.qt * p.q_rows, tiles = (p.sk + BC - 1) / BC;
   if (roles::warpgroup() == 0) {
@@ -88,12 +94,13 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
     for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
     unsigned a[BC / 32][4];  // P's A registers: read by P·V of tile t until the wait in tile t + 1
     tma::wait(&q_bar, 0);
+    const unsigned char* q_tile = blk.sq + wg * 64 * D;
     for (int tt = 0; tt < tiles; ++tt) {
       blk.ring.wait_full(tt);
       frag::Regs<SL> s[1];
       wgmma::fence_operand(s[0].x);
       wgmma::fence();
-      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, blk.sq + wg * 64 * D, SW, blk.k_tile(tt), false);
+      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(tt), false);
       wgmma::commit();
       wgmma::wait<0>();  // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
       wgmma::fence_operand(s[0].x);
@@ -104,7 +111,7 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
       }
       softmax_to_p<D>(s, tt, p.sk, c, st, o, a);
       wgmma::fence();
-      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tt), true);
+      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, Block::kSwVt, blk.vt_tile(tt), true);
       wgmma::commit();
     }
     wgmma::wait<0>();

@@ -17,16 +17,16 @@ struct WgmmaPlace {
 // P is exp2(s·c − m·c + 8) in (0, 256]: E4M3's range is used from 2^-9 · 256 up (FlashAttention-3's Max_offset).
 constexpr int kFp8POffset = 8;
 
-// One warpgroup's softmax of key tile tt (128 keys) on its Q·Kᵀ accumulators: the online update, O rescaled,
+// One warpgroup's softmax of key tile tt (BC keys) on its Q·Kᵀ accumulators: the online update, O rescaled,
 // P as E4M3 A registers in p_key order (Vᵀ's keys must be in that order).
-template <int D>
-__device__ __forceinline__ void softmax_to_p(frag::Regs<frag::WgmmaD<128>> (&s)[1], int tt, int kv_valid, float c,
+template <int D, int BC>
+__device__ __forceinline__ void softmax_to_p(frag::Regs<frag::WgmmaD<BC>> (&s)[1], int tt, int kv_valid, float c,
                                              osm::RowState& st, frag::Regs<frag::WgmmaD<D>> (&o)[1],
-                                             unsigned (&a)[4][4]) {
+                                             unsigned (&a)[BC / 32][4]) {
   float alpha[2];
-  osm::step<frag::WgmmaD<128>, kFp8POffset>(s, tt * 128, kv_valid, c, st, alpha);
+  osm::step<frag::WgmmaD<BC>, kFp8POffset>(s, tt * BC, kv_valid, c, st, alpha);
   osm::rescale<frag::WgmmaD<D>>(o, alpha);
-  relayout::acc_to_a_e4m3_local<128>(s[0].x, 1.0f, a);
+  relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
 }
 
 // One warpgroup's 64 rows from row0: O normalised and scaled by V's scale in the caller's dtype, and the LSE.
@@ -126,7 +126,7 @@ __device__ void wgmma_attention(const Params& p) {
     wgmma::wait<0>();       // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
     wgmma::fence_operand(s[0].x);
     wgmma::fence_operand(o[0].x);
-    softmax_to_p<D>(s, tt, p.sk, c, st, o, a);
+    softmax_to_p<D, BC>(s, tt, p.sk, c, st, o, a);
     // O += P·V, not waited for here: it runs under the next tile's barrier, copies and Q·Kᵀ issue.
     wgmma::fence();
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, vt, true);

@@ -118,10 +118,12 @@ pub fn transpose_v_with(
 }
 
 /// The tensor maps of the TMA stages, for Q, K and Vᵀ at the given device addresses: each [B·H, rows, row
-/// bytes] as a 4-D map (row bytes, rows, B·H, 1) whose box is one canonical wgmma tile: Q 64 rows and K 128
-/// keys of D bytes (64- or 128-byte swizzle), Vᵀ D rows of 128 keys (128-byte swizzle).
+/// bytes] as a 4-D map (row bytes, rows, B·H, 1) whose box is one canonical wgmma tile, or one K panel of it: Q
+/// 64 rows and K `bc` keys of D bytes (64- or 128-byte swizzle); Vᵀ D rows of 128 keys (128-byte swizzle)
+/// when `bc` is 128, else D rows of 64 keys (64-byte swizzle), `bc` / 64 boxes a tile (`TmaBlock::kSwVt`).
 pub(crate) fn tma_maps(
     s: &fixtures::Shape,
+    bc: usize,
     [q, k, vt]: [u64; 3],
 ) -> Result<[tma_ring::TensorMap; 3]> {
     use frag_layout::Swizzle;
@@ -131,17 +133,22 @@ pub(crate) fn tma_maps(
     } else {
         Swizzle::B128
     };
+    let sw_vt = if bc.is_multiple_of(128) {
+        Swizzle::B128
+    } else {
+        Swizzle::B64
+    };
     let (heads, kv_heads) = (s.heads() as u64, s.kv_heads() as u64);
     let (d, sq, sk) = (s.d as u64, s.sq as u64, s.sk as u64);
     Ok([
         MapSpec::heads(Elem::U8, [1, heads, sq, d], false, 64, sw).encode(q)?,
-        MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, 128, sw).encode(k)?,
+        MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, bc as u32, sw).encode(k)?,
         MapSpec::heads(
             Elem::U8,
             [1, kv_heads, d, vt_keys(s.sk) as u64],
             false,
             s.d as u32,
-            Swizzle::B128,
+            sw_vt,
         )
         .encode(vt)?,
     ])

@@ -346,7 +346,7 @@ impl OnDevice {
         let maps = match (&self.vt, stage.tma()) {
             (Some(vt), true) => {
                 let (vt, _gvt) = vt.device_ptr(st);
-                Some(crate::prep::tma_maps(&s, [q, kk, vt])?)
+                Some(crate::prep::tma_maps(&s, stage.bc(s.d), [q, kk, vt])?)
             }
             _ => None,
         };

@@ -176,9 +176,14 @@ impl Stage {
         }
     }
 
-    /// Keys per K/V tile.
+    /// Keys per K/V tile. For stage 6 this must agree with `STAGE6(D, BC)` in `stage6.cu`, which sizes the
+    /// tensor maps' boxes and the shared memory; 192 was measured there (docs/ladder.md, third pass) and lost
+    /// at every shape but S = 16384.
     pub fn bc(self, d: usize) -> usize {
-        if self.fp8_p() { 128 } else { bc(d) }
+        match self {
+            Stage::S5 | Stage::S6 | Stage::S7 => 128,
+            _ => bc(d),
+        }
     }
 
     /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stages, f16 for the others.
@@ -224,9 +229,9 @@ impl Stage {
     }
 
     /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows), and per ring stage a K tile
-    /// and a Vᵀ tile (128 keys × D each). Its mbarriers are static.
+    /// and a Vᵀ tile (`bc(d)` keys × D each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
-        1024 + 128 * d + self.ring_stages() * 2 * 128 * d
+        1024 + 128 * d + self.ring_stages() * 2 * self.bc(d) * d
     }
 
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).

@@ -122,6 +122,20 @@ fn matrix() -> Vec<Case> {
         19,
     );
     add("d128_S65_1x2x65x128", normal, Shape::new(1, 2, 65, 128), 12);
+    // Key-tile edges of both widths the FP8 stages use (128 and 192): one key past two 192-key tiles (three of
+    // 128), and exactly one 192-key tile (one and a half of 128).
+    add(
+        "tile_edges_1x2x385x128",
+        normal,
+        Shape::new(1, 2, 385, 128),
+        23,
+    );
+    add(
+        "tile_edges_cross_sq64_sk192",
+        normal,
+        Shape::cross(1, 2, 64, 192, 64),
+        24,
+    );
     add(
         "d128_cross_sq33_sk100",
         normal,
@@ -203,23 +217,30 @@ struct Prepared {
     reference: Attention<f64>,
     /// The f16-P stages' rounding points (tiles of `bc(d)` keys).
     emulation: Attention<f32>,
-    /// The FP8 wgmma stage's: P × 2^8 rounded to E4M3, tiles of 128 keys; made on first use.
-    emulation_fp8: OnceLock<Attention<f32>>,
+    /// The FP8 wgmma stages': P × 2^8 rounded to E4M3, one per key-tile width (`FP8_TILES`: the online
+    /// softmax rounds at tile boundaries, so stages with different tiles round differently); made on first use.
+    emulation_fp8: [OnceLock<Attention<f32>>; FP8_TILES.len()],
     out: OutDtype,
 }
 
 impl Prepared {
     fn emulation_for(&self, stage: Stage) -> &Attention<f32> {
         if stage.fp8_p() {
-            self.emulation_fp8
-                .get_or_init(|| emulation_of(stage, &self.qz, self.out))
+            let bc = stage.bc(self.qz.shape.d);
+            let i = FP8_TILES.iter().position(|&t| t == bc).unwrap_or_else(|| {
+                panic!("{}: a key tile of {bc} is not in FP8_TILES", stage.name())
+            });
+            self.emulation_fp8[i].get_or_init(|| emulation_of(stage, &self.qz, self.out))
         } else {
             &self.emulation
         }
     }
 }
 
-/// The stage's rounding points on `qz` (P in f16 over `bc(d)`-key tiles, or P × 2⁸ in E4M3 over 128-key tiles
+/// The key-tile widths of the FP8 wgmma stages (`Stage::bc`).
+const FP8_TILES: [usize; 2] = [128, 192];
+
+/// The stage's rounding points on `qz` (P in f16 over `bc(d)`-key tiles, or P × 2⁸ in E4M3 over `bc(d)`-key tiles
 /// for the FP8 wgmma stage), O rounded to `out`.
 fn emulation_of(stage: Stage, qz: &Quantized, out: OutDtype) -> Attention<f32> {
     let bc = stage.bc(qz.shape.d);
@@ -255,7 +276,7 @@ fn prepared(case: &Case) -> Arc<Prepared> {
             qz,
             reference,
             emulation,
-            emulation_fp8: OnceLock::new(),
+            emulation_fp8: Default::default(),
             out: case.out,
         })
     })
@@ -588,7 +609,7 @@ fn main() {
         Ok(())
     });
     t.compile("hopper_gemms_run_on_qgmma_and_loads_on_tma", || {
-        // Q·Kᵀ is D/32 QGMMA a tile and P·V 128/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
+        // Q·Kᵀ is D/32 QGMMA a tile and P·V bc/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
         // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
         // three scales (LDG).
         for stage in [Stage::S5, Stage::S6, Stage::S7] {
@@ -597,7 +618,7 @@ fn main() {
                 let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
                 let h = lab::sass::histogram(&cubin, spec.name)?;
                 // Stage 7 peels its first and last turns: each GEMM appears twice in its code.
-                let want = (d / 32 + 128 / 32) * if stage == Stage::S7 { 2 } else { 1 };
+                let want = (d / 32 + stage.bc(d) / 32) * if stage == Stage::S7 { 2 } else { 1 };
                 ensure!(
                     h.get("QGMMA") == Some(&want) && !h.contains_key("HMMA"),
                     "{}: QGMMA {:?} (want {want}), HMMA {:?}",
