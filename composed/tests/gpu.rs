@@ -302,7 +302,7 @@ fn refused_by_the_others(
     Ok(())
 }
 
-/// Grouped-query cases for stage 7: 4 query heads a K/V head, multi-query (one K/V head), grouping with the
+/// Grouped-query cases for the stages that take it (`Stage::gqa`): 4 query heads a K/V head, multi-query (one K/V head), grouping with the
 /// causal mask and Sq ≠ Sk, D = 64 and 128.
 fn gqa_shapes() -> Vec<(String, Shape)> {
     [
@@ -351,7 +351,7 @@ fn expand_kv(qz: &Quantized) -> Quantized {
     }
 }
 
-/// Causal cases for stage 7: Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key), S = 1, partial tiles, D = 64
+/// Causal cases for the stages that take it (`Stage::causal`): Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key), S = 1, partial tiles, D = 64
 /// and 128, several heads, and the mission shape.
 fn causal_shapes() -> Vec<(String, Shape)> {
     [
@@ -876,18 +876,22 @@ fn main() {
         eprintln!("sdpa run --smooth-k --rotate hadamard on k-bias inputs: written O {e}; LSE max abs {lse_err:.3e}");
         Ok(())
     });
-    for (name, shape) in causal_shapes() {
-        t.gpu(&format!("causal::stage7::{name}"), move |gpu| {
+    for (stage, (name, shape)) in Stage::ALL
+        .into_iter()
+        .filter(|s| s.causal())
+        .flat_map(|s| causal_shapes().into_iter().map(move |c| (s, c)))
+    {
+        t.gpu(&format!("causal::{}::{name}", stage.name()), move |gpu| {
             let qz = quantize_per_head(&normal(shape, 31));
-            let dev = run_as(gpu, Stage::S7, &qz, OutDtype::F16)?;
+            let dev = run_as(gpu, stage, &qz, OutDtype::F16)?;
             let r = reference(&qz);
-            let emu = emulation_of(Stage::S7, &qz, OutDtype::F16);
+            let emu = emulation_of(stage, &qz, OutDtype::F16);
             let blind = shape.sq.saturating_sub(shape.sk) * shape.heads();
-            rule(Stage::S7, &qz, &r, &emu, &dev, &name, |e, e_emu| {
-                eprintln!("stage7 causal {name}: {e} | emulation max_abs={e_emu:.3e}; {blind} rows see no key")
+            rule(stage, &qz, &r, &emu, &dev, &name, |e, e_emu| {
+                eprintln!("{} causal {name}: {e} | emulation max_abs={e_emu:.3e}; {blind} rows see no key", stage.name())
             })?;
             // The mask is the point: the same problem without it must come out different.
-            let open = run_as(gpu, Stage::S7, &Quantized { shape: shape.with_causal(false), ..qz.clone() }, OutDtype::F16)?;
+            let open = run_as(gpu, stage, &Quantized { shape: shape.with_causal(false), ..qz.clone() }, OutDtype::F16)?;
             ensure!(
                 shape.sq * shape.sk == 1 || open.o.iter().zip(&dev.o).any(|(a, b)| a != b),
                 "{name}: causal and non-causal O are identical"
@@ -895,19 +899,26 @@ fn main() {
             Ok(())
         });
     }
-    for (name, shape) in gqa_shapes() {
-        t.gpu(&format!("gqa::stage7::{name}"), move |gpu| {
+    for (stage, (name, shape)) in Stage::ALL
+        .into_iter()
+        .filter(|s| s.gqa())
+        .flat_map(|s| gqa_shapes().into_iter().map(move |c| (s, c)))
+    {
+        t.gpu(&format!("gqa::{}::{name}", stage.name()), move |gpu| {
             let qz = quantize_per_head(&normal(shape, 41));
-            let dev = run_as(gpu, Stage::S7, &qz, OutDtype::F32)?;
+            let dev = run_as(gpu, stage, &qz, OutDtype::F32)?;
             let r = reference(&qz);
-            let emu = emulation_of(Stage::S7, &qz, OutDtype::F32);
-            rule(Stage::S7, &qz, &r, &emu, &dev, &name, |e, e_emu| {
-                eprintln!("stage7 gqa {name}: {e} | emulation max_abs={e_emu:.3e}")
+            let emu = emulation_of(stage, &qz, OutDtype::F32);
+            rule(stage, &qz, &r, &emu, &dev, &name, |e, e_emu| {
+                eprintln!(
+                    "{} gqa {name}: {e} | emulation max_abs={e_emu:.3e}",
+                    stage.name()
+                )
             })?;
             // The same problem with every K/V head repeated for its query heads, as ordinary attention: the
             // kernel must give the same bits (the group mapping checked without fixtures' own mapping).
             let wide = expand_kv(&qz);
-            let same = run_as(gpu, Stage::S7, &wide, OutDtype::F32)?;
+            let same = run_as(gpu, stage, &wide, OutDtype::F32)?;
             ensure!(
                 dev.o
                     .iter()
