@@ -98,6 +98,13 @@ enum Task {
         /// Architecture to build for (default: the kernel's first).
         #[arg(long)]
         arch: Option<String>,
+        /// Decode each instruction's control code (stall cycles, yield, dependency barriers) and end with the
+        /// stall cycles per opcode: where a warp's fixed-latency waits (ncu's `wait`) come from.
+        #[arg(long)]
+        control: bool,
+        /// With --control: summarise only instructions at addresses START..END (hex, as the listing prints them).
+        #[arg(long, value_name = "START..END", requires = "control")]
+        range: Option<String>,
     },
     /// Find (or install) NVRTC and the CUDA headers, and say which ones the lab uses.
     Toolchain,
@@ -122,7 +129,12 @@ fn main() -> ExitCode {
         } => accuracy::run(&out, &work, &shapes, seeds),
         Task::Profile { stage, shape } => profile::run(&stage, &shape),
         Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
-        Task::Sass { kernel, arch } => ptxas::sass(&kernel, arch.as_deref()),
+        Task::Sass {
+            kernel,
+            arch,
+            control,
+            range,
+        } => ptxas::sass(&kernel, arch.as_deref(), control, range.as_deref()),
         Task::Toolchain => lab::toolchain().map(|tc| {
             println!(
                 "CUDA headers: {}\nNVRTC: {}\nfrom: {}",

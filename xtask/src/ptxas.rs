@@ -81,8 +81,9 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
     Ok(failures == 0)
 }
 
-/// `cargo xtask sass KERNEL`: the kernel's disassembly on stdout.
-pub fn sass(kernel: &str, arch: Option<&str>) -> Result<bool> {
+/// `cargo xtask sass KERNEL [--control [--range A..B]]`: the kernel's disassembly on stdout, or with each
+/// instruction's control code and the stall cycles per opcode.
+pub fn sass(kernel: &str, arch: Option<&str>, control: bool, range: Option<&str>) -> Result<bool> {
     let specs = all_kernels();
     let Some(spec) = specs.iter().find(|s| s.name == kernel) else {
         let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
@@ -93,6 +94,67 @@ pub fn sass(kernel: &str, arch: Option<&str>) -> Result<bool> {
         None => spec.archs[0],
     };
     let (cubin, _) = spec.compile(arch)?;
-    print!("{}", lab::sass::listing(&cubin, kernel)?);
+    if !control {
+        print!("{}", lab::sass::listing(&cubin, kernel)?);
+        return Ok(true);
+    }
+    let (lo, hi) = match range {
+        Some(r) => parse_range(r)?,
+        None => (0, u32::MAX),
+    };
+    let code = lab::sass::controlled(&cubin, kernel)?;
+    for i in &code {
+        println!("/*{:05x}*/ {} {}", i.address, i.control, i.text);
+    }
+    let mut per: std::collections::BTreeMap<&str, (usize, u32)> = Default::default();
+    for i in code.iter().filter(|i| (lo..hi).contains(&i.address)) {
+        let e = per.entry(i.opcode()).or_default();
+        e.0 += 1;
+        e.1 += u32::from(i.control.stall);
+    }
+    let mut rows: Vec<_> = per.into_iter().collect();
+    rows.sort_by_key(|(op, (_, st))| (std::cmp::Reverse(*st), *op));
+    let (n, total) = rows
+        .iter()
+        .fold((0, 0), |(n, t), (_, (c, s))| (n + c, t + s));
+    println!("\nstall cycles by opcode, {n} instructions in {lo:#x}..{hi:#x}: {total} in all");
+    println!("| opcode | instructions | stall cycles | per instruction |\n|---|---|---|---|");
+    for (op, (c, st)) in rows {
+        println!("| {op} | {c} | {st} | {:.2} |", f64::from(st) / c as f64);
+    }
     Ok(true)
+}
+
+/// `START..END` in hex (with or without 0x).
+fn parse_range(r: &str) -> Result<(u32, u32)> {
+    let hex = |s: &str| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16);
+    let (a, b) = r.split_once("..").ok_or_else(|| {
+        anyhow::anyhow!("--range `{r}`: expected START..END in hex, e.g. 0xc40..0x5000")
+    })?;
+    let (a, b) = (
+        hex(a).map_err(|e| anyhow::anyhow!("--range `{r}`: start: {e}"))?,
+        hex(b).map_err(|e| anyhow::anyhow!("--range `{r}`: end: {e}"))?,
+    );
+    anyhow::ensure!(a < b, "--range `{r}`: the start must come before the end");
+    Ok((a, b))
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::parse_range;
+
+    #[test]
+    fn ranges_parse_in_hex_and_refuse_by_name() {
+        assert_eq!(parse_range("0xc40..0x5000").unwrap(), (0xc40, 0x5000));
+        assert_eq!(parse_range("c40..5000").unwrap(), (0xc40, 0x5000));
+        for bad in ["c40", "5000..c40", "xyz..10"] {
+            assert!(
+                parse_range(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("--range"),
+                "{bad}"
+            );
+        }
+    }
 }

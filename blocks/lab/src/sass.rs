@@ -52,6 +52,20 @@ pub fn histogram(cubin: &Cubin, kernel: &str) -> Result<BTreeMap<String, usize>>
 
 /// One kernel's SASS as nvdisasm prints it (what `cargo xtask sass` shows a kernel engineer).
 pub fn listing(cubin: &Cubin, kernel: &str) -> Result<String> {
+    disassemble(cubin, kernel, &[])
+}
+
+/// One kernel's SASS with each instruction's control code decoded (`cargo xtask sass --control`).
+pub fn controlled(cubin: &Cubin, kernel: &str) -> Result<Vec<Controlled>> {
+    let l = disassemble(cubin, kernel, &["-hex"])?;
+    let v = parse_controlled(&l);
+    if v.is_empty() {
+        bail!("nvdisasm -hex gave no instruction encodings for `{kernel}`");
+    }
+    Ok(v)
+}
+
+fn disassemble(cubin: &Cubin, kernel: &str, args: &[&str]) -> Result<String> {
     let dir = std::env::temp_dir().join(format!("lab-sass-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     // One file per call: tests of one process disassemble the same kernel concurrently (its compile test
@@ -61,6 +75,7 @@ pub fn listing(cubin: &Cubin, kernel: &str) -> Result<String> {
     let path = dir.join(format!("{}-{}-{kernel}-{n}.cubin", cubin.file, cubin.arch));
     std::fs::write(&path, &cubin.image)?;
     let out = Command::new(nvdisasm()?)
+        .args(args)
         .arg(&path)
         .output()
         .context("running nvdisasm")?;
@@ -160,6 +175,119 @@ pub fn table(spec: &crate::KernelSpec) -> Result<String> {
     Ok(s)
 }
 
+/// The scheduling metadata ptxas puts in the top 23 bits of every 128-bit instruction (sm_70 and later; the
+/// layout as Jia et al. measured it on Volta, "Dissecting the NVIDIA Volta GPU Architecture via
+/// Microbenchmarking", 2018, and as it decodes consistently on sm_90 listings): from bit 105 up, stall cycles
+/// (4 bits), the yield bit, the write and read dependency barrier (3 bits each, 7 = none), the mask of barriers
+/// waited on (6 bits) and the operand reuse flags (4 bits). The stall count is what ncu reports as `wait`: cycles
+/// the warp may not issue after this instruction, set by ptxas for fixed-latency dependencies and pipe rates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Control {
+    pub stall: u8,
+    pub yield_bit: bool,
+    pub write_barrier: Option<u8>,
+    pub read_barrier: Option<u8>,
+    pub wait_mask: u8,
+    pub reuse: u8,
+}
+
+impl Control {
+    /// From the instruction's high 64-bit word (the second hex word nvdisasm -hex prints).
+    pub fn from_high_word(h: u64) -> Control {
+        let bar = |v: u64| (v != 7).then_some(v as u8);
+        Control {
+            stall: ((h >> 41) & 0xf) as u8,
+            yield_bit: (h >> 45) & 1 == 1,
+            write_barrier: bar((h >> 46) & 7),
+            read_barrier: bar((h >> 49) & 7),
+            wait_mask: ((h >> 52) & 0x3f) as u8,
+            reuse: ((h >> 58) & 0xf) as u8,
+        }
+    }
+}
+
+/// CuAssembler's notation: `[B--2---:R-:W1:Y:S04]` (barriers waited on, read and write barrier, the yield bit
+/// as encoded, stall cycles).
+impl std::fmt::Display for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mask: String = (0..6)
+            .map(|b| {
+                if self.wait_mask >> b & 1 == 1 {
+                    char::from(b'0' + b)
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        let bar = |b: Option<u8>| b.map_or("-".to_string(), |v| v.to_string());
+        write!(
+            f,
+            "[B{mask}:R{}:W{}:{}:S{:02}]",
+            bar(self.read_barrier),
+            bar(self.write_barrier),
+            if self.yield_bit { 'Y' } else { '-' },
+            self.stall
+        )
+    }
+}
+
+/// One instruction of a `controlled` listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Controlled {
+    pub address: u32,
+    /// The instruction as nvdisasm prints it, predicate included, without the trailing `;`.
+    pub text: String,
+    pub control: Control,
+}
+
+impl Controlled {
+    /// The base opcode (`FMNMX.NAN` → `FMNMX`), past any predicate.
+    pub fn opcode(&self) -> &str {
+        let t = self.text.trim_start();
+        let t = if t.starts_with('@') {
+            t.split_once(' ').map_or("", |(_, r)| r.trim_start())
+        } else {
+            t
+        };
+        t.split(|c: char| c == '.' || c.is_whitespace())
+            .next()
+            .unwrap_or("")
+    }
+}
+
+/// Pairs each instruction line of an `nvdisasm -hex` listing with the next line's encoding word (the high half).
+pub fn parse_controlled(listing: &str) -> Vec<Controlled> {
+    let hex = |l: &str| -> Option<u64> {
+        let a = l.rfind("/* 0x")? + 5;
+        let b = a + l[a..].find(' ')?;
+        u64::from_str_radix(&l[a..b], 16).ok()
+    };
+    let lines: Vec<&str> = listing.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let Some(rest) = t.strip_prefix("/*") else {
+            continue;
+        };
+        let Some((addr, body)) = rest.split_once("*/") else {
+            continue;
+        };
+        let Ok(address) = u32::from_str_radix(addr, 16) else {
+            continue;
+        };
+        let Some(semi) = body.find(';') else { continue };
+        let Some(h) = lines.get(i + 1).and_then(|n| hex(n)) else {
+            continue;
+        };
+        out.push(Controlled {
+            address,
+            text: body[..semi].trim().to_string(),
+            control: Control::from_high_word(h),
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +303,64 @@ mod tests {
         assert_eq!(h.get("HMMA"), Some(&2));
         assert_eq!((h.get("BRA"), h.get("LDSM")), (Some(&1), Some(&1)));
         assert_eq!(h.len(), 3);
+    }
+
+    #[test]
+    fn control_codes_decode_from_the_high_word() {
+        // From stage 6's SASS (nvdisasm 13, sm_90a): a stall of 2, the yield bit, no barrier.
+        let c = Control::from_high_word(0x000fe4000001ff00);
+        assert_eq!(
+            (
+                c.stall,
+                c.yield_bit,
+                c.write_barrier,
+                c.read_barrier,
+                c.wait_mask,
+                c.reuse
+            ),
+            (2, true, None, None, 0, 0)
+        );
+        assert_eq!(c.to_string(), "[B------:R-:W-:Y:S02]");
+        // Every field at a distinct value, placed bit by bit: stall 5, no yield, write barrier 1, read barrier 3,
+        // waits on barriers 0 and 4, reuse 0b1010.
+        let h = (5u64 << 41) | (1 << 46) | (3 << 49) | (0b010001 << 52) | (0b1010 << 58);
+        let c = Control::from_high_word(h);
+        assert_eq!(
+            (
+                c.stall,
+                c.yield_bit,
+                c.write_barrier,
+                c.read_barrier,
+                c.wait_mask,
+                c.reuse
+            ),
+            (5, false, Some(1), Some(3), 0b010001, 0b1010)
+        );
+        assert_eq!(c.to_string(), "[B0---4-:R3:W1:-:S05]");
+    }
+
+    #[test]
+    fn controlled_listing_pairs_instructions_with_their_encodings() {
+        let l = "        /*1600*/                   FMNMX.NAN R15, R13, R10, !PT ;   /* 0x0000000a0d0f7209 */\n\
+                                                                             /* 0x004fc80007820000 */\n\
+                 /*1660*/               @P0 MUFU.EX2 R40, R40 ;                  /* 0x0000002800287308 */\n\
+                                                                             /* 0x000fe60000000800 */\n\
+                 .L_x_3:\n";
+        let v = parse_controlled(l);
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            (v[0].address, v[0].opcode(), v[0].control.stall),
+            (0x1600, "FMNMX", 4)
+        );
+        // Stage 6's row max waiting on barrier 2 (a shuffle's result) before its 4-cycle stall.
+        assert_eq!(v[0].control.to_string(), "[B--2---:R-:W-:-:S04]");
+        assert_eq!(
+            (v[1].opcode(), v[1].text.as_str()),
+            ("MUFU", "@P0 MUFU.EX2 R40, R40")
+        );
+        assert_eq!(
+            (v[1].address, v[1].control.stall, v[1].control.wait_mask),
+            (0x1660, 3, 0)
+        );
     }
 }
