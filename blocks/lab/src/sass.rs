@@ -309,33 +309,29 @@ mod tests {
     fn control_codes_decode_from_the_high_word() {
         // From stage 6's SASS (nvdisasm 13, sm_90a): a stall of 2, the yield bit, no barrier.
         let c = Control::from_high_word(0x000fe4000001ff00);
-        assert_eq!(
-            (
-                c.stall,
-                c.yield_bit,
-                c.write_barrier,
-                c.read_barrier,
-                c.wait_mask,
-                c.reuse
-            ),
-            (2, true, None, None, 0, 0)
-        );
+        let none = Control {
+            stall: 2,
+            yield_bit: true,
+            write_barrier: None,
+            read_barrier: None,
+            wait_mask: 0,
+            reuse: 0,
+        };
+        assert_eq!(c, none);
         assert_eq!(c.to_string(), "[B------:R-:W-:Y:S02]");
         // Every field at a distinct value, placed bit by bit: stall 5, no yield, write barrier 1, read barrier 3,
         // waits on barriers 0 and 4, reuse 0b1010.
         let h = (5u64 << 41) | (1 << 46) | (3 << 49) | (0b010001 << 52) | (0b1010 << 58);
         let c = Control::from_high_word(h);
-        assert_eq!(
-            (
-                c.stall,
-                c.yield_bit,
-                c.write_barrier,
-                c.read_barrier,
-                c.wait_mask,
-                c.reuse
-            ),
-            (5, false, Some(1), Some(3), 0b010001, 0b1010)
-        );
+        let all = Control {
+            stall: 5,
+            yield_bit: false,
+            write_barrier: Some(1),
+            read_barrier: Some(3),
+            wait_mask: 0b010001,
+            reuse: 0b1010,
+        };
+        assert_eq!(c, all);
         assert_eq!(c.to_string(), "[B0---4-:R3:W1:-:S05]");
     }
 
