@@ -180,10 +180,7 @@ impl Stage {
     /// tensor maps' boxes and the shared memory; 192 was measured there (docs/ladder.md, third pass) and lost
     /// at every shape but S = 16384.
     pub fn bc(self, d: usize) -> usize {
-        match self {
-            Stage::S5 | Stage::S6 | Stage::S7 => 128,
-            _ => bc(d),
-        }
+        if self.fp8_p() { 128 } else { bc(d) }
     }
 
     /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stages, f16 for the others.

@@ -106,21 +106,19 @@ pub fn sass(kernel: &str, arch: Option<&str>, control: bool, range: Option<&str>
     for i in &code {
         println!("/*{:05x}*/ {} {}", i.address, i.control, i.text);
     }
-    let mut per: std::collections::BTreeMap<&str, (usize, u32)> = Default::default();
-    for i in code.iter().filter(|i| (lo..hi).contains(&i.address)) {
-        let e = per.entry(i.opcode()).or_default();
-        e.0 += 1;
-        e.1 += u32::from(i.control.stall);
-    }
-    let mut rows: Vec<_> = per.into_iter().collect();
-    rows.sort_by_key(|(op, (_, st))| (std::cmp::Reverse(*st), *op));
-    let (n, total) = rows
-        .iter()
-        .fold((0, 0), |(n, t), (_, (c, s))| (n + c, t + s));
+    let rows = lab::sass::stalls_by_opcode(&code, lo..hi);
+    let n: usize = rows.iter().map(|r| r.instructions).sum();
+    let total: u32 = rows.iter().map(|r| r.stall_cycles).sum();
     println!("\nstall cycles by opcode, {n} instructions in {lo:#x}..{hi:#x}: {total} in all");
     println!("| opcode | instructions | stall cycles | per instruction |\n|---|---|---|---|");
-    for (op, (c, st)) in rows {
-        println!("| {op} | {c} | {st} | {:.2} |", f64::from(st) / c as f64);
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {:.2} |",
+            r.opcode,
+            r.instructions,
+            r.stall_cycles,
+            f64::from(r.stall_cycles) / r.instructions as f64
+        );
     }
     Ok(true)
 }

@@ -288,6 +288,34 @@ pub fn parse_controlled(listing: &str) -> Vec<Controlled> {
     out
 }
 
+/// Instructions and encoded stall cycles of one opcode over an address range of a `controlled` listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpcodeStalls {
+    pub opcode: String,
+    pub instructions: usize,
+    pub stall_cycles: u32,
+}
+
+/// The stall cycles of `code`'s instructions at `addresses`, per opcode, most first (ties by name).
+pub fn stalls_by_opcode(code: &[Controlled], addresses: std::ops::Range<u32>) -> Vec<OpcodeStalls> {
+    let mut per: BTreeMap<&str, (usize, u32)> = BTreeMap::new();
+    for i in code.iter().filter(|i| addresses.contains(&i.address)) {
+        let e = per.entry(i.opcode()).or_default();
+        e.0 += 1;
+        e.1 += u32::from(i.control.stall);
+    }
+    let mut rows: Vec<OpcodeStalls> = per
+        .into_iter()
+        .map(|(op, (n, st))| OpcodeStalls {
+            opcode: op.to_string(),
+            instructions: n,
+            stall_cycles: st,
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.stall_cycles));
+    rows
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,5 +386,13 @@ mod tests {
             (v[1].address, v[1].control.stall, v[1].control.wait_mask),
             (0x1660, 3, 0)
         );
+        let all = stalls_by_opcode(&v, 0..u32::MAX);
+        assert_eq!(
+            all.iter()
+                .map(|r| (r.opcode.as_str(), r.instructions, r.stall_cycles))
+                .collect::<Vec<_>>(),
+            [("FMNMX", 1, 4), ("MUFU", 1, 3)]
+        );
+        assert_eq!(stalls_by_opcode(&v, 0x1610..0x2000).len(), 1);
     }
 }
