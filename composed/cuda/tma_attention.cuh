@@ -61,7 +61,8 @@ struct TmaBlock {
 // Three warpgroups. Warpgroup 0, the producer, gives its registers back and one thread issues every load: Q
 // once (its own mbarrier), then per key tile K (BC keys x D) and Vᵀ (D x BC keys, transposed in global
 // memory beforehand, keys in p_key order: prep.cu's prep_vt) into a STAGES-deep tma::Ring. Warpgroups 1 and
-// 2 each own 64 query rows, claim registers, and run stage 5's tile step with no block barrier: they wait on
+// 2 each own 64 query rows, claim registers, and run stage 5's tile step
+// with P·V issued a K-step at a time inside the exponentials (softmax_pv_steps) and no block barrier: they wait on
 // the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
 // after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
 // under the other's GEMMs. A block owns p.q_rows query rows, 128 or 64: the host picks 64 when blocks of 128
@@ -109,10 +110,7 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
         __syncwarp();
         if (roles::lane() == 0) blk.ring.release(tt - 1);  // K and Vᵀ of the tile before: every read retired
       }
-      softmax_to_p<D>(s, tt, p.sk, c, st, o, a);
-      wgmma::fence();
-      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, Block::kSwVt, blk.vt_tile(tt), true);
-      wgmma::commit();
+      softmax_pv_steps<D, BC>(s, tt, p.sk, c, st, o, a, Block::kSwVt, blk.vt_tile(tt));
     }
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);

@@ -29,6 +29,44 @@ __device__ __forceinline__ void softmax_to_p(frag::Regs<frag::WgmmaD<BC>> (&s)[1
   relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
 }
 
+// One K-step of softmax_pv_steps, then the next: step K's exponentials, its P packed into a[K], its wgmma
+// issued as a group of its own, its cells added to the row sums. The wait_group after each commit never waits
+// (at most BC / 32 groups are in flight here); without it ptxas sees a[K + 1] written inside the pipeline stage
+// that wgmma K opened and serialises every wgmma of the loop (C7513).
+template <int D, int BC, int K>
+__device__ __forceinline__ void pv_step(frag::Regs<frag::WgmmaD<BC>> (&s)[1], float c, const float (&bias)[2],
+                                        osm::RowSum& sum, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                        unsigned (&a)[BC / 32][4], wgmma::Swizzle sw, unsigned long long db) {
+  using SL = frag::WgmmaD<BC>;
+  osm::exp_cells<SL, 16 * K, 16 * K + 16>(s[0].x, c, bias);
+  relayout::acc_to_a_e4m3_step<BC>(s[0].x, K, 1.0f, a[K]);
+  wgmma::fence();
+  wg::Mma<D, wg::e4m3, wg::e4m3>::rs(o[0].x, a[K], db + wgmma::step_offset(sw, D, K), 1);
+  wgmma::commit();
+  wgmma::wait<BC / 32>();
+  osm::sum_cells<SL, 16 * K, 16 * K + 16>(s[0].x, sum);
+  if constexpr (K + 1 < BC / 32) pv_step<D, BC, K + 1>(s, c, bias, sum, o, a, sw, db);
+}
+
+// softmax_to_p, then O += P·V, with P·V issued a K-step (32 keys) at a time: each step's wgmma goes out as soon
+// as its P is packed, so the tensor cores work through P·V while the warp's MUFU runs the next step's
+// exponentials (ptxas spaces a warp's MUFU.EX2 8 cycles apart, so the exponentials of a 128-key tile hold a
+// consumer warp ~512 cycles). The same P, l and O, bit for bit, as softmax_to_p then mma_rs. Cells 16K ..
+// 16K + 15 of the wgmma accumulator are keys 32K .. 32K + 31 (frag::WgmmaD), and the sums see the cells in
+// osm::step's order.
+template <int D, int BC>
+__device__ __forceinline__ void softmax_pv_steps(frag::Regs<frag::WgmmaD<BC>> (&s)[1], int tt, int kv_valid, float c,
+                                                 osm::RowState& st, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                                 unsigned (&a)[BC / 32][4], wgmma::Swizzle sw, const void* vt) {
+  float alpha[2], bias[2];
+  osm::step_max<frag::WgmmaD<BC>, kFp8POffset>(s, tt * BC, kv_valid, c, st, alpha, bias);
+  osm::rescale<frag::WgmmaD<D>>(o, alpha);
+  osm::RowSum sum;
+  osm::init(sum);
+  pv_step<D, BC, 0>(s, c, bias, sum, o, a, sw, wgmma::desc(sw, D, 0, vt));
+  osm::step_end(sum, alpha, st);
+}
+
 // One warpgroup's 64 rows from row0: O normalised and scaled by V's scale in the caller's dtype, and the LSE.
 template <int D>
 __device__ __forceinline__ void epilogue(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],

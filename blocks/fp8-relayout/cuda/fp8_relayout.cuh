@@ -61,17 +61,23 @@ __host__ __device__ constexpr int p_key(int slot) {
   return 32 * (slot / 32) + 16 * (slot % 32 / 16) + 8 * (slot % 4 / 2) + 2 * (slot % 16 / 4) + slot % 2;
 }
 
+// acc_to_a_e4m3 without the shuffles, one K-step: the A registers of keys 32s .. 32s + 31 from accumulator
+// cells 16s .. 16s + 15, every thread packing its own values in p_key order.
+template <int N>
+__device__ __forceinline__ void acc_to_a_e4m3_step(const float (&acc)[N / 2], int s, float scale, unsigned (&a)[4]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * s + 2 * half;  // pairs j = 0..3 of this row at i + 4j
+    a[half] = e4m3x2(acc[i] * scale, acc[i + 1] * scale) | e4m3x2(acc[i + 4] * scale, acc[i + 5] * scale) << 16;
+    a[2 + half] = e4m3x2(acc[i + 8] * scale, acc[i + 9] * scale) | e4m3x2(acc[i + 12] * scale, acc[i + 13] * scale) << 16;
+  }
+}
+
 // acc_to_a_e4m3 without the shuffles: every thread packs its own accumulator values, in p_key order.
 template <int N>
 __device__ __forceinline__ void acc_to_a_e4m3_local(const float (&acc)[N / 2], float scale, unsigned (&a)[N / 32][4]) {
 #pragma unroll
-  for (int s = 0; s < N / 32; ++s)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 16 * s + 2 * half;  // pairs j = 0..3 of this row at i + 4j
-      a[s][half] = e4m3x2(acc[i] * scale, acc[i + 1] * scale) | e4m3x2(acc[i + 4] * scale, acc[i + 5] * scale) << 16;
-      a[s][2 + half] = e4m3x2(acc[i + 8] * scale, acc[i + 9] * scale) | e4m3x2(acc[i + 12] * scale, acc[i + 13] * scale) << 16;
-    }
+  for (int s = 0; s < N / 32; ++s) acc_to_a_e4m3_step<N>(acc, s, scale, a[s]);
 }
 
 // Which source row lands at K position k of a transposed tile: in order, or in acc_to_a_e4m3_local's key order.

@@ -103,6 +103,86 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
   step_rows<L, P_OFFSET>(s, col0, limit, c, st, alpha);
 }
 
+// ---- step in pieces: for a caller that issues P·V a K-step at a time while the next step's exponentials run ----
+// step_max, then exp_cells and sum_cells over consecutive cell ranges from 0 to L::kElems, then step_end: the
+// same arithmetic in the same order as step, so the same bits, for c > 0 (the hosts refuse any other scale): a
+// masked cell is -inf in place, and exp2(-inf·c + bias) is 0. One fragment (a wgmma accumulator row block).
+
+// The masking, the row max and the online update of m: alpha for O and l, and each row's exponent bias
+// P_OFFSET − m·c for exp_cells.
+template <class L, int P_OFFSET = 0, class Frag>
+__device__ __forceinline__ void step_max(Frag (&s)[1], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2],
+                                         float (&bias)[2]) {
+  const int lane = threadIdx.x & 31;
+  if (col0 + L::kCols > kv_valid) {
+#pragma unroll
+    for (int i = 0; i < L::kElems; ++i)
+      if (col0 + L::col(lane, i) >= kv_valid) s[0].x[i] = wr::neg_inf();
+  }
+  const int limit[2] = {kv_valid, kv_valid};
+  float mx[2];
+  wr::rows_limited<L, wr::MaxOp, false>(s, col0, limit, wr::MaxOp{}, mx);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float m_new = wr::max_nan(st.m[h], mx[h]);
+    const float m_use = m_new == wr::neg_inf() ? 0.0f : m_new;
+    alpha[h] = exp2_ftz((st.m[h] - m_use) * c);
+    st.m[h] = m_new;
+    bias[h] = float(P_OFFSET) - m_use * c;
+  }
+}
+
+// P = exp2(s·c + bias) in place for cells [LO, HI) of a lane's fragment.
+template <class L, int LO, int HI>
+__device__ __forceinline__ void exp_cells(float (&x)[L::kElems], float c, const float (&bias)[2]) {
+#pragma unroll
+  for (int i = LO; i < HI; ++i) x[i] = exp2_ftz(fmaf(x[i], c, bias[frag::acc_half(i)]));
+}
+
+// The row sums' partials (wr::SumOp's chains, per row), filled cell range by cell range.
+struct RowSum {
+  float v[2][wr::SumOp::kChains];
+};
+__device__ __forceinline__ void init(RowSum& r) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 0; k < wr::SumOp::kChains; ++k) r.v[h][k] = 0.0f;
+}
+// Cell i's place among its row's cells in a lane's fragment, which wr::rows_limited folds into partial
+// place % kChains: rows alternate in pairs of cells (frag::acc_half), so the closed form holds for every layout.
+__host__ __device__ constexpr int row_ordinal(int i) { return (i >> 2) * 2 + (i & 1); }
+namespace detail {
+__host__ __device__ constexpr bool row_ordinal_counts() {
+  for (int i = 0; i < 256; ++i) {
+    int n = 0;
+    for (int j = 0; j < i; ++j) n += frag::acc_half(j) == frag::acc_half(i);
+    if (n != row_ordinal(i)) return false;
+  }
+  return true;
+}
+static_assert(row_ordinal_counts(), "row_ordinal must count the cells of its row before it");
+}  // namespace detail
+template <class L, int LO, int HI>
+__device__ __forceinline__ void sum_cells(const float (&x)[L::kElems], RowSum& r) {
+#pragma unroll
+  for (int i = LO; i < HI; ++i) {
+    float& v = r.v[frag::acc_half(i)][row_ordinal(i) % wr::SumOp::kChains];
+    v = v + x[i];
+  }
+}
+
+// The partials combined in order, the quad's sum, and l = alpha·l + rowsum(P).
+__device__ __forceinline__ void step_end(const RowSum& r, const float (&alpha)[2], RowState& st) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float v = r.v[h][0];
+#pragma unroll
+    for (int k = 1; k < wr::SumOp::kChains; ++k) v = v + r.v[h][k];
+    st.l[h] = alpha[h] * st.l[h] + wr::quad(v, wr::SumOp{});
+  }
+}
+
 // O = alpha·O, row by row.
 template <class L, int NO, class Frag>
 __device__ __forceinline__ void rescale(Frag (&o)[NO], const float (&alpha)[2]) {

@@ -7,7 +7,7 @@ using namespace nvcuda;
 
 // S: [16][sk_pad] raw scores (columns >= sk are garbage the mask must hide); V: [sk_pad][64] half, zero past
 // sk (the cp.async ring's contract); O: [16][64] float; lse: [16]. Tiles of BC = 16 * NF keys.
-template <int NF>
+template <int NF, bool PIECES = false>
 __device__ void attend(const float* S, const __half* V, int sk, int sk_pad, float scale, float* O, float* lse_out) {
   constexpr int D = 64, NO = D / 16;
   const int lane = threadIdx.x & 31;
@@ -21,7 +21,20 @@ __device__ void attend(const float* S, const __half* V, int sk, int sk_pad, floa
 #pragma unroll
     for (int f = 0; f < NF; ++f) wmma::load_matrix_sync(s[f], S + k0 + 16 * f, sk_pad, wmma::mem_row_major);
     float alpha[2];
-    osm::step<frag::WmmaAcc>(s, k0, sk, c, st, alpha);
+    if constexpr (PIECES) {
+      // step's pieces, the cells in two ranges, as a caller that issues P·V between them does.
+      float bias[2];
+      osm::step_max<frag::WmmaAcc>(s, k0, sk, c, st, alpha, bias);
+      osm::RowSum sum;
+      osm::init(sum);
+      osm::exp_cells<frag::WmmaAcc, 0, 4>(s[0].x, c, bias);
+      osm::sum_cells<frag::WmmaAcc, 0, 4>(s[0].x, sum);
+      osm::exp_cells<frag::WmmaAcc, 4, 8>(s[0].x, c, bias);
+      osm::sum_cells<frag::WmmaAcc, 4, 8>(s[0].x, sum);
+      osm::step_end(sum, alpha, st);
+    } else {
+      osm::step<frag::WmmaAcc>(s, k0, sk, c, st, alpha);
+    }
     osm::rescale<frag::WmmaAcc>(o, alpha);
 #pragma unroll
     for (int f = 0; f < NF; ++f) {
@@ -50,4 +63,9 @@ extern "C" __global__ void attend_bc16(const float* S, const __half* V, int sk, 
 }
 extern "C" __global__ void attend_bc32(const float* S, const __half* V, int sk, int skp, float scale, float* O, float* lse) {
   attend<2>(S, V, sk, skp, scale, O, lse);
+}
+// The same with osm::step in its pieces (step_max, exp_cells, sum_cells, step_end): bit-identical to attend_bc16.
+extern "C" __global__ void attend_pieces_bc16(const float* S, const __half* V, int sk, int skp, float scale, float* O,
+                                              float* lse) {
+  attend<1, true>(S, V, sk, skp, scale, O, lse);
 }

@@ -29,4 +29,6 @@ const fn k(name: &'static str) -> KernelSpec {
 
 pub const ATTEND_BC16: KernelSpec = k("attend_bc16");
 pub const ATTEND_BC32: KernelSpec = k("attend_bc32");
-pub const KERNELS: &[KernelSpec] = &[ATTEND_BC16, ATTEND_BC32];
+/// attend_bc16 with `step` in its pieces (`step_max`, `exp_cells`, `sum_cells`, `step_end`).
+pub const ATTEND_PIECES_BC16: KernelSpec = k("attend_pieces_bc16");
+pub const KERNELS: &[KernelSpec] = &[ATTEND_BC16, ATTEND_BC32, ATTEND_PIECES_BC16];

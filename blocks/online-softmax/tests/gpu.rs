@@ -214,6 +214,60 @@ fn main() {
         );
         Ok(())
     });
+    t.gpu("pieces_match_the_model", |gpu| {
+        run_all(gpu, &ATTEND_PIECES_BC16, 16)
+    });
+    t.gpu("pieces_are_bit_identical_to_step", |gpu| {
+        for (what, p) in scenarios() {
+            let (a, b) = (
+                attend(gpu, &ATTEND_BC16, 16, &p)?,
+                attend(gpu, &ATTEND_PIECES_BC16, 16, &p)?,
+            );
+            let same =
+                |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
+            ensure!(
+                same(&a.o, &b.o),
+                "{what}: O of the pieces differs from step's"
+            );
+            ensure!(
+                same(&a.lse, &b.lse),
+                "{what}: LSE of the pieces differs from step's"
+            );
+        }
+        Ok(())
+    });
+    let piece_mutants: [(&str, &str, &str); 3] = [
+        (
+            "pieces: exponentials with row 0's bias",
+            "x[i] = exp2_ftz(fmaf(x[i], c, bias[frag::acc_half(i)]));",
+            "x[i] = exp2_ftz(fmaf(x[i], c, bias[0]));",
+        ),
+        (
+            "pieces: partial tile not masked",
+            "if (col0 + L::kCols > kv_valid) {",
+            "if (false) {",
+        ),
+        (
+            "pieces: l not rescaled",
+            "st.l[h] = alpha[h] * st.l[h] + wr::quad(v, wr::SumOp{});",
+            "st.l[h] = st.l[h] + wr::quad(v, wr::SumOp{});",
+        ),
+    ];
+    for (what, from, to) in piece_mutants {
+        t.gpu(
+            &format!(
+                "mutant_caught::{}",
+                what.replace(": ", "_").replace(' ', "_")
+            ),
+            move |gpu| {
+                must_fail(
+                    gpu,
+                    what,
+                    &ATTEND_PIECES_BC16.mutated("online_softmax.cuh", from, to)?,
+                )
+            },
+        );
+    }
     let mutants: [(&str, &str, &str, &str); 5] = [
         (
             "reduce over the wrong lanes",
