@@ -96,6 +96,11 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
     unsigned a[BC / 32][4];  // P's A registers: read by P·V of tile t until the wait in tile t + 1
     tma::wait(&q_bar, 0);
     const unsigned char* q_tile = blk.sq + wg * 64 * D;
+    // The tile before's row sums and α: its l update runs under this tile's Q·Kᵀ (a zero sum and α = 1 before
+    // the first tile leave l = 0 exactly).
+    osm::RowSum sum;
+    osm::init(sum);
+    float alpha[2] = {1.0f, 1.0f};
     for (int tt = 0; tt < tiles; ++tt) {
       blk.ring.wait_full(tt);
       frag::Regs<SL> s[1];
@@ -103,6 +108,7 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
       wgmma::fence();
       wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(tt), false);
       wgmma::commit();
+      osm::step_end(sum, alpha, st);
       wgmma::wait<0>();  // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
       wgmma::fence_operand(s[0].x);
       wgmma::fence_operand(o[0].x);
@@ -110,8 +116,9 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
         __syncwarp();
         if (roles::lane() == 0) blk.ring.release(tt - 1);  // K and Vᵀ of the tile before: every read retired
       }
-      softmax_pv_steps<D, BC>(s, tt, p.sk, c, st, o, a, Block::kSwVt, blk.vt_tile(tt));
+      softmax_pv_steps<D, BC>(s, tt, p.sk, c, st, o, a, Block::kSwVt, blk.vt_tile(tt), sum, alpha);
     }
+    osm::step_end(sum, alpha, st);
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
     epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);

@@ -54,17 +54,18 @@ __device__ __forceinline__ void pv_step(frag::Regs<frag::WgmmaD<BC>> (&s)[1], fl
 // consumer warp ~512 cycles). The same P, l and O, bit for bit, as softmax_to_p then mma_rs. Cells 16K ..
 // 16K + 15 of the wgmma accumulator are keys 32K .. 32K + 31 (frag::WgmmaD), and the sums see the cells in
 // osm::step's order.
+// The caller finishes the tile with osm::step_end(sum, alpha, st) (l's update: the quad shuffles), which may
+// wait until after it has issued its next wgmma.
 template <int D, int BC>
 __device__ __forceinline__ void softmax_pv_steps(frag::Regs<frag::WgmmaD<BC>> (&s)[1], int tt, int kv_valid, float c,
                                                  osm::RowState& st, frag::Regs<frag::WgmmaD<D>> (&o)[1],
-                                                 unsigned (&a)[BC / 32][4], wgmma::Swizzle sw, const void* vt) {
-  float alpha[2], bias[2];
+                                                 unsigned (&a)[BC / 32][4], wgmma::Swizzle sw, const void* vt,
+                                                 osm::RowSum& sum, float (&alpha)[2]) {
+  float bias[2];
   osm::step_max<frag::WgmmaD<BC>, kFp8POffset>(s, tt * BC, kv_valid, c, st, alpha, bias);
   osm::rescale<frag::WgmmaD<D>>(o, alpha);
-  osm::RowSum sum;
   osm::init(sum);
   pv_step<D, BC, 0>(s, c, bias, sum, o, a, sw, wgmma::desc(sw, D, 0, vt));
-  osm::step_end(sum, alpha, st);
 }
 
 // One warpgroup's 64 rows from row0: O normalised and scaled by V's scale in the caller's dtype, and the LSE.
