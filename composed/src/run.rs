@@ -79,6 +79,16 @@ pub fn validate(qz: &Quantized) -> Result<()> {
         "softmax scale {} is not positive and finite",
         qz.softmax_scale
     );
+    // The kernels scale raw scores by this product (times log2 e) in f32: it must not underflow to 0 or a
+    // subnormal, where masked keys (−inf · 0) would turn into NaN.
+    for h in 0..s.heads() {
+        let kv = s.kv_head(h);
+        let c = qz.softmax_scale * qz.q_scale[h] * qz.k_scale[kv] * std::f32::consts::LOG2_E;
+        ensure!(
+            c.is_normal(),
+            "softmax_scale · q_scale[{h}] · k_scale[{kv}] · log2(e) = {c:e} is not a normal f32: the scores' scale underflows"
+        );
+    }
     Ok(())
 }
 

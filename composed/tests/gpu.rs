@@ -699,6 +699,20 @@ fn main() {
         );
         Ok(())
     });
+    t.model("an_underflowing_score_scale_is_refused", || {
+        let mut qz = quantize_per_head(&normal(Shape::new(1, 2, 64, 64), 4));
+        qz.q_scale[1] = 1e-30;
+        qz.k_scale[1] = 1e-30;
+        let e = format!("{:#}", composed::validate(&qz).unwrap_err());
+        ensure!(
+            e.contains("q_scale[1] · k_scale[1]") && e.contains("underflows"),
+            "{e}"
+        );
+        qz.q_scale[1] = 1e-10;
+        qz.k_scale[1] = 1e-10;
+        composed::validate(&qz)?;
+        Ok(())
+    });
     t.gpu("memory_errors_say_how_much", |gpu| {
         let e = format!(
             "{:#}",
