@@ -10,7 +10,8 @@ namespace sdpa {
 // P·V(t − 1) also runs under that softmax: only O's rescale and P's packing wait for it (O and P's A
 // registers belong to the wgmma until it retires). Grouped-query attention: the block of query head bh reads
 // K/V head bh / p.group (and its scales). Causal masking (p.causal): each row's key limit
-// min(Sk, row + Sk − Sq + 1) goes to the softmax (osm::step_rows), and key tiles past the block's last visible
+// min(Sk, row + Sk − Sq + 1) goes to the softmax (softmax_defer_l: osm::step_rows with l's update left
+// for after the next turn's GEMM issue), and key tiles past the block's last visible
 // key are never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
 template <int D, int STAGES>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
@@ -64,7 +65,8 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     roles::arrive(2 - wg, 256);
     wgmma::wait<0>();
     wgmma::fence_operand(s[0].x);
-    osm::step_rows<SL, kFp8POffset>(s, 0, limit, c, st, alpha);
+    osm::RowSum sum;  // the tile before's row sums: l's update waits for the next GEMM issue (softmax_defer_l)
+    softmax_defer_l<BC>(s, 0, limit, c, st, alpha, sum);
     relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is still zero: nothing to rescale
     for (int tt = 1; tt < tiles; ++tt) {
       blk.ring.wait_full(tt);
@@ -77,9 +79,10 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tt - 1), true);
       wgmma::commit();
       roles::arrive(2 - wg, 256);
+      osm::step_end(sum, alpha, st);  // l of tile t − 1, under this turn's GEMMs
       wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) may still run
       wgmma::fence_operand(s[0].x);
-      osm::step_rows<SL, kFp8POffset>(s, tt * BC, limit, c, st, alpha);
+      softmax_defer_l<BC>(s, tt * BC, limit, c, st, alpha, sum);
       wgmma::wait<0>();
       wgmma::fence_operand(o[0].x);
       __syncwarp();
@@ -93,6 +96,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tiles - 1), true);
     wgmma::commit();
     if (wg == 0) roles::arrive(2, 256);
+    osm::step_end(sum, alpha, st);
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
     epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);

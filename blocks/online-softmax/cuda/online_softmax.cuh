@@ -108,18 +108,17 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
 // same arithmetic in the same order as step, so the same bits, for c > 0 (the hosts refuse any other scale): a
 // masked cell is -inf in place, and exp2(-inf·c + bias) is 0. One fragment (a wgmma accumulator row block).
 
-// The masking, the row max and the online update of m: alpha for O and l, and each row's exponent bias
-// P_OFFSET − m·c for exp_cells.
+// The masking (columns >= limit[h] of row h, as step_rows), the row max and the online update of m: alpha for
+// O and l, and each row's exponent bias P_OFFSET − m·c for exp_cells.
 template <class L, int P_OFFSET = 0, class Frag>
-__device__ __forceinline__ void step_max(Frag (&s)[1], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2],
-                                         float (&bias)[2]) {
+__device__ __forceinline__ void step_max_rows(Frag (&s)[1], int col0, const int (&limit)[2], float c, RowState& st,
+                                              float (&alpha)[2], float (&bias)[2]) {
   const int lane = threadIdx.x & 31;
-  if (col0 + L::kCols > kv_valid) {
+  if (col0 + L::kCols > min(limit[0], limit[1])) {
 #pragma unroll
     for (int i = 0; i < L::kElems; ++i)
-      if (col0 + L::col(lane, i) >= kv_valid) s[0].x[i] = wr::neg_inf();
+      if (col0 + L::col(lane, i) >= limit[frag::acc_half(i)]) s[0].x[i] = wr::neg_inf();
   }
-  const int limit[2] = {kv_valid, kv_valid};
   float mx[2];
   wr::rows_limited<L, wr::MaxOp, false>(s, col0, limit, wr::MaxOp{}, mx);
 #pragma unroll
@@ -130,6 +129,13 @@ __device__ __forceinline__ void step_max(Frag (&s)[1], int col0, int kv_valid, f
     st.m[h] = m_new;
     bias[h] = float(P_OFFSET) - m_use * c;
   }
+}
+// Both rows with the same limit: columns >= kv_valid are masked.
+template <class L, int P_OFFSET = 0, class Frag>
+__device__ __forceinline__ void step_max(Frag (&s)[1], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2],
+                                         float (&bias)[2]) {
+  const int limit[2] = {kv_valid, kv_valid};
+  step_max_rows<L, P_OFFSET>(s, col0, limit, c, st, alpha, bias);
 }
 
 // P = exp2(s·c + bias) in place for cells [LO, HI) of a lane's fragment.
