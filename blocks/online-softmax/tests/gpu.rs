@@ -244,7 +244,7 @@ fn main() {
         ),
         (
             "pieces: partial tile not masked",
-            "if (col0 + L::kCols > kv_valid) {",
+            "if (col0 + L::kCols > min(limit[0], limit[1])) {",
             "if (false) {",
         ),
         (
