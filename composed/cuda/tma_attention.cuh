@@ -101,14 +101,19 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
     osm::RowSum sum;
     osm::init(sum);
     float alpha[2] = {1.0f, 1.0f};
+    // Q's descriptor and stage 0's K descriptor, built once; stage k's is k·kTile bytes on (a multiple of 1024).
+    const unsigned long long qd = wgmma::desc(SW, 64, 0, q_tile), kd = wgmma::desc(SW, BC, 0, blk.sk);
+    bool landed = false;  // tile tt had landed when looked at during the tile before
     for (int tt = 0; tt < tiles; ++tt) {
-      blk.ring.wait_full(tt);
+      if (!landed) blk.ring.wait_full(tt);
       frag::Regs<SL> s[1];
       wgmma::fence_operand(s[0].x);
       wgmma::fence();
-      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(tt), false);
+      wgmma::mma_ss_desc<BC, wg::e4m3, wg::e4m3, D / 32>(
+          s[0].x, SW, qd, SW, kd + (unsigned long long)(tma::Ring<STAGES>::stage(tt) * (Block::kTile >> 4)), false);
       wgmma::commit();
       osm::step_end(sum, alpha, st);
+      landed = tt + 1 < tiles && blk.ring.test_full(tt + 1);  // looked at under this Q·Kᵀ, not at the loop top
       wgmma::wait<0>();  // Q·Kᵀ of this tile, and (groups retire in order) P·V of the one before
       wgmma::fence_operand(s[0].x);
       wgmma::fence_operand(o[0].x);

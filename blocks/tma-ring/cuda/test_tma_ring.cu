@@ -30,11 +30,16 @@ __device__ void ring_copy(const tma::Map* map, int seq, int heads, unsigned char
     if constexpr (SETMAXNREG) roles::claim_registers<232>();
     const int c = wg - 1, ct = roles::thread_in_group();
     const long long heads_all = (long long)gridDim.x;
+    // Consumer 2 looks ahead: it tests the next tile's barrier (test_full) after copying this one, and waits
+    // at the top only when that tile had not landed (stage 6's pattern); consumer 1 always waits.
+    const bool look_ahead = c == 1;
+    bool landed = false;
     for (int t = 0; t < n_tiles; ++t) {
-      ring.wait_full(t);
+      if (!(look_ahead && landed)) ring.wait_full(t);
       const uint4* src = reinterpret_cast<const uint4*>(tiles + ring.stage(t) * T::kBytes);
       uint4* dst = reinterpret_cast<uint4*>(out + ((c * heads_all + bh) * max_tiles + t) * T::kBytes);
       for (int i = ct; i < int(T::kBytes / 16); i += 128) dst[i] = src[i];
+      if (look_ahead) landed = t + 1 < n_tiles && ring.test_full(t + 1);
       roles::sync(1 + c, 128);  // all 128 threads of this consumer have read the stage
       if (ct == 0) ring.release(t);
     }

@@ -42,6 +42,17 @@ __device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parit
       : "memory");
   return done != 0;
 }
+// Whether the phase of parity `parity` has completed, without waiting (acquire semantics when it has, as
+// try_wait): a consumer can look ahead at a stage and skip the wait when the answer was yes.
+__device__ __forceinline__ bool test_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
 // Waits until the phase of parity `parity` has completed. Tests bound the spin (LAB_TMA_SPIN_LIMIT), so
 // that a broken mutant ends with wrong bytes instead of a hung device.
 __device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) {
@@ -115,6 +126,8 @@ struct Ring {
   __device__ unsigned long long* full(int t) const { return &bars->full[stage(t)]; }
   // Consumer: tile t has landed in stage(t).
   __device__ void wait_full(int t) const { wait(&bars->full[stage(t)], phase(t)); }
+  // Consumer: whether tile t has landed, without waiting (true: read stage(t) as after wait_full(t)).
+  __device__ bool test_full(int t) const { return test_wait(&bars->full[stage(t)], phase(t)); }
   // Consumer: done with tile t (once per consumer, after all its threads finished reading).
   __device__ void release(int t) const { arrive(&bars->empty[stage(t)]); }
 };

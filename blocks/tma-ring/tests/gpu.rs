@@ -238,7 +238,15 @@ fn main() {
         });
     }
     // (test, what the mutant does, header text, its replacement, must every run be wrong, what went unnoticed)
-    let mutants: [(&str, &str, &str, &str, bool, &str); 3] = [
+    let mutants: [(&str, &str, &str, &str, bool, &str); 4] = [
+        (
+            "look_ahead_on_the_wrong_parity",
+            "test_full parity flipped",
+            "return test_wait(&bars->full[stage(t)], phase(t));",
+            "return test_wait(&bars->full[stage(t)], phase(t) ^ 1u);",
+            false,
+            "a look-ahead consumer reading before the tile landed",
+        ),
         (
             "consumer_waits_on_the_wrong_parity",
             "consumer parity flipped",

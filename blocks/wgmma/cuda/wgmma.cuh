@@ -122,13 +122,19 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
 
 // ---- one tile GEMM: D[64 x N] (+)= A[64 x K] B[N x K]^T over STEPS K-steps ----
 // Issues the K-steps as one group; the first overwrites D unless `accumulate`.
+// The same from the tiles' step-0 descriptors (desc(sa, 64, 0, a), desc(sb, N, 0, b)), for a loop that builds
+// them once: a tile 1024·k bytes further on is the descriptor plus k·64 (the start field counts 16-byte units).
 template <int N, class TA, class TB, int STEPS>
-__device__ __forceinline__ void mma_ss(float (&d)[N / 2], Swizzle sa, const void* a, Swizzle sb, const void* b,
-                                       bool accumulate) {
-  const unsigned long long da = desc(sa, 64, 0, a), db = desc(sb, N, 0, b);
+__device__ __forceinline__ void mma_ss_desc(float (&d)[N / 2], Swizzle sa, unsigned long long da, Swizzle sb,
+                                            unsigned long long db, bool accumulate) {
 #pragma unroll
   for (int s = 0; s < STEPS; ++s)
     wg::Mma<N, TA, TB>::ss(d, da + step_offset(sa, 64, s), db + step_offset(sb, N, s), (s > 0 || accumulate) ? 1 : 0);
+}
+template <int N, class TA, class TB, int STEPS>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], Swizzle sa, const void* a, Swizzle sb, const void* b,
+                                       bool accumulate) {
+  mma_ss_desc<N, TA, TB, STEPS>(d, sa, desc(sa, 64, 0, a), sb, desc(sb, N, 0, b), accumulate);
 }
 // A from registers: a[s] holds K-step s as frag::wgmma_a_k32 / _k16 lays it out.
 template <int N, class TA, class TB, int STEPS>
