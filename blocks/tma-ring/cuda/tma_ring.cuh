@@ -33,26 +33,19 @@ __device__ __forceinline__ void arrive_expect_tx(unsigned long long* bar, unsign
 __device__ __forceinline__ void arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem(bar)) : "memory");
 }
-__device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// Whether the phase of parity `parity` has completed, without waiting (acquire semantics when it has, as
-// try_wait): a consumer can look ahead at a stage and skip the wait when the answer was yes.
-__device__ __forceinline__ bool test_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
+// Whether the phase of parity `parity` has completed, as a bool: try_wait may suspend the thread a while first
+// (a wait loop's body); test_wait answers at once, so a consumer can look ahead at a stage and skip the wait
+// when the answer was yes. Both have acquire semantics when they say yes.
+#define LAB_MBAR_PHASE_DONE(OP)                                                                        \
+  unsigned done;                                                                                       \
+  asm volatile("{\n.reg .pred p;\nmbarrier." OP ".parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n" \
+               : "=r"(done)                                                                            \
+               : "r"(smem(bar)), "r"(parity)                                                           \
+               : "memory");                                                                            \
+  return done != 0
+__device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parity) { LAB_MBAR_PHASE_DONE("try_wait"); }
+__device__ __forceinline__ bool test_wait(unsigned long long* bar, unsigned parity) { LAB_MBAR_PHASE_DONE("test_wait"); }
+#undef LAB_MBAR_PHASE_DONE
 // Waits until the phase of parity `parity` has completed. Tests bound the spin (LAB_TMA_SPIN_LIMIT), so
 // that a broken mutant ends with wrong bytes instead of a hung device.
 __device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) {
