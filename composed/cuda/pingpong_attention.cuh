@@ -76,6 +76,12 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       wgmma::fence();
       wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(tt), false);
       wgmma::commit();
+      // O's rescale by α(t − 1) while Q·Kᵀ(t) runs, before P·V(t − 1) adds to it (α(0) = 0 rescales the zero O
+      // of the first turn to zero). The wait never waits (one group in flight); without it ptxas serialises the
+      // wgmmas (C7515: O written inside Q·Kᵀ's stage).
+      wgmma::wait<1>();
+      osm::rescale<OL>(o, alpha);
+      wgmma::fence();
       wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tt - 1), true);
       wgmma::commit();
       roles::arrive(2 - wg, 256);
@@ -87,11 +93,11 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       wgmma::fence_operand(o[0].x);
       __syncwarp();
       if (roles::lane() == 0) blk.ring.release(tt - 1);
-      osm::rescale<OL>(o, alpha);
       relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
     }
     roles::sync(1 + wg, 256);
     wgmma::fence_operand(o[0].x);
+    osm::rescale<OL>(o, alpha);
     wgmma::fence();
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tiles - 1), true);
     wgmma::commit();
