@@ -4,15 +4,15 @@
 
 namespace sdpa {
 
-// As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an
-// arrive on the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores
-// over, and runs tile t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own
-// P·V(t − 1) also runs under that softmax: only O's rescale and P's packing wait for it (O and P's A
-// registers belong to the wgmma until it retires). Grouped-query attention: the block of query head bh reads
-// K/V head bh / p.group (and its scales). Causal masking (p.causal): each row's key limit
-// min(Sk, row + Sk − Sq + 1) goes to the softmax (softmax_defer_l: osm::step_rows with l's update left
-// for after the next turn's GEMM issue), and key tiles past the block's last visible
-// key are never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
+// As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an arrive on
+// the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores over, and runs tile
+// t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own P·V(t − 1) also runs under
+// that softmax: only P's packing and O's rescale (in the next turn) wait for it (O and P's A registers belong to the
+// wgmma until it retires). Grouped-query attention: the block of query head bh reads K/V head bh / p.group (and its
+// scales). Causal masking (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax
+// (softmax_defer_l: osm::step_rows with l's update left for after the next turn's GEMM issue), and key tiles past
+// the block's last visible key are never loaded (at least one is, so that rows with no visible key still end with
+// O = 0, LSE = −inf).
 template <int D, int STAGES>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
   constexpr int BC = 128, BQ = 128;
@@ -67,7 +67,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     wgmma::fence_operand(s[0].x);
     osm::RowSum sum;  // the tile before's row sums: l's update waits for the next GEMM issue (softmax_defer_l)
     softmax_defer_l<BC>(s, 0, limit, c, st, alpha, sum);
-    relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is still zero: nothing to rescale
+    relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is zero: its rescale by α(0) = 0 keeps it so
     for (int tt = 1; tt < tiles; ++tt) {
       blk.ring.wait_full(tt);
       roles::sync(1 + wg, 256);

@@ -58,15 +58,15 @@ struct TmaBlock {
   }
 };
 
-// Three warpgroups. Warpgroup 0, the producer, gives its registers back and one thread issues every load: Q
-// once (its own mbarrier), then per key tile K (BC keys x D) and Vᵀ (D x BC keys, transposed in global
-// memory beforehand, keys in p_key order: prep.cu's prep_vt) into a STAGES-deep tma::Ring. Warpgroups 1 and
-// 2 each own 64 query rows, claim registers, and run stage 5's tile step
-// with P·V issued a K-step at a time inside the exponentials (softmax_pv_steps) and no block barrier: they wait on
-// the tile's full barrier, and release it (one arrival a warp) once P·V of that tile has retired, which is
-// after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers in step, so one's softmax can run
-// under the other's GEMMs. A block owns p.q_rows query rows, 128 or 64: the host picks 64 when blocks of 128
-// would leave half the SMs idle (the mission shape: 8 heads × 512 rows), and consumer 2 then leaves at once.
+// Three warpgroups. Warpgroup 0, the producer, gives its registers back and one thread issues every load: Q once
+// (its own mbarrier), then per key tile K (BC keys x D) and Vᵀ (D x BC keys, transposed in global memory beforehand,
+// keys in p_key order: prep.cu's prep_vt) into a STAGES-deep tma::Ring. Warpgroups 1 and 2 each own 64 query rows,
+// claim registers, and run stage 5's tile step with P·V issued a K-step at a time inside the exponentials
+// (softmax_pv_steps) and no block barrier: they wait on the tile's full barrier, and release it (one arrival a warp)
+// once P·V of that tile has retired, which is after the Q·Kᵀ wait of the next tile. Nothing keeps the two consumers
+// in step, so one's softmax can run under the other's GEMMs. A block owns p.q_rows query rows, 128 or 64: the host
+// picks 64 when blocks of 128 would leave half the SMs idle (the mission shape: 8 heads × 512 rows), and consumer 2
+// then leaves at once.
 template <int D, int STAGES, int BC>
 __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
   using Block = TmaBlock<D, STAGES, BC>;

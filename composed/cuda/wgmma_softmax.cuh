@@ -51,11 +51,10 @@ __device__ __forceinline__ void pv_step(frag::Regs<frag::WgmmaD<BC>> (&s)[1], fl
 // softmax_to_p, then O += P·V, with P·V issued a K-step (32 keys) at a time: each step's wgmma goes out as soon
 // as its P is packed, so the tensor cores work through P·V while the warp's MUFU runs the next step's
 // exponentials (ptxas spaces a warp's MUFU.EX2 8 cycles apart, so the exponentials of a 128-key tile hold a
-// consumer warp ~512 cycles). The same P, l and O, bit for bit, as softmax_to_p then mma_rs. Cells 16K ..
-// 16K + 15 of the wgmma accumulator are keys 32K .. 32K + 31 (frag::WgmmaD), and the sums see the cells in
-// osm::step's order.
-// The caller finishes the tile with osm::step_end(sum, alpha, st) (l's update: the quad shuffles), which may
-// wait until after it has issued its next wgmma.
+// consumer warp ~512 cycles). Cells 16K .. 16K + 15 of the wgmma accumulator are keys 32K .. 32K + 31
+// (frag::WgmmaD), and the sums see the cells in osm::step's order. l's update is left to the caller,
+// osm::step_end(sum, alpha, st), which may wait until after its next wgmma issue; with it, the same P, m, l and
+// O, bit for bit, as softmax_to_p then mma_rs.
 template <int D, int BC>
 __device__ __forceinline__ void softmax_pv_steps(frag::Regs<frag::WgmmaD<BC>> (&s)[1], int tt, int kv_valid, float c,
                                                  osm::RowState& st, frag::Regs<frag::WgmmaD<D>> (&o)[1],

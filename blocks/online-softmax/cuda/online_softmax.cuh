@@ -38,20 +38,25 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 }
 
 namespace detail {
-template <class L, int P_OFFSET, bool MASKED, int NF, class Frag>
-__device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st, float (&alpha)[2]) {
+// Masked cells (columns >= limit[h] of row h) become -inf once, in place, so the max, the exponentials and the
+// sum after it need no per-cell predicate of their own: a mask kept alive across the three loops cost ~30
+// registers (64 predicates packed into words) in the FP8 stages' consumers.
+template <class L, int NF, class Frag>
+__device__ __forceinline__ void mask_in_place(Frag (&s)[NF], int col0, const int (&limit)[2]) {
   const int lane = threadIdx.x & 31;
-  // Masked cells become -inf once, in place, so the max, the exponentials and the sum below need no per-cell
-  // predicate of their own: a mask kept alive across the three loops cost ~30 registers (64 predicates packed
-  // into words) in the FP8 stages' consumers.
-  if constexpr (MASKED) {
 #pragma unroll
-    for (int f = 0; f < NF; ++f)
+  for (int f = 0; f < NF; ++f)
 #pragma unroll
-      for (int i = 0; i < L::kElems; ++i)
-        if (col0 + f * L::kCols + L::col(lane, i) >= limit[frag::acc_half(i)]) s[f].x[i] = wr::neg_inf();
-  }
-  float mx[2], m_use[2];
+    for (int i = 0; i < L::kElems; ++i)
+      if (col0 + f * L::kCols + L::col(lane, i) >= limit[frag::acc_half(i)]) s[f].x[i] = wr::neg_inf();
+}
+
+// The row max of the (masked) tile and the online update of m: alpha for O and l, and the m the exponentials
+// subtract (0 while the row has no finite score: never (-inf) - (-inf)).
+template <class L, int NF, class Frag>
+__device__ __forceinline__ void update_max(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st,
+                                           float (&alpha)[2], float (&m_use)[2]) {
+  float mx[2];
   wr::rows_limited<L, wr::MaxOp, false>(s, col0, limit, wr::MaxOp{}, mx);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -60,6 +65,13 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)
     alpha[h] = exp2_ftz((st.m[h] - m_use[h]) * c);
     st.m[h] = m_new;
   }
+}
+
+template <class L, int P_OFFSET, bool MASKED, int NF, class Frag>
+__device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st, float (&alpha)[2]) {
+  if constexpr (MASKED) mask_in_place<L>(s, col0, limit);
+  float m_use[2];
+  update_max<L>(s, col0, limit, c, st, alpha, m_use);
 #pragma unroll
   for (int f = 0; f < NF; ++f)
 #pragma unroll
@@ -113,22 +125,13 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
 template <class L, int P_OFFSET = 0, class Frag>
 __device__ __forceinline__ void step_max_rows(Frag (&s)[1], int col0, const int (&limit)[2], float c, RowState& st,
                                               float (&alpha)[2], float (&bias)[2]) {
-  const int lane = threadIdx.x & 31;
   if (col0 + L::kCols > min(limit[0], limit[1])) {
-#pragma unroll
-    for (int i = 0; i < L::kElems; ++i)
-      if (col0 + L::col(lane, i) >= limit[frag::acc_half(i)]) s[0].x[i] = wr::neg_inf();
+    detail::mask_in_place<L>(s, col0, limit);
   }
-  float mx[2];
-  wr::rows_limited<L, wr::MaxOp, false>(s, col0, limit, wr::MaxOp{}, mx);
+  float m_use[2];
+  detail::update_max<L>(s, col0, limit, c, st, alpha, m_use);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float m_new = wr::max_nan(st.m[h], mx[h]);
-    const float m_use = m_new == wr::neg_inf() ? 0.0f : m_new;
-    alpha[h] = exp2_ftz((st.m[h] - m_use) * c);
-    st.m[h] = m_new;
-    bias[h] = float(P_OFFSET) - m_use * c;
-  }
+  for (int h = 0; h < 2; ++h) bias[h] = float(P_OFFSET) - m_use[h] * c;
 }
 // Both rows with the same limit: columns >= kv_valid are masked.
 template <class L, int P_OFFSET = 0, class Frag>

@@ -121,9 +121,9 @@ __device__ __forceinline__ void fence_operand(float (&d)[R]) {
 }
 
 // ---- one tile GEMM: D[64 x N] (+)= A[64 x K] B[N x K]^T over STEPS K-steps ----
-// Issues the K-steps as one group; the first overwrites D unless `accumulate`.
-// The same from the tiles' step-0 descriptors (desc(sa, 64, 0, a), desc(sb, N, 0, b)), for a loop that builds
-// them once: a tile 1024·k bytes further on is the descriptor plus k·64 (the start field counts 16-byte units).
+// Issues the K-steps as one group; the first overwrites D unless `accumulate`. mma_ss_desc takes the tiles'
+// step-0 descriptors (desc(sa, 64, 0, a), desc(sb, N, 0, b)), for a loop that builds them once: a tile 1024·k
+// bytes further on is the descriptor plus k·64 (the start field counts 16-byte units); mma_ss builds them.
 template <int N, class TA, class TB, int STEPS>
 __device__ __forceinline__ void mma_ss_desc(float (&d)[N / 2], Swizzle sa, unsigned long long da, Swizzle sb,
                                             unsigned long long db, bool accumulate) {
