@@ -145,7 +145,11 @@ impl Stage {
             } else {
                 ""
             },
-            self.bc(64)
+            if self.bc(64) == self.bc(128) {
+                self.bc(64).to_string()
+            } else {
+                format!("{} (D = 64) or {} (D = 128)", self.bc(64), self.bc(128))
+            }
         )
     }
 
@@ -176,11 +180,16 @@ impl Stage {
         }
     }
 
-    /// Keys per K/V tile. For stage 6 this must agree with `STAGE6(D, BC)` in `stage6.cu`, which sizes the
-    /// tensor maps' boxes and the shared memory; 192 was measured there (docs/ladder.md, third pass) and lost
-    /// at every shape but S = 16384.
+    /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC)`, which size
+    /// the tensor maps' boxes and the shared memory. Stage 6 measured 192 and lost at every shape but S = 16384
+    /// (docs/ladder.md, third pass); stage 7 gained with 192 at D = 128 (+2–3% at S = 4096, +6% at 16384: fifth
+    /// pass) and keeps 128 at D = 64 (−1% at 4096, −12% at the mission shape).
     pub fn bc(self, d: usize) -> usize {
-        if self.fp8_p() { 128 } else { bc(d) }
+        match self {
+            Stage::S7 if d == 128 => 192,
+            _ if self.fp8_p() => 128,
+            _ => bc(d),
+        }
     }
 
     /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stages, f16 for the others.

@@ -352,12 +352,15 @@ fn expand_kv(qz: &Quantized) -> Quantized {
 }
 
 /// Causal cases for the stages that take it (`Stage::causal`): Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key), S = 1, partial tiles, D = 64
-/// and 128, several heads, and the mission shape.
+/// and 128, several heads, and the mission shape; at D = 128 (192-key tiles in stage 7) a diagonal that crosses
+/// key tiles inside 128-row blocks, and Sq > Sk with 192 < Sk < 384.
 fn causal_shapes() -> Vec<(String, Shape)> {
     [
         Shape::new(1, 2, 256, 64),
         Shape::cross(1, 2, 100, 300, 128),
         Shape::cross(1, 2, 300, 100, 64),
+        Shape::new(1, 2, 400, 128),
+        Shape::cross(1, 2, 450, 250, 128),
         Shape::new(1, 1, 1, 128),
         Shape::new(2, 3, 129, 128),
         Shape::cross(1, 1, 77, 1000, 64),
