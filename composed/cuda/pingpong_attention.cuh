@@ -8,12 +8,11 @@ namespace sdpa {
 // the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores over, and runs tile
 // t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own P·V(t − 1) also runs under
 // that softmax: only P(t)'s packing and O's rescale, both at the start of the next turn, wait for it (O and P's A
-// registers belong to the wgmma until it retires). l is summed on the tensor cores beside P·V (wgmma::row_sums_rs:
-// the E4M3 P against a tile of ones), so the softmax (softmax_no_l) has no row sums or shuffles for it. BC keys a
-// tile (Stage::bc: 192 at D = 128, 128 at D = 64). Grouped-query attention: the block of query head bh reads K/V
-// head bh / p.group (and its scales). Causal masking (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1)
-// goes to the softmax, and key tiles past the block's last visible key are never loaded (at least one is, so that
-// rows with no visible key still end with O = 0, LSE = −inf).
+// registers belong to the wgmma until it retires). BC keys a tile (Stage::bc: 192 at D = 128, 128 at D = 64). Grouped-query attention: the block of query head bh reads K/V head bh / p.group (and its
+// scales). Causal masking (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax
+// (softmax_defer_l: osm::step_rows with l's update left for after the next turn's GEMM issue), and key tiles past
+// the block's last visible key are never loaded (at least one is, so that rows with no visible key still end with
+// O = 0, LSE = −inf).
 template <int D, int STAGES, int BC>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
   using Block = TmaBlock<D, STAGES, BC>;
@@ -24,10 +23,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   using OL = frag::WgmmaD<D>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ unsigned long long q_bar;
-  __shared__ __align__(128) unsigned char ones[wgmma::kOnesTileBytes];  // B of the row sums: E4M3 ones
   extern __shared__ unsigned char smem_raw[];
-  wgmma::fill_ones_e4m3(ones, threadIdx.x, 384);
-  wgmma::proxy_fence();  // published by TmaBlock's barrier
   const Block blk(smem_raw, &bars, &q_bar);
   const TileCoord tc = tile_coord();
   const int bh = tc.bh, kv = bh / p.group, q0 = tc.qt * BQ;
@@ -51,12 +47,6 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     frag::Regs<OL> o[1];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
-    // l on the tensor cores: P·1 beside P·V, from the same A registers, rescaled by α with O. Every column of the
-    // m64n8 accumulator is the row sum of the E4M3 P (x[0]: the thread's first row, x[2]: its second).
-    frag::Regs<frag::WgmmaD<8>> l8[1];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) l8[0].x[i] = 0.0f;
-    const unsigned long long ones_d = wgmma::ones_desc(ones);
     // P(t) is packed at the start of the next turn, after the wait that retires P·V(t − 1) (whose A registers it
     // overwrites), across the loop's back edge from the softmax. Packed at the end of the softmax, behind that
     // wait, ptxas hoisted the wait above the whole softmax (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the row
@@ -80,12 +70,12 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     roles::arrive(2 - wg, 256);
     wgmma::wait<0>();
     wgmma::fence_operand(s[0].x);
-    softmax_no_l<BC>(s, 0, limit, c, st, alpha);
+    osm::RowSum sum;  // the tile before's row sums: l's update waits for the next GEMM issue (softmax_defer_l)
+    softmax_defer_l<BC>(s, 0, limit, c, st, alpha, sum);
     for (int tt = 1; tt < tiles; ++tt) {
       // P·V(t − 2) has retired (nothing is in flight at t = 1): P(t − 1) into its A registers, its slot back.
       wgmma::wait<0>();
       wgmma::fence_operand(o[0].x);
-      wgmma::fence_operand(l8[0].x);
       wgmma::fence_operand(s[0].x);
       relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is zero at t = 1: its rescale by α(0) = 0 keeps it so
       if (tt > 1) {
@@ -96,7 +86,6 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       roles::sync(1 + wg, 256);
       wgmma::fence_operand(s[0].x);
       wgmma::fence_operand(o[0].x);
-      wgmma::fence_operand(l8[0].x);
       wgmma::fence();
       wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(tt), false);
       wgmma::commit();
@@ -104,19 +93,17 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       // group in flight); without it ptxas serialises the wgmmas (C7515: O written inside Q·Kᵀ's stage).
       wgmma::wait<1>();
       osm::rescale<OL>(o, alpha);
-      osm::rescale<frag::WgmmaD<8>>(l8, alpha);
       wgmma::fence();
       wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tt - 1), true);
-      wgmma::row_sums_rs<wg::e4m3, BC / 32>(l8[0].x, a, ones_d);
       wgmma::commit();
       roles::arrive(2 - wg, 256);
+      osm::step_end(sum, alpha, st);  // l of tile t − 1, under this turn's GEMMs
       wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) runs on under the softmax
       wgmma::fence_operand(s[0].x);
-      softmax_no_l<BC>(s, tt * BC, limit, c, st, alpha);
+      softmax_defer_l<BC>(s, tt * BC, limit, c, st, alpha, sum);
     }
     wgmma::wait<0>();  // P·V(tiles − 2)
     wgmma::fence_operand(o[0].x);
-    wgmma::fence_operand(l8[0].x);
     wgmma::fence_operand(s[0].x);
     relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
     if (tiles > 1) {
@@ -125,17 +112,13 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     }
     roles::sync(1 + wg, 256);
     osm::rescale<OL>(o, alpha);
-    osm::rescale<frag::WgmmaD<8>>(l8, alpha);
     wgmma::fence();
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tiles - 1), true);
-    wgmma::row_sums_rs<wg::e4m3, BC / 32>(l8[0].x, a, ones_d);
     wgmma::commit();
     if (wg == 0) roles::arrive(2, 256);
+    osm::step_end(sum, alpha, st);
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
-    wgmma::fence_operand(l8[0].x);
-    st.l[0] = l8[0].x[0];
-    st.l[1] = l8[0].x[2];
     epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
   }
 }

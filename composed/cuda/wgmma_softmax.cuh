@@ -67,15 +67,18 @@ __device__ __forceinline__ void softmax_pv_steps(frag::Regs<frag::WgmmaD<BC>> (&
   pv_step<D, BC, 0>(s, c, bias, sum, o, a, sw, wgmma::desc(sw, D, 0, vt));
 }
 
-// osm::step_rows on a whole tile without l: the row max, α and P in place, for a kernel whose row sums come
-// from the tensor cores (wgmma::row_sums_rs on P's A registers, rescaled by α like O).
+// osm::step_rows on a whole tile, less l's update: the row sums and α stay in `sum` and `alpha` for
+// osm::step_end, which the caller runs after its next wgmma issue (the quad shuffles' latency then sits under
+// that GEMM). The same P, m and l as step_rows.
 template <int BC>
-__device__ __forceinline__ void softmax_no_l(frag::Regs<frag::WgmmaD<BC>> (&s)[1], int col0, const int (&limit)[2],
-                                             float c, osm::RowState& st, float (&alpha)[2]) {
+__device__ __forceinline__ void softmax_defer_l(frag::Regs<frag::WgmmaD<BC>> (&s)[1], int col0, const int (&limit)[2],
+                                                float c, osm::RowState& st, float (&alpha)[2], osm::RowSum& sum) {
   using SL = frag::WgmmaD<BC>;
   float bias[2];
   osm::step_max_rows<SL, kFp8POffset>(s, col0, limit, c, st, alpha, bias);
   osm::exp_cells<SL, 0, SL::kElems>(s[0].x, c, bias);
+  osm::init(sum);
+  osm::sum_cells<SL, 0, SL::kElems>(s[0].x, sum);
 }
 
 // One warpgroup's 64 rows from row0: O normalised and scaled by V's scale in the caller's dtype, and the LSE.

@@ -192,16 +192,6 @@ impl Stage {
         }
     }
 
-    /// What the running sum l adds up: stage 7 sums the E4M3 P on the tensor cores beside P·V (wgmma's
-    /// `row_sums_rs`), the others sum the exponentials on the FP pipes.
-    pub fn row_sums(self) -> fixtures::RowSumOf {
-        if self == Stage::S7 {
-            fixtures::RowSumOf::RoundedP
-        } else {
-            fixtures::RowSumOf::P
-        }
-    }
-
     /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stages, f16 for the others.
     pub fn fp8_p(self) -> bool {
         matches!(self, Stage::S5 | Stage::S6 | Stage::S7)
@@ -317,13 +307,12 @@ const fn k90a(name: &'static str, source: &'static Source) -> KernelSpec {
 const fn k90a_tma(name: &'static str, source: &'static Source) -> KernelSpec {
     // 384 threads under __launch_bounds__(384, 1): ptxas's report is the entry cap, 168; past setmaxnreg the
     // producer runs on 40 registers and the consumers on 232 (128·40 + 256·232 = 64512 of 65536). Spills: 0.
-    // Static shared memory: the ring's and Q's mbarriers (80 bytes for 4 stages), and stage 7's 256-byte tile of
-    // E4M3 ones for its row sums on the tensor cores.
+    // Static shared memory: the ring's and Q's mbarriers (80 bytes for 4 stages).
     KernelSpec {
         block: "composed",
         name,
         source,
-        budget: Budget::new(168, 384),
+        budget: Budget::new(168, 128),
         archs: &[Arch::Sm90a],
         sass: &["QGMMA", "UTMALDG", "SYNCS"],
     }

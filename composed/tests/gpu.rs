@@ -6,7 +6,7 @@ use anyhow::{Result, ensure};
 use clap::Parser;
 use composed::{OnDevice, OutDtype, Stage, bc, run_as};
 use fixtures::{
-    Attention, Quantized, Raw, Shape, emulate, emulate_fp8p_sums, quantize_per_head,
+    Attention, Quantized, Raw, Shape, emulate, emulate_fp8p, quantize_per_head,
     quantize_per_tensor, reference, reference_unquantized,
 };
 use lab::numerics::{Tolerance, error_stats};
@@ -217,10 +217,9 @@ struct Prepared {
     reference: Attention<f64>,
     /// The f16-P stages' rounding points (tiles of `bc(d)` keys).
     emulation: Attention<f32>,
-    /// The FP8 wgmma stages': P × 2^8 rounded to E4M3, one per key-tile width and row-sum kind (`FP8_TILES`:
-    /// the online softmax rounds at tile boundaries, so stages with different tiles round differently, and l
-    /// sums P or the rounded P); made on first use.
-    emulation_fp8: [OnceLock<Attention<f32>>; 2 * FP8_TILES.len()],
+    /// The FP8 wgmma stages': P × 2^8 rounded to E4M3, one per key-tile width (`FP8_TILES`: the online
+    /// softmax rounds at tile boundaries, so stages with different tiles round differently); made on first use.
+    emulation_fp8: [OnceLock<Attention<f32>>; FP8_TILES.len()],
     out: OutDtype,
 }
 
@@ -231,7 +230,6 @@ impl Prepared {
             let i = FP8_TILES.iter().position(|&t| t == bc).unwrap_or_else(|| {
                 panic!("{}: a key tile of {bc} is not in FP8_TILES", stage.name())
             });
-            let i = 2 * i + usize::from(stage.row_sums() == fixtures::RowSumOf::RoundedP);
             self.emulation_fp8[i].get_or_init(|| emulation_of(stage, &self.qz, self.out))
         } else {
             &self.emulation
@@ -247,7 +245,7 @@ const FP8_TILES: [usize; 2] = [128, 192];
 fn emulation_of(stage: Stage, qz: &Quantized, out: OutDtype) -> Attention<f32> {
     let bc = stage.bc(qz.shape.d);
     if stage.fp8_p() {
-        emulate_fp8p_sums(qz, bc, composed::FP8_P_OFFSET, out, stage.row_sums())
+        emulate_fp8p(qz, bc, composed::FP8_P_OFFSET, out)
     } else {
         emulate(qz, bc, out)
     }
@@ -622,13 +620,8 @@ fn main() {
                 let spec = stage.kernel(d);
                 let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
                 let h = lab::sass::histogram(&cubin, spec.name)?;
-                // Stage 7 peels its first and last turns: each GEMM appears twice in its code, and its P·V comes
-                // with the row sums' m64n8 QGMMA a K-step.
-                let want = if stage == Stage::S7 {
-                    (d / 32 + 2 * stage.bc(d) / 32) * 2
-                } else {
-                    d / 32 + stage.bc(d) / 32
-                };
+                // Stage 7 peels its first and last turns: each GEMM appears twice in its code.
+                let want = (d / 32 + stage.bc(d) / 32) * if stage == Stage::S7 { 2 } else { 1 };
                 ensure!(
                     h.get("QGMMA") == Some(&want) && !h.contains_key("HMMA"),
                     "{}: QGMMA {:?} (want {want}), HMMA {:?}",
@@ -670,39 +663,6 @@ fn main() {
             Ok(()) => anyhow::bail!("a transpose in plain key order passed"),
         }
     });
-    // Stage 7's l comes from the tensor cores: a sum not rescaled by α with O (the first in-loop rescale dropped),
-    // or the row sums issued for one K-step fewer than P·V, must fail the matrix check on a multi-tile case of
-    // each D.
-    for (what, from, to) in [
-        (
-            "row_sums_not_rescaled",
-            "      osm::rescale<frag::WgmmaD<8>>(l8, alpha);",
-            "",
-        ),
-        (
-            "row_sums_one_step_short",
-            "row_sums_rs<wg::e4m3, BC / 32>(l8[0].x, a, ones_d);",
-            "row_sums_rs<wg::e4m3, BC / 32 - 1>(l8[0].x, reinterpret_cast<const unsigned(&)[BC / 32 - 1][4]>(a), ones_d);",
-        ),
-    ] {
-        t.gpu(&format!("matrix::stage7::mutant_{what}"), move |gpu: &Gpu| {
-            for case in matrix()
-                .into_iter()
-                .filter(|c| c.name == "tile_edges_1x2x385x128_s0" || c.name == "mission_1x8x512x64_s0")
-            {
-                let p = prepared(&case);
-                let mut d = OnDevice::upload_as(gpu, &p.qz, case.out)?;
-                d.use_kernel(Some(Stage::S7.kernel(case.shape.d).mutated("pingpong_attention.cuh", from, to)?));
-                d.launch(gpu, Stage::S7)?;
-                let dev = d.download(gpu)?;
-                match check(Stage::S7, &case, &p, &dev) {
-                    Err(e) => eprintln!("{what} on {}: caught: {e:#}", case.name),
-                    Ok(()) => anyhow::bail!("{what} passed the check on {}", case.name),
-                }
-            }
-            Ok(())
-        });
-    }
     for case in matrix() {
         for stage in Stage::ALL {
             let case = case.clone();

@@ -1,9 +1,8 @@
 // Generates cuda/wgmma_instr.cuh, the raw wgmma.mma_async instructions: 128 accumulator operands are not typed by hand.
 use std::fmt::Write as _;
 
-/// The N of every generated instruction: the lab's accumulator layouts, the widths attention tiles use, and
-/// 8 (row sums against a column of ones: wgmma.cuh's `row_sums_rs`).
-pub const INSTR_NS: [u32; 7] = [8, 32, 64, 96, 128, 192, 256];
+/// The N of every generated instruction: the lab's accumulator layouts, plus the widths attention tiles use.
+pub const INSTR_NS: [u32; 6] = [32, 64, 96, 128, 192, 256];
 
 /// (tag, PTX type, K of one instruction): the input types wgmma takes.
 const TYPES: [(&str, &str, u32); 4] = [

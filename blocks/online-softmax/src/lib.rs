@@ -8,8 +8,7 @@ mod model;
 
 pub use kernels::{ATTEND_BC16, ATTEND_BC32, ATTEND_PIECES_BC16, D, HEADERS, KERNELS, SOURCE};
 pub use model::{
-    Out, Problem, RowSumOf, max_abs_diff, mirror_f32, mirror_f32_sums, mirror_f32_with, o_bound, one_shot,
-    online_f64,
+    Out, Problem, max_abs_diff, mirror_f32, mirror_f32_with, o_bound, one_shot, online_f64,
 };
 
 /// Every kernel of this block, for `cargo xtask ptxas`.

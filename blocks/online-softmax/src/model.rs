@@ -123,26 +123,6 @@ pub fn mirror_f32_with(
     p_offset: i32,
     round: impl Fn(f32) -> f32,
 ) -> Out<f32> {
-    mirror_f32_sums(p, bc, p_offset, round, RowSumOf::P)
-}
-
-/// What the running sum l adds up: the P of the exponentials (the FP pipes' row sums, `osm::sum_cells`), or
-/// the rounded P that P·V multiplies (row sums on the tensor cores against a column of ones, wgmma's
-/// `row_sums_rs`: numerator and denominator then weigh the keys alike).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RowSumOf {
-    P,
-    RoundedP,
-}
-
-/// `mirror_f32_with`, with l summing what `sums` says.
-pub fn mirror_f32_sums(
-    p: &Problem,
-    bc: usize,
-    p_offset: i32,
-    round: impl Fn(f32) -> f32,
-    sums: RowSumOf,
-) -> Out<f32> {
     let off = p_offset as f32;
     let c = p.scale * std::f32::consts::LOG2_E; // the device's 1.4426950408889634f, rounded to f32 alike
     let mut out = Out {
@@ -176,12 +156,7 @@ pub fn mirror_f32_sums(
                     p.s[r * p.sk + j].mul_add(c, bias).exp2()
                 })
                 .collect();
-            l = alpha
-                * l
-                + match sums {
-                    RowSumOf::P => pj.iter().sum::<f32>(),
-                    RowSumOf::RoundedP => pj.iter().map(|&e| round(e)).sum::<f32>(),
-                };
+            l = alpha * l + pj.iter().sum::<f32>();
             for (k, ok) in o.iter_mut().enumerate() {
                 let mut acc = alpha * *ok;
                 for (t, &e) in pj.iter().enumerate() {

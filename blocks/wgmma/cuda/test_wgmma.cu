@@ -114,45 +114,6 @@ __device__ void reuse(const unsigned char* a, const unsigned char* b1, const uns
   }
 }
 
-// Row sums of a [64][kKBytes] E4M3 A operand from registers on the tensor cores (row_sums_rs), accumulated twice
-// onto d = 1 (so both the scale-d path and the sums count): d[64][8] = 1 + 2 Σ_k a. The ones tile is followed
-// by zeros, one tile's worth a further K-step, so a K-step that read past it would drop its keys (and stay
-// inside the block's shared memory).
-extern "C" __global__ void __launch_bounds__(128, 1) row_sums_e4m3(const unsigned char* a, float* d_out) {
-  __shared__ __align__(128) unsigned char ones[kSteps * wgmma::kOnesTileBytes];
-  const int t = threadIdx.x;
-  wgmma::fill_ones_e4m3(ones, t, 128);
-  for (int i = t; i < int((kSteps - 1) * wgmma::kOnesTileBytes / 4); i += 128)
-    reinterpret_cast<unsigned*>(ones + wgmma::kOnesTileBytes)[i] = 0u;
-  wgmma::publish_smem();
-  unsigned ar[kSteps][4];
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      unsigned w = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = q * 4 + j;
-        w |= unsigned(a[frag::wgmma_a_k32_row(t, e) * kKBytes + s * 32 + frag::wgmma_a_k32_col(t, e)]) << (8 * j);
-      }
-      ar[s][q] = w;
-    }
-  float d[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  const unsigned long long od = wgmma::ones_desc(ones);
-  wgmma::fence_operand(d);
-  wgmma::fence();
-  wgmma::row_sums_rs<wg::e4m3, kSteps>(d, ar, od);
-  wgmma::commit();
-  wgmma::fence();
-  wgmma::row_sums_rs<wg::e4m3, kSteps>(d, ar, od);
-  wgmma::commit();
-  wgmma::wait<0>();
-  wgmma::fence_operand(d);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) d_out[frag::wgmma_d_row(t, i) * 8 + frag::wgmma_d_col(t, i)] = d[i];
-}
-
 extern "C" __global__ void __launch_bounds__(128, 1)
     reuse_e4m3_e4m3_n128(const unsigned char* a, const unsigned char* b1, const unsigned char* b2, float* d) {
   reuse<wg::e4m3, wg::e4m3, 128>(a, b1, b2, d);

@@ -146,28 +146,6 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[ST
     wg::Mma<N, TA, TB>::rs(d, a[s], db + step_offset(sb, N, s), (s > 0 || accumulate) ? 1 : 0);
 }
 
-// ---- row sums of a register A operand on the tensor cores ----
-// D[64 x 8] += A[64 x K] · Bᵀ with B an 8-row tile of E4M3 ones: every column of the m64n8 accumulator is A's row
-// sum over K, so each thread holds the sums of both its rows (d[0] = d[1]: row wgmma_d_row(t, 0); d[2] = d[3]:
-// row wgmma_d_row(t, 2)) with no shuffle. The tile is 8 rows x 32 bytes without swizzle (two 8x16-byte core
-// matrices, LBO 128), and every K-step reads it again: ones in any K order. What an attention kernel uses for
-// l = Σ P when P is already the A operand of P·V: the sum of the E4M3 P that P·V multiplies, off the FP pipes.
-constexpr unsigned kOnesTileBytes = 256;
-constexpr unsigned kE4m3OneX4 = 0x38383838u;  // four E4M3 1.0
-// Fills the ones tile (16-byte aligned) with `threads` threads from thread `t`; the caller publishes it (each
-// writer proxy_fence(), then a barrier) before the first row_sums_rs.
-__device__ __forceinline__ void fill_ones_e4m3(unsigned char* tile, int t, int threads) {
-  for (int i = t; i < int(kOnesTileBytes / 4); i += threads) reinterpret_cast<unsigned*>(tile)[i] = kE4m3OneX4;
-}
-__device__ __forceinline__ unsigned long long ones_desc(const void* tile) { return desc(Swizzle::None, 8, 0, tile); }
-// Adds A's row sums over STEPS K-steps to d (scale-d 1 throughout: zero d, or rescale it, beforehand). Issued
-// like any wgmma: fence before, commit and wait after (it may share a group with the GEMM that reads the same A).
-template <class TA, int STEPS>
-__device__ __forceinline__ void row_sums_rs(float (&d)[4], const unsigned (&a)[STEPS][4], unsigned long long ones) {
-#pragma unroll
-  for (int s = 0; s < STEPS; ++s) wg::Mma<8, TA, wg::e4m3>::rs(d, a[s], ones, 1);
-}
-
 // The synchronous tile GEMM: fence, the K-steps, commit, wait for all, pin d. What a test (or a first stage)
 // calls when it has nothing to overlap.
 template <int N, class TA, class TB, int STEPS>

@@ -103,13 +103,6 @@ macro_rules! gemms {
         )*];
     };
 }
-/// Row sums of an E4M3 A operand on the tensor cores (`row_sums_rs`), twice onto ones: d[64][8].
-/// Its static shared memory: the ones tile and three tiles of zeros behind it (1024 bytes).
-pub const ROW_SUMS: KernelSpec = KernelSpec {
-    budget: Budget::new(232, 1024),
-    ..k("row_sums_e4m3", QGMMA)
-};
-
 /// Two GEMMs through one B tile, a wait between them: the missing-wait mutant's target.
 pub const REUSE: KernelSpec = k("reuse_e4m3_e4m3_n128", QGMMA);
 
