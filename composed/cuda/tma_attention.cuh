@@ -9,12 +9,13 @@ namespace sdpa {
 // The shared memory and barriers both TMA stages use: Q (128 rows), then STAGES K tiles and STAGES Vᵀ tiles of
 // BC keys, 1024-aligned in the dynamic segment; the ring (released by the 4 warps of each of `consumers`
 // warpgroups, 1 or 2) and Q's mbarrier initialised by thread 0 before a block barrier, the last one the block
-// meets. A Vᵀ tile is D rows of BC keys: one 128-byte swizzle panel when BC = 128, else BC / 64 panels of 64
-// bytes (wgmma::k_major's K panels, one TMA box each).
+// meets. A Vᵀ tile is D rows of BC keys in panels of the widest swizzle that divides BC: 128 bytes (BC = 128), 64
+// (192) or 32 (224: seven panels) — wgmma::k_major's K panels, one TMA box each.
 template <int D, int STAGES, int BC>
 struct TmaBlock {
   static constexpr unsigned kTile = BC * D;  // bytes of a K tile, and of a Vᵀ tile
-  static constexpr wgmma::Swizzle kSwVt = BC % 128 == 0 ? wgmma::Swizzle::B128 : wgmma::Swizzle::B64;
+  static constexpr wgmma::Swizzle kSwVt =
+      BC % 128 == 0 ? wgmma::Swizzle::B128 : BC % 64 == 0 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B32;
   static constexpr int kVtPanel = int(wgmma::row_bytes(kSwVt));
   static_assert(BC % kVtPanel == 0 && BC <= 256, "a key tile is whole Vᵀ panels and one wgmma N");
   unsigned char* sq;

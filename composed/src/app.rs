@@ -297,7 +297,11 @@ fn stages() {
         println!(
             "{:<8} {:>6} {:>12} B {:>12} B  {}",
             s.name(),
-            s.ring_stages(),
+            if s.tma_ring_stages(64) == s.tma_ring_stages(128) {
+                s.ring_stages().to_string()
+            } else {
+                format!("{}/{}", s.tma_ring_stages(64), s.tma_ring_stages(128))
+            },
             s.smem_bytes(64),
             s.smem_bytes(128),
             s.describe()

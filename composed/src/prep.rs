@@ -135,8 +135,10 @@ pub(crate) fn tma_maps(
     };
     let sw_vt = if bc.is_multiple_of(128) {
         Swizzle::B128
-    } else {
+    } else if bc.is_multiple_of(64) {
         Swizzle::B64
+    } else {
+        Swizzle::B32
     };
     let (heads, kv_heads) = (s.heads() as u64, s.kv_heads() as u64);
     let (d, sq, sk) = (s.d as u64, s.sq as u64, s.sk as u64);

@@ -180,13 +180,14 @@ impl Stage {
         }
     }
 
-    /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC)`, which size
-    /// the tensor maps' boxes and the shared memory. Stage 6 measured 192 and lost at every shape but S = 16384
-    /// (docs/ladder.md, third pass); stage 7 gained with 192 at D = 128 (+2–3% at S = 4096, +6% at 16384: fifth
-    /// pass) and keeps 128 at D = 64 (−1% at 4096, −12% at the mission shape).
+    /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC, STAGES)`, which
+    /// size the tensor maps' boxes and the shared memory. Stage 6 measured 192 and lost at every shape but S =
+    /// 16384 (docs/ladder.md, third pass); stage 7 at D = 128 gained with 192 (+2–3% at S = 4096, +6% at 16384)
+    /// and again with 224 over 192 (+1.5%, +2.8%: fifth pass), and keeps 128 at D = 64 (192 there: −1% at 4096,
+    /// −12% at the mission shape).
     pub fn bc(self, d: usize) -> usize {
         match self {
-            Stage::S7 if d == 128 => 192,
+            Stage::S7 if d == 128 => 224,
             _ if self.fp8_p() => 128,
             _ => bc(d),
         }
@@ -226,6 +227,16 @@ impl Stage {
         }
     }
 
+    /// Ring stages of a TMA stage at head dimension `d`: as many K/Vᵀ tile pairs as fit (stage 7 at D = 128 has
+    /// 224-key tiles: three stages).
+    pub fn tma_ring_stages(self, d: usize) -> usize {
+        if self == Stage::S7 && d == 128 {
+            3
+        } else {
+            self.ring_stages()
+        }
+    }
+
     pub fn ring_stages(self) -> usize {
         match self {
             Stage::S4 => 3,
@@ -237,7 +248,7 @@ impl Stage {
     /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows), and per ring stage a K tile
     /// and a Vᵀ tile (`bc(d)` keys × D each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
-        1024 + 128 * d + self.ring_stages() * 2 * self.bc(d) * d
+        1024 + 128 * d + self.tma_ring_stages(d) * 2 * self.bc(d) * d
     }
 
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).

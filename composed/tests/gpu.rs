@@ -122,7 +122,7 @@ fn matrix() -> Vec<Case> {
         19,
     );
     add("d128_S65_1x2x65x128", normal, Shape::new(1, 2, 65, 128), 12);
-    // Key-tile edges of both widths the FP8 stages use (128 and 192): one key past two 192-key tiles (three of
+    // Key-tile edges of the widths the FP8 stages use (128, 192, 224): one key past two 192-key tiles (three of
     // 128), and exactly one 192-key tile (one and a half of 128).
     add(
         "tile_edges_1x2x385x128",
@@ -135,6 +135,19 @@ fn matrix() -> Vec<Case> {
         normal,
         Shape::cross(1, 2, 64, 192, 64),
         24,
+    );
+    // Exactly one 224-key tile (stage 7 at D = 128: Vᵀ in seven 32-byte panels), and one key past it.
+    add(
+        "tile_edges_cross_sq64_sk224_d128",
+        normal,
+        Shape::cross(1, 2, 64, 224, 128),
+        25,
+    );
+    add(
+        "tile_edges_cross_sq70_sk225_d128",
+        normal,
+        Shape::cross(1, 2, 70, 225, 128),
+        26,
     );
     add(
         "d128_cross_sq33_sk100",
@@ -238,7 +251,7 @@ impl Prepared {
 }
 
 /// The key-tile widths of the FP8 wgmma stages (`Stage::bc`).
-const FP8_TILES: [usize; 2] = [128, 192];
+const FP8_TILES: [usize; 3] = [128, 192, 224];
 
 /// The stage's rounding points on `qz` (P in f16 over `bc(d)`-key tiles, or P × 2⁸ in E4M3 over `bc(d)`-key tiles
 /// for the FP8 wgmma stage), O rounded to `out`.
@@ -352,8 +365,8 @@ fn expand_kv(qz: &Quantized) -> Quantized {
 }
 
 /// Causal cases for the stages that take it (`Stage::causal`): Sq = Sk, Sq < Sk, Sq > Sk (rows that see no key), S = 1, partial tiles, D = 64
-/// and 128, several heads, and the mission shape; at D = 128 (192-key tiles in stage 7) a diagonal that crosses
-/// key tiles inside 128-row blocks, and Sq > Sk with 192 < Sk < 384.
+/// and 128, several heads, and the mission shape; at D = 128 (224-key tiles in stage 7) a diagonal that crosses
+/// key tiles inside 128-row blocks, and Sq > Sk with one key tile and a bit.
 fn causal_shapes() -> Vec<(String, Shape)> {
     [
         Shape::new(1, 2, 256, 64),

@@ -2,7 +2,7 @@
 use std::fmt::Write as _;
 
 /// The N of every generated instruction: the lab's accumulator layouts, plus the widths attention tiles use.
-pub const INSTR_NS: [u32; 6] = [32, 64, 96, 128, 192, 256];
+pub const INSTR_NS: [u32; 8] = [32, 64, 96, 128, 160, 192, 224, 256];
 
 /// (tag, PTX type, K of one instruction): the input types wgmma takes.
 const TYPES: [(&str, &str, u32); 4] = [
