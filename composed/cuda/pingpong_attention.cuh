@@ -8,11 +8,11 @@ namespace sdpa {
 // the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores over, and runs tile
 // t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own P·V(t − 1) also runs under
 // that softmax: only P(t)'s packing and O's rescale, both at the start of the next turn, wait for it (O and P's A
-// registers belong to the wgmma until it retires). BC keys a tile (Stage::bc: 224 at D = 128, 128 at D = 64). Grouped-query attention: the block of query head bh reads K/V head bh / p.group (and its
-// scales). Causal masking (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax
-// (softmax_defer_l: osm::step_rows with l's update left for after the next turn's GEMM issue), and key tiles past
-// the block's last visible key are never loaded (at least one is, so that rows with no visible key still end with
-// O = 0, LSE = −inf).
+// registers belong to the wgmma until it retires). BC keys a tile (Stage::bc: 224 at D = 128, 128 at D = 64).
+// Grouped-query attention: the block of query head bh reads K/V head bh / p.group (and its scales). Causal masking
+// (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax (softmax_defer_l: osm::step_rows
+// with l's update left for after the next turn's GEMM issue), and key tiles past the block's last visible key are
+// never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
 template <int D, int STAGES, int BC>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
   using Block = TmaBlock<D, STAGES, BC>;

@@ -297,10 +297,10 @@ fn stages() {
         println!(
             "{:<8} {:>6} {:>12} B {:>12} B  {}",
             s.name(),
-            if s.tma_ring_stages(64) == s.tma_ring_stages(128) {
-                s.ring_stages().to_string()
+            if s.ring_stages(64) == s.ring_stages(128) {
+                s.ring_stages(64).to_string()
             } else {
-                format!("{}/{}", s.tma_ring_stages(64), s.tma_ring_stages(128))
+                format!("{}/{}", s.ring_stages(64), s.ring_stages(128))
             },
             s.smem_bytes(64),
             s.smem_bytes(128),

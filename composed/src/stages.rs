@@ -227,18 +227,11 @@ impl Stage {
         }
     }
 
-    /// Ring stages of a TMA stage at head dimension `d`: as many K/Vᵀ tile pairs as fit (stage 7 at D = 128 has
-    /// 224-key tiles: three stages).
-    pub fn tma_ring_stages(self, d: usize) -> usize {
-        if self == Stage::S7 && d == 128 {
-            3
-        } else {
-            self.ring_stages()
-        }
-    }
-
-    pub fn ring_stages(self) -> usize {
+    /// K/V ring stages at head dimension `d`. For stages 6 and 7 this must agree with `STAGE6` / `STAGE7`: stage 7
+    /// at D = 128 has 224-key tiles, of which three pairs fit.
+    pub fn ring_stages(self, d: usize) -> usize {
         match self {
+            Stage::S7 if d == 128 => 3,
             Stage::S4 => 3,
             Stage::S6 | Stage::S7 => 4,
             _ => 2,
@@ -248,7 +241,7 @@ impl Stage {
     /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows), and per ring stage a K tile
     /// and a Vᵀ tile (`bc(d)` keys × D each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
-        1024 + 128 * d + self.tma_ring_stages(d) * 2 * self.bc(d) * d
+        1024 + 128 * d + self.ring_stages(d) * 2 * self.bc(d) * d
     }
 
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).
@@ -262,7 +255,7 @@ impl Stage {
         }
         let (bq, bc) = (64, bc(d));
         // Q, K and V as half, rows padded by 8 halves (sdpa_common.cuh's kLd).
-        let common = 2 * self.ring_stages() * bc * d + (bq + 2 * bc) * (d + 8) * 2;
+        let common = 2 * self.ring_stages(d) * bc * d + (bq + 2 * bc) * (d + 8) * 2;
         let stats = 3 * bq * 4;
         common
             + match self {
