@@ -4,37 +4,36 @@
 
 namespace sdpa {
 
-// As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an arrive on
-// the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores over, and runs tile
-// t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own P·V(t − 1) also runs under
-// that softmax: only P(t)'s packing and O's rescale, both at the start of the next turn, wait for it (O and P's A
-// registers belong to the wgmma until it retires). BC keys a tile (Stage::bc: 224 at D = 128, 128 at D = 64).
-// Grouped-query attention: the block of query head bh reads K/V head bh / p.group (and its scales). Causal masking
-// (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax (softmax_defer_l: osm::step_rows
-// with l's update left for after the next turn's GEMM issue), and key tiles past the block's last visible key are
-// never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
-template <int D, int STAGES, int BC>
-__device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
-  using Block = TmaBlock<D, STAGES, BC>;
-  constexpr int BQ = 128;
+// Key tiles of the unit at query row q0: those up to its last visible key (at least one).
+template <int BC>
+__device__ __forceinline__ int key_tiles(const Params& p, int q0) {
+  const int visible = p.causal ? min(p.sk, max(0, min(q0 + 128, p.sq) + p.sk - p.sq)) : p.sk;
+  return max(1, (visible + BC - 1) / BC);
+}
+
+// The producer's part of unit w (the block's n-th, its key tiles ring tiles r0, …): Q, then K and Vᵀ.
+template <class Block, int BC>
+__device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, const tma::Map* mq, const tma::Map* mk,
+                                            const tma::Map* mvt, int w, int n, int r0) {
+  const TileCoord u = unit_coord(p, w);
+  const int tiles = key_tiles<BC>(p, u.qt * 128);
+  blk.produce_q(mq, n, u.bh, u.qt * 128);
+  blk.produce_kv(mk, mvt, u.bh / p.group, r0, tiles);
+  return tiles;
+}
+
+// Consumer warpgroup wg's part of unit w (the block's n-th, its key tiles ring tiles r0, …); `next`: the block has
+// a unit after this one (then its last turn hands over). PERSISTENT: the unit's last slot and Q's buffer go back
+// (always: behind a test of `next`, ptxas's schedule of the loop cost 13% at (4, 16, 4096, 64)). Returns the unit's
+// key tiles.
+template <int D, int BC, bool PERSISTENT, class Block>
+__device__ __forceinline__ int consume_unit(const Params& p, const Block& blk, int wg, int w, int n, int r0, bool next) {
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
-  __shared__ tma::Barriers<STAGES> bars;
-  __shared__ unsigned long long q_bar;
-  extern __shared__ unsigned char smem_raw[];
-  const Block blk(smem_raw, &bars, &q_bar);
-  const TileCoord tc = tile_coord();
-  const int bh = tc.bh, kv = bh / p.group, q0 = tc.qt * BQ;
-  const int visible = p.causal ? min(p.sk, max(0, min(q0 + BQ, p.sq) + p.sk - p.sq)) : p.sk;
-  const int tiles = max(1, (visible + BC - 1) / BC);
-  if (roles::warpgroup() == 0) {
-    roles::release_registers<40>();
-    if (threadIdx.x == 0) blk.produce(mq, mk, mvt, bh, kv, q0, tiles);
-  } else {
-    roles::claim_registers<232>();
-    const int wg = roles::warpgroup() - 1;
+    const TileCoord u = unit_coord(p, w);
+    const int bh = u.bh, kv = bh / p.group, q0 = u.qt * 128, tiles = key_tiles<BC>(p, q0);
     const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
     int limit[2];
 #pragma unroll
@@ -47,25 +46,26 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     frag::Regs<OL> o[1];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
-    // P(t) is packed at the start of the next turn, after the wait that retires P·V(t − 1) (whose A registers it
-    // overwrites), across the loop's back edge from the softmax. Packed at the end of the softmax, behind that
-    // wait, ptxas hoisted the wait above the whole softmax (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the row
-    // max), so each turn's softmax started only after both of its GEMMs had retired.
+    // P(t) is packed at the start of the next turn, after the wait that retires P·V(t − 1) (whose A registers
+    // it overwrites), across the loop's back edge from the softmax. Packed at the end of the softmax, behind
+    // that wait, ptxas hoisted the wait above the whole softmax (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the
+    // row max), so each turn's softmax started only after both of its GEMMs had retired.
     unsigned a[BC / 32][4];
     frag::Regs<SL> s[1];
-    tma::wait(&q_bar, 0);
-    // Turns: consumer 0 first. Each consumer has tiles + 1 turns (the first issues Q·Kᵀ alone, the last P·V
-    // alone) and each turn but consumer 1's last hands over, so both barriers end with as many arrivals as
-    // waits. First and last turns are peeled: ptxas serialises wgmma (C7514 / C7515) when it cannot see that
-    // every path through a wgmma's pipeline stage waits before touching its accumulators.
-    const unsigned char* q_tile = blk.sq + wg * 64 * D;
-    if (wg == 1) roles::arrive(1, 256);
+    blk.wait_q(n);
+    // Turns: consumer 0 first. Each consumer has tiles + 1 turns a unit (the first issues Q·Kᵀ alone, the last
+    // P·V alone) and each turn hands over but consumer 1's last of the block's last unit, so both barriers end
+    // with as many arrivals as waits; consumer 1's first arrival, before its first unit, gives consumer 0 the
+    // first turn. First and last turns are peeled: ptxas serialises wgmma (C7514 / C7515) when it cannot see
+    // that every path through a wgmma's pipeline stage waits before touching its accumulators.
+    const unsigned char* q_tile = blk.q_tile(n, wg);
+    if (wg == 1 && n == 0) roles::arrive(1, 256);
     float alpha[2];
-    blk.ring.wait_full(0);
+    blk.ring.wait_full(r0);
     roles::sync(1 + wg, 256);
     wgmma::fence_operand(s[0].x);
     wgmma::fence();
-    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(0), false);
+    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(r0), false);
     wgmma::commit();
     roles::arrive(2 - wg, 256);
     wgmma::wait<0>();
@@ -80,21 +80,21 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is zero at t = 1: its rescale by α(0) = 0 keeps it so
       if (tt > 1) {
         __syncwarp();
-        if (roles::lane() == 0) blk.ring.release(tt - 2);
+        if (roles::lane() == 0) blk.ring.release(r0 + tt - 2);
       }
-      blk.ring.wait_full(tt);
+      blk.ring.wait_full(r0 + tt);
       roles::sync(1 + wg, 256);
       wgmma::fence_operand(s[0].x);
       wgmma::fence_operand(o[0].x);
       wgmma::fence();
-      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(tt), false);
+      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(r0 + tt), false);
       wgmma::commit();
       // O's rescale by α(t − 1) while Q·Kᵀ(t) runs, before P·V(t − 1) adds to it. The wait never waits (one
       // group in flight); without it ptxas serialises the wgmmas (C7515: O written inside Q·Kᵀ's stage).
       wgmma::wait<1>();
       osm::rescale<OL>(o, alpha);
       wgmma::fence();
-      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tt - 1), true);
+      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(r0 + tt - 1), true);
       wgmma::commit();
       roles::arrive(2 - wg, 256);
       osm::step_end(sum, alpha, st);  // l of tile t − 1, under this turn's GEMMs
@@ -102,24 +102,74 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       wgmma::fence_operand(s[0].x);
       softmax_defer_l<BC>(s, tt * BC, limit, c, st, alpha, sum);
     }
-    wgmma::wait<0>();  // P·V(tiles − 2)
+    wgmma::wait<0>();  // P·V(tiles − 2), and every Q·Kᵀ of the unit: Q's buffer goes back with the slot
     wgmma::fence_operand(o[0].x);
     wgmma::fence_operand(s[0].x);
     relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
-    if (tiles > 1) {
-      __syncwarp();
-      if (roles::lane() == 0) blk.ring.release(tiles - 2);
+    __syncwarp();
+    if (roles::lane() == 0) {
+      if (tiles > 1) blk.ring.release(r0 + tiles - 2);
+      if constexpr (PERSISTENT) blk.release_q(n);
     }
     roles::sync(1 + wg, 256);
     osm::rescale<OL>(o, alpha);
     wgmma::fence();
-    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(tiles - 1), true);
+    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(r0 + tiles - 1), true);
     wgmma::commit();
-    if (wg == 0) roles::arrive(2, 256);
+    if (wg == 0 || next) roles::arrive(2 - wg, 256);
     osm::step_end(sum, alpha, st);
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
+    if constexpr (PERSISTENT) {
+      __syncwarp();
+      if (roles::lane() == 0) blk.ring.release(r0 + tiles - 1);
+    }
     epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
+  return tiles;
+}
+
+// As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an arrive on
+// the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores over, and runs tile
+// t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own P·V(t − 1) also runs under
+// that softmax: only P(t)'s packing and O's rescale, both at the start of the next turn, wait for it (O and P's A
+// registers belong to the wgmma until it retires). BC keys a tile (Stage::bc: 224 at D = 128, 128 at D = 64).
+// Grouped-query attention: the block of query head bh reads K/V head bh / p.group (and its scales). Causal masking
+// (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax (softmax_defer_l: osm::step_rows
+// with l's update left for after the next turn's GEMM issue), and key tiles past the block's last visible key are
+// never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
+// A unit is a (head, query tile) of 128 rows, query tiles fastest (unit_coord). PERSISTENT: a block runs units
+// blockIdx.x, + gridDim.x, … of p.work (the host launches one block an SM); its producer runs ahead across units
+// (ring slots and Q's two buffers are counted across them), so a unit's Q and first key tiles land under the unit
+// before, and the turns hand over across units. Otherwise one unit a block, with the code of a single unit
+// (ring tiles from 0, one Q buffer).
+template <int D, int STAGES, int BC, bool PERSISTENT>
+__device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
+  using Block = TmaBlock<D, STAGES, BC, PERSISTENT ? 2 : 1>;
+  __shared__ tma::Barriers<STAGES> bars;
+  __shared__ QBarriers<PERSISTENT ? 2 : 1> qbars;
+  extern __shared__ unsigned char smem_raw[];
+  const Block blk(smem_raw, &bars, &qbars);
+  if (roles::warpgroup() == 0) {
+    roles::release_registers<40>();
+    if (threadIdx.x == 0) {
+      Block::prefetch(mq, mk, mvt);
+      if constexpr (PERSISTENT) {
+        int r0 = 0, n = 0;
+        for (int w = blockIdx.x; w < p.work; w += gridDim.x, ++n) r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, w, n, r0);
+      } else {
+        produce_unit<Block, BC>(p, blk, mq, mk, mvt, blockIdx.x, 0, 0);
+      }
+    }
+  } else {
+    roles::claim_registers<232>();
+    const int wg = roles::warpgroup() - 1;
+    if constexpr (PERSISTENT) {
+      int r0 = 0, n = 0;
+      for (int w = blockIdx.x; w < p.work; w += gridDim.x, ++n)
+        r0 += consume_unit<D, BC, true>(p, blk, wg, w, n, r0, w + int(gridDim.x) < p.work);
+    } else {
+      consume_unit<D, BC, false>(p, blk, wg, blockIdx.x, 0, 0, false);
+    }
   }
 }
 

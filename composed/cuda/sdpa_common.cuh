@@ -33,6 +33,8 @@ struct Params {
   int causal;   // stage 7 only (the host refuses it elsewhere): row i sees keys j <= i + sk - sq
   int group;    // query heads per K/V head (grouped-query attention; > 1 in stage 7 only): K/V head = bh / group
   int q_rows;   // query rows a block (the grid's y tiles): the host's Stage::rows_for
+  int q_tiles;  // query tiles of q_rows a head
+  int work;     // (head, query tile) units of a persistent grid (stage 7): heads · q_tiles
 };
 
 // O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).
@@ -121,6 +123,9 @@ __device__ __forceinline__ TileCoord tile_coord() {
   const long long lin = (long long)blockIdx.y * gridDim.x + blockIdx.x;
   return {int(lin / gridDim.y), int(lin % gridDim.y)};
 }
+
+// Unit w of a persistent grid (stage 7): the same numbering, query tiles fastest.
+__device__ __forceinline__ TileCoord unit_coord(const Params& p, int w) { return {w / p.q_tiles, w % p.q_tiles}; }
 
 // Which head and query rows this block owns, and the softmax scale folded for the raw fp8 codes: scores are
 // q·k of the unscaled codes, so scale = softmax_scale · q_scale · k_scale; c = scale · log2(e) feeds exp2.

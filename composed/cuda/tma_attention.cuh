@@ -6,14 +6,25 @@
 
 namespace sdpa {
 
-// The shared memory and barriers both TMA stages use: Q (128 rows), then STAGES K tiles and STAGES Vᵀ tiles of
-// BC keys, 1024-aligned in the dynamic segment; the ring (released by the 4 warps of each of `consumers`
-// warpgroups, 1 or 2) and Q's mbarrier initialised by thread 0 before a block barrier, the last one the block
-// meets. A Vᵀ tile is D rows of BC keys in panels of the widest swizzle that divides BC: 128 bytes (BC = 128), 64
-// (192) or 32 (224: seven panels) — wgmma::k_major's K panels, one TMA box each.
-template <int D, int STAGES, int BC>
+// Q's mbarriers, one pair a Q buffer: full[b] completes as the producer's Q load lands; empty[b] when every
+// consumer warp has read the buffer for the last time (stage 7's persistent loop refills it for a later unit).
+template <int QBUFS>
+struct QBarriers {
+  unsigned long long full[QBUFS];
+  unsigned long long empty[QBUFS];
+};
+
+// The shared memory and barriers both TMA stages use: QBUFS Q buffers (128 rows each), then STAGES K tiles and
+// STAGES Vᵀ tiles of BC keys, 1024-aligned in the dynamic segment; the ring and Q's barriers (released by the 4
+// warps of each of `consumers` warpgroups, 1 or 2) initialised by thread 0 before a block barrier, the last one
+// the block meets. A Vᵀ tile is D rows of BC keys in panels of the widest swizzle that divides BC: 128 bytes (BC
+// = 128), 64 (192) or 32 (224: seven panels) — wgmma::k_major's K panels, one TMA box each. Ring slots and Q
+// buffers are counted across a block's work units: unit n's Q is in buffer n % QBUFS, its key tiles are ring
+// tiles r0, r0 + 1, … (r0 the tiles of the units before).
+template <int D, int STAGES, int BC, int QBUFS = 1>
 struct TmaBlock {
   static constexpr unsigned kTile = BC * D;  // bytes of a K tile, and of a Vᵀ tile
+  static constexpr unsigned kQ = 128 * D;    // bytes of a Q buffer
   static constexpr wgmma::Swizzle kSwVt =
       BC % 128 == 0 ? wgmma::Swizzle::B128 : BC % 64 == 0 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B32;
   static constexpr int kVtPanel = int(wgmma::row_bytes(kSwVt));
@@ -22,39 +33,55 @@ struct TmaBlock {
   unsigned char* sk;
   unsigned char* svt;
   tma::Ring<STAGES> ring;
-  unsigned long long* q_bar;
+  QBarriers<QBUFS>* qb;
   int consumers;
-  __device__ TmaBlock(unsigned char* raw, tma::Barriers<STAGES>* bars, unsigned long long* qb, int consumers_ = 2)
+  __device__ TmaBlock(unsigned char* raw, tma::Barriers<STAGES>* bars, QBarriers<QBUFS>* qb_, int consumers_ = 2)
       : sq(raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023)),
-        sk(sq + 128 * D),
+        sk(sq + QBUFS * kQ),
         svt(sk + STAGES * kTile),
         ring{bars},
-        q_bar(qb),
+        qb(qb_),
         consumers(consumers_) {
     if (threadIdx.x == 0) {
       ring.init(4 * consumers);
-      tma::mbar_init(q_bar, 1);
+      for (int b = 0; b < QBUFS; ++b) {
+        tma::mbar_init(&qb->full[b], 1);
+        tma::mbar_init(&qb->empty[b], 4 * consumers);
+      }
       tma::fence_barrier_init();
     }
     __syncthreads();
   }
   __device__ const unsigned char* k_tile(int t) const { return sk + ring.stage(t) * kTile; }
   __device__ const unsigned char* vt_tile(int t) const { return svt + ring.stage(t) * kTile; }
-  // The producer's one thread: Q of head bh (each consumer's 64 rows as its own canonical tile; rows past Sq
-  // are the map's zero fill) on q_bar, then K and Vᵀ of key/value head kv of every key tile through the ring.
-  __device__ void produce(const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt, int bh, int kv, int q0,
-                          int tiles) const {
+  // Consumer warpgroup wg's 64 rows of unit n's Q; waiting for them; done with them (once a warp, after its
+  // last Q·Kᵀ of the unit retired).
+  __device__ const unsigned char* q_tile(int n, int wg) const { return sq + (n % QBUFS) * kQ + wg * 64 * D; }
+  __device__ void wait_q(int n) const { tma::wait(&qb->full[n % QBUFS], unsigned(n / QBUFS) & 1u); }
+  __device__ void release_q(int n) const { tma::arrive(&qb->empty[n % QBUFS]); }
+  __device__ static void prefetch(const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
     tma::prefetch(mq);
     tma::prefetch(mk);
     tma::prefetch(mvt);
-    tma::arrive_expect_tx(q_bar, consumers * 64 * D);
-    for (int w = 0; w < consumers; ++w) tma::load_4d(mq, q_bar, sq + w * 64 * D, 0, q0 + 64 * w, bh, 0);
+  }
+  // The producer's one thread. Unit n's Q of head bh (each consumer's 64 rows as its own canonical tile; rows
+  // past Sq are the map's zero fill), once every consumer warp released the buffer's previous unit (a fresh
+  // barrier counts its phase "−1" as complete, as the ring's do).
+  __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0) const {
+    const int b = n % QBUFS;
+    tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
+    tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
+    for (int w = 0; w < consumers; ++w) tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D, 0, q0 + 64 * w, bh, 0);
+  }
+  // K and Vᵀ of key/value head kv, key tiles 0 .. tiles − 1, as ring tiles r0 ...
+  __device__ void produce_kv(const tma::Map* mk, const tma::Map* mvt, int kv, int r0, int tiles) const {
     for (int t = 0; t < tiles; ++t) {
-      ring.acquire(t, 2 * kTile);
-      tma::load_4d(mk, ring.full(t), sk + ring.stage(t) * kTile, 0, t * BC, kv, 0);
+      const int r = r0 + t;
+      ring.acquire(r, 2 * kTile);
+      tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile, 0, t * BC, kv, 0);
 #pragma unroll
       for (int p = 0; p < BC / kVtPanel; ++p)
-        tma::load_4d(mvt, ring.full(t), svt + ring.stage(t) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0, kv, 0);
+        tma::load_4d(mvt, ring.full(r), svt + ring.stage(r) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0, kv, 0);
     }
   }
 };
@@ -75,15 +102,19 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
   __shared__ tma::Barriers<STAGES> bars;
-  __shared__ unsigned long long q_bar;
+  __shared__ QBarriers<1> qbars;
   extern __shared__ unsigned char smem_raw[];
   const int consumers = p.q_rows / 64;
-  const Block blk(smem_raw, &bars, &q_bar, consumers);
+  const Block blk(smem_raw, &bars, &qbars, consumers);
   const TileCoord tc = tile_coord();
   const int bh = tc.bh, q0 = tc.qt * p.q_rows, tiles = (p.sk + BC - 1) / BC;
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
-    if (threadIdx.x == 0) blk.produce(mq, mk, mvt, bh, bh, q0, tiles);
+    if (threadIdx.x == 0) {
+      Block::prefetch(mq, mk, mvt);
+      blk.produce_q(mq, 0, bh, q0);
+      blk.produce_kv(mk, mvt, bh, 0, tiles);
+    }
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
@@ -95,8 +126,8 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
     unsigned a[BC / 32][4];  // P's A registers: read by P·V of tile t until the wait in tile t + 1
-    tma::wait(&q_bar, 0);
-    const unsigned char* q_tile = blk.sq + wg * 64 * D;
+    blk.wait_q(0);
+    const unsigned char* q_tile = blk.q_tile(0, wg);
     // The tile before's row sums and α: its l update runs under this tile's Q·Kᵀ (a zero sum and α = 1 before
     // the first tile leave l = 0 exactly).
     osm::RowSum sum;

@@ -114,6 +114,10 @@ pub enum Cmd {
         /// measure": the A/B of a change is its revert as a variant.
         #[arg(long = "variant")]
         variants: Vec<String>,
+        /// A persistent stage (stage7), and each variant, also timed launched with this many blocks instead of one
+        /// an SM (as many as its work units: one unit a block, as a non-persistent launch); repeatable.
+        #[arg(long = "blocks")]
+        blocks: Vec<usize>,
         /// Causal masking (stage7 only); its TFLOP/s count half the work.
         #[arg(long)]
         causal: bool,
@@ -180,6 +184,7 @@ pub fn execute(args: Args) -> Result<()> {
             shape,
             dist,
             variants,
+            blocks,
             causal,
             kv_heads,
             scheme,
@@ -190,6 +195,7 @@ pub fn execute(args: Args) -> Result<()> {
                 .with_causal(causal),
             dist,
             &variants,
+            &blocks,
             scheme.scheme(),
         ),
     }
@@ -235,15 +241,35 @@ pub fn parse_variant(v: &str) -> Result<(&str, Vec<Edit<'_>>)> {
     Ok((label, edits))
 }
 
-fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String], scheme: Scheme) -> Result<()> {
-    let mut runs = vec![(stage.name().to_string(), None)];
+fn bench(
+    stage: Stage,
+    s: Shape,
+    dist: Dist,
+    variants: &[String],
+    blocks: &[usize],
+    scheme: Scheme,
+) -> Result<()> {
+    ensure!(
+        blocks.is_empty() || stage.persistent(s.d),
+        "--blocks: {} at D = {} is not persistent (one block a query tile); stage7 at D = 64 is",
+        stage.name(),
+        s.d
+    );
+    let mut runs = vec![(stage.name().to_string(), None, None)];
     for v in variants {
         let (label, edits) = parse_variant(v)?;
         let mut spec = stage.kernel(s.d);
         for (header, from, to) in edits {
             spec = spec.mutated(header, from, to)?;
         }
-        runs.push((format!("{} [{label}]", stage.name()), Some(spec)));
+        runs.push((format!("{} [{label}]", stage.name()), Some(spec), None));
+    }
+    // Every run also at each block count asked for.
+    let base = runs.clone();
+    for &b in blocks {
+        for (name, spec, _) in &base {
+            runs.push((format!("{name} [{b} blocks]"), *spec, Some(b)));
+        }
     }
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
     let raw = fixtures::Raw::generate(s, 1000, dist);
@@ -252,15 +278,16 @@ fn bench(stage: Stage, s: Shape, dist: Dist, variants: &[String], scheme: Scheme
     // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
     let mut best: Vec<Option<crate::bench::Timing>> = vec![None; runs.len()];
     for _round in 0..2 {
-        for (i, (_, spec)) in runs.iter().enumerate() {
+        for (i, (_, spec, b)) in runs.iter().enumerate() {
             sets[0].use_kernel(*spec);
+            sets[0].use_blocks(*b);
             let t = crate::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
             if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
                 best[i] = Some(t);
             }
         }
     }
-    for ((name, _), t) in runs.iter().zip(best) {
+    for ((name, _, _), t) in runs.iter().zip(best) {
         let t = t.expect("timed");
         println!(
             "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",

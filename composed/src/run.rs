@@ -92,10 +92,19 @@ pub fn validate(qz: &Quantized) -> Result<()> {
     Ok(())
 }
 
-/// The launch grid of `stage` on `s`: (B·H, query tiles), or why it cannot be launched. x holds up to
-/// 2^31 − 1 blocks and y up to 65535, so B·H goes in x (decode batches of 1024 × 64 heads and more) and the
-/// query tiles in y (Sq up to 65535 tiles of `rows` rows: `Stage::rows_for`).
-pub fn grid(stage: Stage, s: &fixtures::Shape, rows: usize) -> Result<(u32, u32, u32)> {
+/// The launch grid of `stage` on `s` with blocks of `rows` query rows on a device of `sms` SMs, or why it cannot
+/// be launched. Stage 7 (`Stage::unit_grid`) gets its work units in x: one block a unit, or when persistent at this
+/// D (`Stage::persistent`) one block an SM, at most one a unit (`blocks` asks for another count: `sdpa bench
+/// --blocks`). The others get (B·H, query tiles): x holds up to 2^31 − 1
+/// blocks and y up to 65535, so B·H goes in x (decode batches of 1024 × 64 heads and more) and the query tiles in
+/// y (Sq up to 65535 tiles of `rows` rows: `Stage::rows_for`).
+pub fn grid(
+    stage: Stage,
+    s: &fixtures::Shape,
+    rows: usize,
+    sms: usize,
+    blocks: Option<usize>,
+) -> Result<(u32, u32, u32)> {
     let tiles = s.sq.div_ceil(rows);
     ensure!(
         s.heads() <= i32::MAX as usize,
@@ -103,6 +112,33 @@ pub fn grid(stage: Stage, s: &fixtures::Shape, rows: usize) -> Result<(u32, u32,
         s.heads(),
         s.b,
         s.h
+    );
+    if stage.unit_grid() {
+        let work = s.heads() * tiles;
+        ensure!(
+            work <= i32::MAX as usize,
+            "B·H = {} heads × {tiles} query tiles of {rows} rows = {work} work units for {}, more than 2^31 − 1",
+            s.heads(),
+            stage.name()
+        );
+        if !stage.persistent(s.d) {
+            ensure!(
+                blocks.is_none_or(|b| b >= work),
+                "{} at D = {} is not persistent: it needs one block a unit ({work}), not {}",
+                stage.name(),
+                s.d,
+                blocks.unwrap_or(0)
+            );
+            return Ok((work as u32, 1, 1));
+        }
+        let b = blocks.unwrap_or(sms);
+        ensure!(b > 0, "{}: a launch of 0 blocks", stage.name());
+        return Ok((b.min(work) as u32, 1, 1));
+    }
+    ensure!(
+        blocks.is_none(),
+        "{} is not persistent: its grid is one block a query tile (a block count applies to stage7)",
+        stage.name(),
     );
     ensure!(
         tiles <= 65535,
@@ -150,8 +186,10 @@ struct Params {
     causal: i32,
     group: i32,
     q_rows: i32,
+    q_tiles: i32,
+    work: i32,
 }
-// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 7 × 4 bytes).
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 9 × 4 bytes).
 unsafe impl DeviceRepr for Params {}
 
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
@@ -174,6 +212,8 @@ pub struct OnDevice {
     vt: Option<CudaSlice<u8>>,
     /// A source variant of the stage's kernel to launch instead (`sdpa bench --variant`: A/B in one process).
     kernel: Option<lab::KernelSpec>,
+    /// Blocks to launch a persistent stage with instead of one an SM (`sdpa bench --blocks`).
+    blocks: Option<usize>,
 }
 
 impl OnDevice {
@@ -288,6 +328,7 @@ impl OnDevice {
             lse_shift,
             vt: None,
             kernel: None,
+            blocks: None,
         })
     }
 
@@ -295,6 +336,11 @@ impl OnDevice {
     /// `None` goes back to the stage's kernel.
     pub fn use_kernel(&mut self, spec: Option<lab::KernelSpec>) {
         self.kernel = spec;
+    }
+
+    /// Launch a persistent stage with `blocks` blocks from now on (`None`: one an SM).
+    pub fn use_blocks(&mut self, blocks: Option<usize>) {
+        self.blocks = blocks;
     }
 
     /// Queues one launch of `stage` on the device's stream.
@@ -360,6 +406,8 @@ impl OnDevice {
             }
             _ => None,
         };
+        // Checked first: it bounds the work units and query tiles the parameters carry as i32.
+        let grid_dim = grid(stage, &s, rows, gpu.sms, self.blocks)?;
         let p = Params {
             q,
             k: kk,
@@ -376,9 +424,11 @@ impl OnDevice {
             causal: i32::from(s.causal),
             group: s.group() as i32,
             q_rows: rows as i32,
+            q_tiles: s.sq.div_ceil(rows) as i32,
+            work: (s.heads() * s.sq.div_ceil(rows)) as i32,
         };
         let cfg = LaunchConfig {
-            grid_dim: grid(stage, &s, rows)?,
+            grid_dim,
             block_dim: (stage.threads() as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };

@@ -208,6 +208,20 @@ impl Stage {
         self == Stage::S7
     }
 
+    /// Whether the stage's grid is its (head, query tile) work units in x (`sdpa::unit_coord`), one a block
+    /// unless the stage is persistent at that head dimension.
+    pub fn unit_grid(self) -> bool {
+        self == Stage::S7
+    }
+
+    /// Whether the stage is persistent at head dimension `d`: one block an SM loops over the work units, its
+    /// producer loading a unit's Q and first key tiles under the unit before (`run::grid`). Must agree with
+    /// `STAGE7(D, BC, STAGES, PERSISTENT)`: stage 7 at D = 64 (+4% at (4, 16, 4096, 64)); at D = 128 it measured
+    /// −3% (docs/ladder.md, sixth pass) and keeps one unit a block.
+    pub fn persistent(self, d: usize) -> bool {
+        self == Stage::S7 && d == 64
+    }
+
     /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,
     /// and V must first be transposed in global memory (`prep_vt`).
     pub fn tma(self) -> bool {
@@ -238,10 +252,12 @@ impl Stage {
         }
     }
 
-    /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows), and per ring stage a K tile
-    /// and a Vᵀ tile (`bc(d)` keys × D each). Its mbarriers are static.
+    /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows; two buffers when persistent, so
+    /// that the next unit's lands under this one), and per ring stage a K tile and a Vᵀ tile (`bc(d)` keys × D
+    /// each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
-        1024 + 128 * d + self.ring_stages(d) * 2 * self.bc(d) * d
+        let q_bufs = if self.persistent(d) { 2 } else { 1 };
+        1024 + q_bufs * 128 * d + self.ring_stages(d) * 2 * self.bc(d) * d
     }
 
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).

@@ -343,6 +343,33 @@ fn gqa_shapes() -> Vec<(String, Shape)> {
     .collect()
 }
 
+/// Stage 7's persistent cases (D = 64, `Stage::persistent`): several units a block at small block counts, units
+/// of different key-tile counts (causal, Sq ≠ Sk), grouped-query heads, partial query and key tiles.
+fn persistent_shapes() -> Vec<(String, Shape)> {
+    [
+        (Shape::cross(1, 3, 700, 900, 64), 3, true),
+        (Shape::cross(2, 4, 600, 450, 64), 2, false),
+        (Shape::cross(1, 2, 520, 300, 64), 1, true),
+        (Shape::new(1, 4, 1000, 64), 4, false),
+        (Shape::new(2, 2, 384, 64), 2, true),
+    ]
+    .into_iter()
+    .map(|(s, hkv, causal)| {
+        (
+            format!("{}x{}q{}kv_{}x{}x{}{}", s.b, s.h, hkv, s.sq, s.sk, s.d, if causal { "_causal" } else { "" }),
+            s.with_kv_heads(hkv).expect("divides").with_causal(causal),
+        )
+    })
+    .collect()
+}
+
+/// O and the LSE bit for bit the same.
+fn bit_identical(a: &Attention<f32>, b: &Attention<f32>) -> bool {
+    a.o.len() == b.o.len()
+        && a.o.iter().zip(&b.o).all(|(x, y)| x.to_bits() == y.to_bits())
+        && a.lse.iter().zip(&b.lse).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// `qz` with every K/V head (codes and scales) repeated for each query head that reads it: the same problem
 /// as ordinary attention.
 fn expand_kv(qz: &Quantized) -> Quantized {
@@ -584,14 +611,48 @@ fn main() {
     t.model(
         "launch_grid_puts_heads_in_x_and_refuses_what_does_not_fit",
         || {
-            let g = composed::grid(Stage::S3b, &Shape::new(2, 35000, 3, 64), 64)?;
+            let g = composed::grid(Stage::S3b, &Shape::new(2, 35000, 3, 64), 64, 132, None)?;
             ensure!(g == (70000, 1, 1), "{g:?}");
-            ensure!(composed::grid(Stage::S5, &Shape::new(1, 1, 1 << 20, 64), 128)?.1 == 8192);
+            ensure!(
+                composed::grid(Stage::S5, &Shape::new(1, 1, 1 << 20, 64), 128, 132, None)?.1 == 8192
+            );
             let e = format!(
                 "{:#}",
-                composed::grid(Stage::S3b, &Shape::new(1, 1, 65536 * 64 + 1, 64), 64).unwrap_err()
+                composed::grid(Stage::S3b, &Shape::new(1, 1, 65536 * 64 + 1, 64), 64, 132, None)
+                    .unwrap_err()
             );
             ensure!(e.contains("query tiles") && e.contains("65535"), "{e}");
+            let e = format!(
+                "{:#}",
+                composed::grid(Stage::S6, &Shape::new(1, 1, 128, 64), 64, 132, Some(8)).unwrap_err()
+            );
+            ensure!(e.contains("not persistent") && e.contains("stage7"), "{e}");
+            Ok(())
+        },
+    );
+    t.model(
+        "stage7_is_persistent_one_block_an_sm_at_most_one_a_unit",
+        || {
+            let big = Shape::new(4, 16, 4096, 64);
+            let g = composed::grid(Stage::S7, &big, 128, 132, None)?;
+            ensure!(g == (132, 1, 1), "{g:?}");
+            ensure!(composed::grid(Stage::S7, &big, 128, 132, Some(2048 + 5))? == (2048, 1, 1));
+            ensure!(composed::grid(Stage::S7, &big, 128, 132, Some(7))? == (7, 1, 1));
+            // D = 128 is not persistent: one block a unit, and fewer blocks are refused by name.
+            let d128 = Shape::new(4, 16, 4096, 128);
+            ensure!(composed::grid(Stage::S7, &d128, 128, 132, None)? == (2048, 1, 1));
+            ensure!(composed::grid(Stage::S7, &d128, 128, 132, Some(usize::MAX))? == (2048, 1, 1));
+            let e = format!("{:#}", composed::grid(Stage::S7, &d128, 128, 132, Some(7)).unwrap_err());
+            ensure!(e.contains("D = 128 is not persistent"), "{e}");
+            // The mission shape: 8 heads × 4 query tiles, fewer units than SMs.
+            ensure!(composed::grid(Stage::S7, &Shape::new(1, 8, 512, 64), 128, 132, None)? == (32, 1, 1));
+            // Sq far past a 2-D grid's 65535 tiles is one more unit count in x.
+            ensure!(composed::grid(Stage::S7, &Shape::new(1, 1, 128 * 70000, 64), 128, 132, None)?.0 == 132);
+            let e = format!(
+                "{:#}",
+                composed::grid(Stage::S7, &Shape::new(1, 1, 128, 64), 128, 132, Some(0)).unwrap_err()
+            );
+            ensure!(e.contains("0 blocks"), "{e}");
             Ok(())
         },
     );
@@ -964,6 +1025,49 @@ fn main() {
             Ok(())
         });
     }
+    for (name, shape) in persistent_shapes() {
+        t.gpu(&format!("persistent::stage7::{name}"), move |gpu| {
+            // A persistent block runs several units in turn, reusing ring slots and Q buffers across them. The
+            // units must come out as they do one a block (each unit's arithmetic is the same wherever it runs:
+            // bit-identical), and that launch by the rule against the f64 reference and the emulation.
+            let stage = Stage::S7;
+            ensure!(stage.persistent(shape.d), "stage7 is not persistent at D = {}", shape.d);
+            let qz = quantize_per_head(&normal(shape, 53));
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.use_blocks(Some(usize::MAX));
+            d.launch(gpu, stage)?;
+            let one = d.download(gpu)?;
+            rule(stage, &qz, &reference(&qz), &emulation_of(stage, &qz, OutDtype::F16), &one, &name, |e, e_emu| {
+                eprintln!("stage7 persistent {name}, one unit a block: {e} | emulation max_abs={e_emu:.3e}")
+            })?;
+            for blocks in [Some(1), Some(2), Some(5), None] {
+                d.use_blocks(blocks);
+                d.launch(gpu, stage)?;
+                let got = d.download(gpu)?;
+                ensure!(
+                    bit_identical(&got, &one),
+                    "{name}: {blocks:?} blocks give other O / LSE than one unit a block"
+                );
+            }
+            Ok(())
+        });
+    }
+    t.gpu("persistent::stage7::mutant_reading_one_q_buffer_is_caught", |gpu| {
+        // Q's second buffer ignored by the consumers: a block's odd units read the even units' Q.
+        let shape = Shape::cross(1, 3, 300, 500, 64);
+        let qz = quantize_per_head(&normal(shape, 59));
+        let m = Stage::S7.kernel(64).mutated("pingpong_attention.cuh", "blk.q_tile(n, wg)", "blk.q_tile(0, wg)")?;
+        let mut d = OnDevice::upload(gpu, &qz)?;
+        d.launch(gpu, Stage::S7)?;
+        let good = d.download(gpu)?;
+        d.use_kernel(Some(m));
+        d.use_blocks(Some(2));
+        d.launch(gpu, Stage::S7)?;
+        let bad = d.download(gpu)?;
+        ensure!(!bit_identical(&good, &bad), "the kernel reading only Q's first buffer gave the same O and LSE");
+        eprintln!("mutant caught: one Q buffer read for every unit changes O");
+        Ok(())
+    });
     t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
         let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
         refused_by_the_others(gpu, shape, Stage::gqa, "has no grouped-query attention")
