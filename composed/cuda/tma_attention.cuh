@@ -46,7 +46,7 @@ struct TmaBlock {
       ring.init(4 * consumers);
       for (int b = 0; b < QBUFS; ++b) {
         tma::mbar_init(&qb->full[b], 1);
-        tma::mbar_init(&qb->empty[b], 4 * consumers);
+        if (QBUFS > 1) tma::mbar_init(&qb->empty[b], 4 * consumers);
       }
       tma::fence_barrier_init();
     }
@@ -66,10 +66,12 @@ struct TmaBlock {
   }
   // The producer's one thread. Unit n's Q of head bh (each consumer's 64 rows as its own canonical tile; rows
   // past Sq are the map's zero fill), once every consumer warp released the buffer's previous unit (a fresh
-  // barrier counts its phase "−1" as complete, as the ring's do).
+  // barrier counts its phase "−1" as complete, as the ring's do). One buffer means one unit a block (stage 6,
+  // stage 7 at D = 128): the empty barriers are then neither made nor waited on, which keeps those kernels' code
+  // as it was before Q had two buffers (a wait that always passes still moved ptxas's schedule of stage 6).
   __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0) const {
     const int b = n % QBUFS;
-    tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
+    if (QBUFS > 1) tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
     tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
     for (int w = 0; w < consumers; ++w) tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D, 0, q0 + 64 * w, bh, 0);
   }

@@ -53,6 +53,12 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::causal::stage7::1x2x300x100x64",
         &["memcheck", "synccheck"],
     ),
+    (
+        // Persistent blocks: several units a block, ring slots and Q buffers reused across them.
+        "composed--gpu",
+        "gpu::persistent::stage7::2x2q2kv_384x384x64_causal",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.
