@@ -356,7 +356,16 @@ fn persistent_shapes() -> Vec<(String, Shape)> {
     .into_iter()
     .map(|(s, hkv, causal)| {
         (
-            format!("{}x{}q{}kv_{}x{}x{}{}", s.b, s.h, hkv, s.sq, s.sk, s.d, if causal { "_causal" } else { "" }),
+            format!(
+                "{}x{}q{}kv_{}x{}x{}{}",
+                s.b,
+                s.h,
+                hkv,
+                s.sq,
+                s.sk,
+                s.d,
+                if causal { "_causal" } else { "" }
+            ),
             s.with_kv_heads(hkv).expect("divides").with_causal(causal),
         )
     })
@@ -366,8 +375,14 @@ fn persistent_shapes() -> Vec<(String, Shape)> {
 /// O and the LSE bit for bit the same.
 fn bit_identical(a: &Attention<f32>, b: &Attention<f32>) -> bool {
     a.o.len() == b.o.len()
-        && a.o.iter().zip(&b.o).all(|(x, y)| x.to_bits() == y.to_bits())
-        && a.lse.iter().zip(&b.lse).all(|(x, y)| x.to_bits() == y.to_bits())
+        && a.o
+            .iter()
+            .zip(&b.o)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+        && a.lse
+            .iter()
+            .zip(&b.lse)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// `qz` with every K/V head (codes and scales) repeated for each query head that reads it: the same problem
@@ -614,17 +629,25 @@ fn main() {
             let g = composed::grid(Stage::S3b, &Shape::new(2, 35000, 3, 64), 64, 132, None)?;
             ensure!(g == (70000, 1, 1), "{g:?}");
             ensure!(
-                composed::grid(Stage::S5, &Shape::new(1, 1, 1 << 20, 64), 128, 132, None)?.1 == 8192
+                composed::grid(Stage::S5, &Shape::new(1, 1, 1 << 20, 64), 128, 132, None)?.1
+                    == 8192
             );
             let e = format!(
                 "{:#}",
-                composed::grid(Stage::S3b, &Shape::new(1, 1, 65536 * 64 + 1, 64), 64, 132, None)
-                    .unwrap_err()
+                composed::grid(
+                    Stage::S3b,
+                    &Shape::new(1, 1, 65536 * 64 + 1, 64),
+                    64,
+                    132,
+                    None
+                )
+                .unwrap_err()
             );
             ensure!(e.contains("query tiles") && e.contains("65535"), "{e}");
             let e = format!(
                 "{:#}",
-                composed::grid(Stage::S6, &Shape::new(1, 1, 128, 64), 64, 132, Some(8)).unwrap_err()
+                composed::grid(Stage::S6, &Shape::new(1, 1, 128, 64), 64, 132, Some(8))
+                    .unwrap_err()
             );
             ensure!(e.contains("not persistent") && e.contains("stage7"), "{e}");
             Ok(())
@@ -642,15 +665,31 @@ fn main() {
             let d128 = Shape::new(4, 16, 4096, 128);
             ensure!(composed::grid(Stage::S7, &d128, 128, 132, None)? == (2048, 1, 1));
             ensure!(composed::grid(Stage::S7, &d128, 128, 132, Some(usize::MAX))? == (2048, 1, 1));
-            let e = format!("{:#}", composed::grid(Stage::S7, &d128, 128, 132, Some(7)).unwrap_err());
-            ensure!(e.contains("D = 128 is not persistent"), "{e}");
-            // The mission shape: 8 heads × 4 query tiles, fewer units than SMs.
-            ensure!(composed::grid(Stage::S7, &Shape::new(1, 8, 512, 64), 128, 132, None)? == (32, 1, 1));
-            // Sq far past a 2-D grid's 65535 tiles is one more unit count in x.
-            ensure!(composed::grid(Stage::S7, &Shape::new(1, 1, 128 * 70000, 64), 128, 132, None)?.0 == 132);
             let e = format!(
                 "{:#}",
-                composed::grid(Stage::S7, &Shape::new(1, 1, 128, 64), 128, 132, Some(0)).unwrap_err()
+                composed::grid(Stage::S7, &d128, 128, 132, Some(7)).unwrap_err()
+            );
+            ensure!(e.contains("D = 128 is not persistent"), "{e}");
+            // The mission shape: 8 heads × 4 query tiles, fewer units than SMs.
+            ensure!(
+                composed::grid(Stage::S7, &Shape::new(1, 8, 512, 64), 128, 132, None)?
+                    == (32, 1, 1)
+            );
+            // Sq far past a 2-D grid's 65535 tiles is one more unit count in x.
+            ensure!(
+                composed::grid(
+                    Stage::S7,
+                    &Shape::new(1, 1, 128 * 70000, 64),
+                    128,
+                    132,
+                    None
+                )?
+                .0 == 132
+            );
+            let e = format!(
+                "{:#}",
+                composed::grid(Stage::S7, &Shape::new(1, 1, 128, 64), 128, 132, Some(0))
+                    .unwrap_err()
             );
             ensure!(e.contains("0 blocks"), "{e}");
             Ok(())
@@ -1052,22 +1091,32 @@ fn main() {
             Ok(())
         });
     }
-    t.gpu("persistent::stage7::mutant_reading_one_q_buffer_is_caught", |gpu| {
-        // Q's second buffer ignored by the consumers: a block's odd units read the even units' Q.
-        let shape = Shape::cross(1, 3, 300, 500, 64);
-        let qz = quantize_per_head(&normal(shape, 59));
-        let m = Stage::S7.kernel(64).mutated("pingpong_attention.cuh", "blk.q_tile(n, wg)", "blk.q_tile(0, wg)")?;
-        let mut d = OnDevice::upload(gpu, &qz)?;
-        d.launch(gpu, Stage::S7)?;
-        let good = d.download(gpu)?;
-        d.use_kernel(Some(m));
-        d.use_blocks(Some(2));
-        d.launch(gpu, Stage::S7)?;
-        let bad = d.download(gpu)?;
-        ensure!(!bit_identical(&good, &bad), "the kernel reading only Q's first buffer gave the same O and LSE");
-        eprintln!("mutant caught: one Q buffer read for every unit changes O");
-        Ok(())
-    });
+    t.gpu(
+        "persistent::stage7::mutant_reading_one_q_buffer_is_caught",
+        |gpu| {
+            // Q's second buffer ignored by the consumers: a block's odd units read the even units' Q.
+            let shape = Shape::cross(1, 3, 300, 500, 64);
+            let qz = quantize_per_head(&normal(shape, 59));
+            let m = Stage::S7.kernel(64).mutated(
+                "pingpong_attention.cuh",
+                "blk.q_tile(n, wg)",
+                "blk.q_tile(0, wg)",
+            )?;
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.launch(gpu, Stage::S7)?;
+            let good = d.download(gpu)?;
+            d.use_kernel(Some(m));
+            d.use_blocks(Some(2));
+            d.launch(gpu, Stage::S7)?;
+            let bad = d.download(gpu)?;
+            ensure!(
+                !bit_identical(&good, &bad),
+                "the kernel reading only Q's first buffer gave the same O and LSE"
+            );
+            eprintln!("mutant caught: one Q buffer read for every unit changes O");
+            Ok(())
+        },
+    );
     t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
         let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
         refused_by_the_others(gpu, shape, Stage::gqa, "has no grouped-query attention")
