@@ -318,58 +318,39 @@ fn refused_by_the_others(
 /// Grouped-query cases for the stages that take it (`Stage::gqa`): 4 query heads a K/V head, multi-query (one K/V head), grouping with the
 /// causal mask and Sq ≠ Sk, D = 64 and 128.
 fn gqa_shapes() -> Vec<(String, Shape)> {
-    [
+    grouped(vec![
         (Shape::new(1, 8, 256, 128), 2, false),
         (Shape::cross(2, 4, 130, 200, 64), 1, false),
         (Shape::new(1, 8, 300, 128), 4, true),
         (Shape::cross(2, 6, 77, 129, 64), 3, true),
-    ]
-    .into_iter()
-    .map(|(s, hkv, causal)| {
-        (
-            format!(
-                "{}x{}q{}kv_{}x{}x{}{}",
-                s.b,
-                s.h,
-                hkv,
-                s.sq,
-                s.sk,
-                s.d,
-                if causal { "_causal" } else { "" }
-            ),
-            s.with_kv_heads(hkv).expect("divides").with_causal(causal),
-        )
-    })
-    .collect()
+    ])
 }
 
 /// Stage 7's persistent cases (D = 64, `Stage::persistent`): several units a block at small block counts, units
 /// of different key-tile counts (causal, Sq ≠ Sk), grouped-query heads, partial query and key tiles.
 fn persistent_shapes() -> Vec<(String, Shape)> {
-    [
+    grouped(vec![
         (Shape::cross(1, 3, 700, 900, 64), 3, true),
         (Shape::cross(2, 4, 600, 450, 64), 2, false),
         (Shape::cross(1, 2, 520, 300, 64), 1, true),
         (Shape::new(1, 4, 1000, 64), 4, false),
         (Shape::new(2, 2, 384, 64), 2, true),
-    ]
-    .into_iter()
-    .map(|(s, hkv, causal)| {
-        (
-            format!(
-                "{}x{}q{}kv_{}x{}x{}{}",
-                s.b,
-                s.h,
-                hkv,
-                s.sq,
-                s.sk,
-                s.d,
-                if causal { "_causal" } else { "" }
-            ),
-            s.with_kv_heads(hkv).expect("divides").with_causal(causal),
-        )
-    })
-    .collect()
+    ])
+}
+
+/// (shape, K/V heads, causal) cases, named BxHqHKVkv_SqxSkxD[_causal].
+fn grouped(cases: Vec<(Shape, usize, bool)>) -> Vec<(String, Shape)> {
+    cases
+        .into_iter()
+        .map(|(s, hkv, causal)| {
+            let mask = if causal { "_causal" } else { "" };
+            let name = format!("{}x{}q{hkv}kv_{}x{}x{}{mask}", s.b, s.h, s.sq, s.sk, s.d);
+            (
+                name,
+                s.with_kv_heads(hkv).expect("divides").with_causal(causal),
+            )
+        })
+        .collect()
 }
 
 /// O and the LSE bit for bit the same.
