@@ -22,109 +22,159 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
   return tiles;
 }
 
-// Consumer warpgroup wg's part of unit w (the block's n-th, its key tiles ring tiles r0, …); `next`: the block has
-// a unit after this one (then its last turn hands over). PERSISTENT: the unit's last slot and Q's buffer go back
+// Where a consumer is in the K/Vᵀ ring, tile t (the current), with the tiles before it. Two ways, one interface:
+// RingIndex asks the ring for tile t by its number (t % STAGES, t / STAGES at each access), RingCursor carries t's
+// stage and parity from tile to tile with the barriers' shared addresses in registers. One unit a block takes
+// RingIndex: counted from 0, ptxas folds it (stage 7 at D = 128 measured 2–5% slower with the cursor there).
+// Persistent blocks take RingCursor: counted across units, each t % 3 and t / 3 was a chain of uniform-datapath
+// instructions between the barrier wait and the Q·Kᵀ issue, and the barriers' addresses were rebuilt from
+// SR_CgaCtaId (S2UR) twice a tile.
+template <class Block>
+struct RingIndex {
+  const Block& blk;
+  int t = 0;
+  __device__ void advance() { ++t; }
+  __device__ void wait() const { blk.ring.wait_full(t); }
+  __device__ const unsigned char* k() const { return blk.k_tile(t); }
+  __device__ const unsigned char* vt() const { return blk.vt_tile(t); }
+  __device__ const unsigned char* vt_prev() const { return blk.vt_tile(t - 1); }
+  __device__ void release() const { blk.ring.release(t); }
+  __device__ void release_prev() const { blk.ring.release(t - 1); }
+  __device__ void release_prev2() const { blk.ring.release(t - 2); }
+};
+
+template <class Block>
+struct RingCursor {
+  static constexpr int S = Block::kStages;
+  const Block& blk;
+  unsigned full0, empty0;  // shared addresses of full[0] and empty[0]
+  int s0 = 0, s1 = S - 1, s2 = S - 2;  // the stages of tiles t, t − 1, t − 2
+  unsigned phase = 0;
+  __device__ explicit RingCursor(const Block& b) : blk(b), full0(tma::smem(b.ring.full(0))) {
+    asm volatile("" : "+r"(full0));  // opaque: kept in a register, not rebuilt from SR_CgaCtaId in the loop
+    empty0 = full0 + 8 * S;
+  }
+  __device__ void advance() {
+    s2 = s1;
+    s1 = s0;
+    if (++s0 == S) {
+      s0 = 0;
+      phase ^= 1u;
+    }
+  }
+  __device__ void wait() const { tma::wait_at(full0 + 8 * s0, phase); }
+  __device__ const unsigned char* k() const { return blk.sk + s0 * Block::kTile; }
+  __device__ const unsigned char* vt() const { return blk.svt + s0 * Block::kTile; }
+  __device__ const unsigned char* vt_prev() const { return blk.svt + s1 * Block::kTile; }
+  __device__ void release() const { tma::arrive_at(empty0 + 8 * s0); }
+  __device__ void release_prev() const { tma::arrive_at(empty0 + 8 * s1); }
+  __device__ void release_prev2() const { tma::arrive_at(empty0 + 8 * s2); }
+};
+
+// Consumer warpgroup wg's part of unit w (the block's n-th; `at`: the ring at its first key tile, left at its last);
+// `next`: the block has a unit after this one (then its last turn hands over). PERSISTENT: the unit's last slot and Q's buffer go back
 // (always: behind a test of `next`, ptxas's schedule of the loop cost 13% at (4, 16, 4096, 64)). Returns the unit's
 // key tiles.
-template <int D, int BC, bool PERSISTENT, class Block>
-__device__ __forceinline__ int consume_unit(const Params& p, const Block& blk, int wg, int w, int n, int r0, bool next) {
+template <int D, int BC, bool PERSISTENT, class Block, class Ring>
+__device__ __forceinline__ int consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at, bool next) {
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
-    const TileCoord u = unit_coord(p, w);
-    const int bh = u.bh, kv = bh / p.group, q0 = u.qt * 128, tiles = key_tiles<BC>(p, q0);
-    const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
-    int limit[2];
+  const TileCoord u = unit_coord(p, w);
+  const int bh = u.bh, kv = bh / p.group, q0 = u.qt * 128, tiles = key_tiles<BC>(p, q0);
+  const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
+  int limit[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
-      limit[h] = p.causal ? min(p.sk, max(0, row + p.sk - p.sq + 1)) : p.sk;
-    }
-    osm::RowState st;
-    osm::init(st);
-    frag::Regs<OL> o[1];
+  for (int h = 0; h < 2; ++h) {
+    const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
+    limit[h] = p.causal ? min(p.sk, max(0, row + p.sk - p.sq + 1)) : p.sk;
+  }
+  osm::RowState st;
+  osm::init(st);
+  frag::Regs<OL> o[1];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
-    // P(t) is packed at the start of the next turn, after the wait that retires P·V(t − 1) (whose A registers
-    // it overwrites), across the loop's back edge from the softmax. Packed at the end of the softmax, behind
-    // that wait, ptxas hoisted the wait above the whole softmax (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the
-    // row max), so each turn's softmax started only after both of its GEMMs had retired.
-    unsigned a[BC / 32][4];
-    frag::Regs<SL> s[1];
-    blk.wait_q(n);
-    // Turns: consumer 0 first. Each consumer has tiles + 1 turns a unit (the first issues Q·Kᵀ alone, the last
-    // P·V alone) and each turn hands over but consumer 1's last of the block's last unit, so both barriers end
-    // with as many arrivals as waits; consumer 1's first arrival, before its first unit, gives consumer 0 the
-    // first turn. First and last turns are peeled: ptxas serialises wgmma (C7514 / C7515) when it cannot see
-    // that every path through a wgmma's pipeline stage waits before touching its accumulators.
-    const unsigned char* q_tile = blk.q_tile(n, wg);
-    if (wg == 1 && n == 0) roles::arrive(1, 256);
-    float alpha[2];
-    blk.ring.wait_full(r0);
-    roles::sync(1 + wg, 256);
-    wgmma::fence_operand(s[0].x);
-    wgmma::fence();
-    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(r0), false);
-    wgmma::commit();
-    roles::arrive(2 - wg, 256);
+  for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
+  // P(t) is packed at the start of the next turn, after the wait that retires P·V(t − 1) (whose A registers
+  // it overwrites), across the loop's back edge from the softmax. Packed at the end of the softmax, behind
+  // that wait, ptxas hoisted the wait above the whole softmax (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the
+  // row max), so each turn's softmax started only after both of its GEMMs had retired.
+  unsigned a[BC / 32][4];
+  frag::Regs<SL> s[1];
+  blk.wait_q(n);
+  // Turns: consumer 0 first. Each consumer has tiles + 1 turns a unit (the first issues Q·Kᵀ alone, the last
+  // P·V alone) and each turn hands over but consumer 1's last of the block's last unit, so both barriers end
+  // with as many arrivals as waits; consumer 1's first arrival, before its first unit, gives consumer 0 the
+  // first turn. First and last turns are peeled: ptxas serialises wgmma (C7514 / C7515) when it cannot see
+  // that every path through a wgmma's pipeline stage waits before touching its accumulators.
+  const unsigned char* q_tile = blk.q_tile(n, wg);
+  if (wg == 1 && n == 0) roles::arrive(1, 256);
+  float alpha[2];
+  at.wait();
+  roles::sync(1 + wg, 256);
+  wgmma::fence_operand(s[0].x);
+  wgmma::fence();
+  wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, at.k(), false);
+  wgmma::commit();
+  roles::arrive(2 - wg, 256);
+  wgmma::wait<0>();
+  wgmma::fence_operand(s[0].x);
+  osm::RowSum sum;  // the tile before's row sums: l's update waits for the next GEMM issue (softmax_defer_l)
+  softmax_defer_l<BC>(s, 0, limit, c, st, alpha, sum);
+  for (int tt = 1; tt < tiles; ++tt) {
+    at.advance();
+    // P·V(t − 2) has retired (nothing is in flight at t = 1): P(t − 1) into its A registers, its slot back.
     wgmma::wait<0>();
-    wgmma::fence_operand(s[0].x);
-    osm::RowSum sum;  // the tile before's row sums: l's update waits for the next GEMM issue (softmax_defer_l)
-    softmax_defer_l<BC>(s, 0, limit, c, st, alpha, sum);
-    for (int tt = 1; tt < tiles; ++tt) {
-      // P·V(t − 2) has retired (nothing is in flight at t = 1): P(t − 1) into its A registers, its slot back.
-      wgmma::wait<0>();
-      wgmma::fence_operand(o[0].x);
-      wgmma::fence_operand(s[0].x);
-      relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is zero at t = 1: its rescale by α(0) = 0 keeps it so
-      if (tt > 1) {
-        __syncwarp();
-        if (roles::lane() == 0) blk.ring.release(r0 + tt - 2);
-      }
-      blk.ring.wait_full(r0 + tt);
-      roles::sync(1 + wg, 256);
-      wgmma::fence_operand(s[0].x);
-      wgmma::fence_operand(o[0].x);
-      wgmma::fence();
-      wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_tile(r0 + tt), false);
-      wgmma::commit();
-      // O's rescale by α(t − 1) while Q·Kᵀ(t) runs, before P·V(t − 1) adds to it. The wait never waits (one
-      // group in flight); without it ptxas serialises the wgmmas (C7515: O written inside Q·Kᵀ's stage).
-      wgmma::wait<1>();
-      osm::rescale<OL>(o, alpha);
-      wgmma::fence();
-      wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(r0 + tt - 1), true);
-      wgmma::commit();
-      roles::arrive(2 - wg, 256);
-      osm::step_end(sum, alpha, st);  // l of tile t − 1, under this turn's GEMMs
-      wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) runs on under the softmax
-      wgmma::fence_operand(s[0].x);
-      softmax_defer_l<BC>(s, tt * BC, limit, c, st, alpha, sum);
-    }
-    wgmma::wait<0>();  // P·V(tiles − 2), and every Q·Kᵀ of the unit: Q's buffer goes back with the slot
     wgmma::fence_operand(o[0].x);
     wgmma::fence_operand(s[0].x);
-    relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
-    __syncwarp();
-    if (roles::lane() == 0) {
-      if (tiles > 1) blk.ring.release(r0 + tiles - 2);
-      if constexpr (PERSISTENT) blk.release_q(n);
+    relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is zero at t = 1: its rescale by α(0) = 0 keeps it so
+    if (tt > 1) {
+      __syncwarp();
+      if (roles::lane() == 0) at.release_prev2();
     }
+    at.wait();
     roles::sync(1 + wg, 256);
+    wgmma::fence_operand(s[0].x);
+    wgmma::fence_operand(o[0].x);
+    wgmma::fence();
+    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, at.k(), false);
+    wgmma::commit();
+    // O's rescale by α(t − 1) while Q·Kᵀ(t) runs, before P·V(t − 1) adds to it. The wait never waits (one
+    // group in flight); without it ptxas serialises the wgmmas (C7515: O written inside Q·Kᵀ's stage).
+    wgmma::wait<1>();
     osm::rescale<OL>(o, alpha);
     wgmma::fence();
-    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_tile(r0 + tiles - 1), true);
+    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt_prev(), true);
     wgmma::commit();
-    if (wg == 0 || next) roles::arrive(2 - wg, 256);
-    osm::step_end(sum, alpha, st);
-    wgmma::wait<0>();
-    wgmma::fence_operand(o[0].x);
-    if constexpr (PERSISTENT) {
-      __syncwarp();
-      if (roles::lane() == 0) blk.ring.release(r0 + tiles - 1);
-    }
-    epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
+    roles::arrive(2 - wg, 256);
+    osm::step_end(sum, alpha, st);  // l of tile t − 1, under this turn's GEMMs
+    wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) runs on under the softmax
+    wgmma::fence_operand(s[0].x);
+    softmax_defer_l<BC>(s, tt * BC, limit, c, st, alpha, sum);
+  }
+  wgmma::wait<0>();  // P·V(tiles − 2), and every Q·Kᵀ of the unit: Q's buffer goes back with the slot
+  wgmma::fence_operand(o[0].x);
+  wgmma::fence_operand(s[0].x);
+  relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
+  __syncwarp();
+  if (roles::lane() == 0) {
+    if (tiles > 1) at.release_prev();
+    if constexpr (PERSISTENT) blk.release_q(n);
+  }
+  roles::sync(1 + wg, 256);
+  osm::rescale<OL>(o, alpha);
+  wgmma::fence();
+  wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt(), true);
+  wgmma::commit();
+  if (wg == 0 || next) roles::arrive(2 - wg, 256);
+  osm::step_end(sum, alpha, st);
+  wgmma::wait<0>();
+  wgmma::fence_operand(o[0].x);
+  if constexpr (PERSISTENT) {
+    __syncwarp();
+    if (roles::lane() == 0) at.release();
+  }
+  epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
   return tiles;
 }
 
@@ -164,11 +214,14 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
     if constexpr (PERSISTENT) {
-      int r0 = 0, n = 0;
-      for (int w = blockIdx.x; w < p.work; w += gridDim.x, ++n)
-        r0 += consume_unit<D, BC, true>(p, blk, wg, w, n, r0, w + int(gridDim.x) < p.work);
+      RingCursor<Block> at(blk);
+      for (int w = blockIdx.x, n = 0; w < p.work; w += gridDim.x, ++n) {
+        consume_unit<D, BC, true>(p, blk, wg, w, n, at, w + int(gridDim.x) < p.work);
+        at.advance();
+      }
     } else {
-      consume_unit<D, BC, false>(p, blk, wg, blockIdx.x, 0, 0, false);
+      RingIndex<Block> at{blk};
+      consume_unit<D, BC, false>(p, blk, wg, blockIdx.x, 0, at, false);
     }
   }
 }

@@ -30,9 +30,12 @@ __device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarr
 __device__ __forceinline__ void arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem(bar)), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem(bar)) : "memory");
+// The barrier at shared address `bar` (tma::smem of it): for a caller that keeps the addresses in registers
+// across a loop instead of converting a pointer each time.
+__device__ __forceinline__ void arrive_at(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+__device__ __forceinline__ void arrive(unsigned long long* bar) { arrive_at(smem(bar)); }
 // Whether the phase of parity `parity` has completed, as a bool: try_wait may suspend the thread a while first
 // (a wait loop's body); test_wait answers at once, so a consumer can look ahead at a stage and skip the wait
 // when the answer was yes. Both have acquire semantics when they say yes.
@@ -40,23 +43,26 @@ __device__ __forceinline__ void arrive(unsigned long long* bar) {
   unsigned done;                                                                                       \
   asm volatile("{\n.reg .pred p;\nmbarrier." OP ".parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n" \
                : "=r"(done)                                                                            \
-               : "r"(smem(bar)), "r"(parity)                                                           \
+               : "r"(bar), "r"(parity)                                                                 \
                : "memory");                                                                            \
   return done != 0
-__device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parity) { LAB_MBAR_PHASE_DONE("try_wait"); }
-__device__ __forceinline__ bool test_wait(unsigned long long* bar, unsigned parity) { LAB_MBAR_PHASE_DONE("test_wait"); }
+__device__ __forceinline__ bool try_wait_at(unsigned bar, unsigned parity) { LAB_MBAR_PHASE_DONE("try_wait"); }
+__device__ __forceinline__ bool test_wait_at(unsigned bar, unsigned parity) { LAB_MBAR_PHASE_DONE("test_wait"); }
 #undef LAB_MBAR_PHASE_DONE
+__device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parity) { return try_wait_at(smem(bar), parity); }
+__device__ __forceinline__ bool test_wait(unsigned long long* bar, unsigned parity) { return test_wait_at(smem(bar), parity); }
 // Waits until the phase of parity `parity` has completed. Tests bound the spin (LAB_TMA_SPIN_LIMIT), so
 // that a broken mutant ends with wrong bytes instead of a hung device.
-__device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) {
+__device__ __forceinline__ void wait_at(unsigned bar, unsigned parity) {
 #ifdef LAB_TMA_SPIN_LIMIT
-  for (long long i = 0; !try_wait(bar, parity) && i < LAB_TMA_SPIN_LIMIT; ++i) {
+  for (long long i = 0; !try_wait_at(bar, parity) && i < LAB_TMA_SPIN_LIMIT; ++i) {
   }
 #else
-  while (!try_wait(bar, parity)) {
+  while (!try_wait_at(bar, parity)) {
   }
 #endif
 }
+__device__ __forceinline__ void wait(unsigned long long* bar, unsigned parity) { wait_at(smem(bar), parity); }
 
 // ---- the copy engine ----
 __device__ __forceinline__ void prefetch(const Map* map) {
