@@ -216,8 +216,9 @@ impl Stage {
 
     /// Whether the stage is persistent at head dimension `d`: one block an SM loops over the work units, its
     /// producer loading a unit's Q and first key tiles under the unit before (`run::grid`). Must agree with
-    /// `STAGE7(D, BC, STAGES, PERSISTENT)`: stage 7 at D = 64 (+4% at (4, 16, 4096, 64)); at D = 128 it measured
-    /// −3% (docs/ladder.md, sixth pass) and keeps one unit a block.
+    /// `STAGE7(D, BC, STAGES, PERSISTENT)`: stage 7 at D = 64 (+7% at (4, 16, 4096, 64) with its ring cursor); at
+    /// D = 128 it measured +2% on long rows and GQA but −2…−5% causal (docs/ladder.md, sixth pass) and keeps one
+    /// unit a block.
     pub fn persistent(self, d: usize) -> bool {
         self == Stage::S7 && d == 64
     }
