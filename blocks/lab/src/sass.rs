@@ -172,7 +172,88 @@ pub fn table(spec: &crate::KernelSpec) -> Result<String> {
     {
         bail!("{} uses local memory:\n{s}", spec.name);
     }
+    // The hot loop: a schedule change that leaves the histogram nearly alone (a wait hoisted, a value rebuilt in
+    // the loop instead of kept) shows here, where it costs.
+    s.push_str(
+        "hot loop (the innermost with tensor-core instructions; ptxas's encoded stall cycles)\n",
+    );
+    for &arch in spec.archs {
+        let (cubin, _) = spec.compile(arch)?;
+        let l = disassemble(&cubin, spec.name, &["-hex"])?;
+        s.push_str(&format!("{:<10}", arch.name()));
+        match parse_hot_loop(&l) {
+            Some(h) => s.push_str(&format!(
+                "{} instructions, {} tensor-core, {} stall cycles\n",
+                h.instructions, h.mma, h.stall_cycles
+            )),
+            None => s.push_str("none\n"),
+        }
+    }
     Ok(s)
+}
+
+/// A loop of a kernel's SASS: from a label to the backward branch to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotLoop {
+    pub start: u32,
+    pub end: u32,
+    pub instructions: usize,
+    /// Tensor-core instructions (HMMA, IMMA, DMMA, and the wgmma forms HGMMA, QGMMA, IGMMA, BGMMA).
+    pub mma: usize,
+    pub stall_cycles: u32,
+}
+
+/// The innermost loop with tensor-core instructions in an `nvdisasm -hex` listing (the fewest instructions among
+/// the loops that have any), or None.
+pub fn parse_hot_loop(listing: &str) -> Option<HotLoop> {
+    let code = parse_controlled(listing);
+    let mut labels: BTreeMap<String, u32> = BTreeMap::new();
+    let mut pending: Vec<String> = Vec::new();
+    for line in listing.lines() {
+        let t = line.trim();
+        if let Some(l) = t.strip_suffix(':').filter(|l| l.starts_with('.')) {
+            pending.push(l.to_string());
+            continue;
+        }
+        let addr = t
+            .strip_prefix("/*")
+            .and_then(|r| r.split_once("*/"))
+            .filter(|(_, body)| body.contains(';'))
+            .and_then(|(a, _)| u32::from_str_radix(a, 16).ok());
+        if let Some(a) = addr {
+            for p in pending.drain(..) {
+                labels.insert(p, a);
+            }
+        }
+    }
+    let is_mma = |op: &str| {
+        matches!(
+            op,
+            "HMMA" | "IMMA" | "DMMA" | "HGMMA" | "QGMMA" | "IGMMA" | "BGMMA"
+        )
+    };
+    code.iter()
+        .filter(|i| i.opcode() == "BRA")
+        .filter_map(|b| {
+            let (_, rest) = b.text.split_once("`(")?;
+            let start = *labels.get(rest.split_once(')')?.0)?;
+            (start <= b.address).then_some((start, b.address))
+        })
+        .filter_map(|(start, end)| {
+            let body: Vec<&Controlled> = code
+                .iter()
+                .filter(|i| (start..=end).contains(&i.address))
+                .collect();
+            let mma = body.iter().filter(|i| is_mma(i.opcode())).count();
+            (mma > 0).then(|| HotLoop {
+                start,
+                end,
+                instructions: body.len(),
+                mma,
+                stall_cycles: body.iter().map(|i| u32::from(i.control.stall)).sum(),
+            })
+        })
+        .min_by_key(|h| (h.instructions, h.start))
 }
 
 /// The scheduling metadata ptxas puts in the top 23 bits of every 128-bit instruction (sm_70 and later; the
@@ -331,6 +412,36 @@ mod tests {
         assert_eq!(h.get("HMMA"), Some(&2));
         assert_eq!((h.get("BRA"), h.get("LDSM")), (Some(&1), Some(&1)));
         assert_eq!(h.len(), 3);
+    }
+
+    #[test]
+    fn the_hot_loop_is_the_innermost_with_tensor_core_instructions() {
+        // An outer loop (.L_x_0 .. 0x70) around an inner one (.L_x_1 .. 0x50) that holds the QGMMA, and a
+        // spin loop (.L_x_2) with none. Stall counts 1, 2, 3, … from the high words' bits 41..44.
+        let w = |stall: u64| format!("/* 0x{:016x} */", stall << 41);
+        let ins = |a: u32, t: &str, st: u64| {
+            format!("        /*{a:04x}*/ {t} ;  /* 0x0 */\n        {}\n", w(st))
+        };
+        let l = [
+            ".L_x_0:\n".to_string(),
+            ins(0x10, "IMAD R1, R2, R3, RZ", 1),
+            ".L_x_1:\n".to_string(),
+            ins(0x20, "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ", 2),
+            ins(0x30, "WARPGROUP.DEPBAR.LE gsb0, 0x0", 3),
+            ins(0x40, "FADD R1, R1, R2", 4),
+            ins(0x50, "@P0 BRA `(.L_x_1)", 5),
+            ins(0x60, "HMMA.16816.F32 R4, R8, R12, R4", 1),
+            ins(0x70, "@P1 BRA `(.L_x_0)", 1),
+            ".L_x_2:\n".to_string(),
+            ins(0x80, "@!P2 BRA `(.L_x_2)", 1),
+        ]
+        .concat();
+        let h = parse_hot_loop(&l).expect("a loop");
+        assert_eq!(
+            (h.start, h.end, h.instructions, h.mma, h.stall_cycles),
+            (0x20, 0x50, 4, 1, 14)
+        );
+        assert_eq!(parse_hot_loop(&ins(0x10, "BRA `(.L_x_9)", 1)), None);
     }
 
     #[test]
