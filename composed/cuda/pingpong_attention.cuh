@@ -4,10 +4,13 @@
 
 namespace sdpa {
 
+// Query rows of a unit (a block's two consumer warpgroups, 64 each).
+constexpr int kUnitRows = 128;
+
 // Key tiles of the unit at query row q0: those up to its last visible key (at least one).
 template <int BC>
 __device__ __forceinline__ int key_tiles(const Params& p, int q0) {
-  const int visible = p.causal ? min(p.sk, max(0, min(q0 + 128, p.sq) + p.sk - p.sq)) : p.sk;
+  const int visible = p.causal ? min(p.sk, max(0, min(q0 + kUnitRows, p.sq) + p.sk - p.sq)) : p.sk;
   return max(1, (visible + BC - 1) / BC);
 }
 
@@ -16,8 +19,8 @@ template <class Block, int BC>
 __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, const tma::Map* mq, const tma::Map* mk,
                                             const tma::Map* mvt, int w, int n, int r0) {
   const TileCoord u = unit_coord(p, w);
-  const int tiles = key_tiles<BC>(p, u.qt * 128);
-  blk.produce_q(mq, n, u.bh, u.qt * 128);
+  const int tiles = key_tiles<BC>(p, u.qt * kUnitRows);
+  blk.produce_q(mq, n, u.bh, u.qt * kUnitRows);
   blk.produce_kv(mk, mvt, u.bh / p.group, r0, tiles);
   return tiles;
 }
@@ -71,18 +74,20 @@ struct RingCursor {
   __device__ void release_prev2() const { tma::arrive_at(empty0 + 8 * s2); }
 };
 
-// Consumer warpgroup wg's part of unit w (the block's n-th; `at`: the ring at its first key tile, left at its last);
-// `next`: the block has a unit after this one (then its last turn hands over). PERSISTENT: the unit's last slot and Q's buffer go back
-// (always: behind a test of `next`, ptxas's schedule of the loop cost 13% at (4, 16, 4096, 64)). Returns the unit's
-// key tiles.
-template <int D, int BC, bool PERSISTENT, class Block, class Ring>
-__device__ __forceinline__ int consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at, bool next) {
+// Consumer warpgroup wg's part of unit w (the block's n-th; `at`: the ring at its first key tile, left at its
+// last); `next`: the block has a unit after this one (then its last turn hands over). A persistent block (two Q
+// buffers) gives the unit's last slot and Q's buffer back, always: behind a test of `next`, ptxas's schedule of
+// the loop cost 13% at (4, 16, 4096, 64).
+template <int D, int BC, class Block, class Ring>
+__device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at,
+                                             bool next) {
+  constexpr bool PERSISTENT = Block::kQBufs > 1;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
   const TileCoord u = unit_coord(p, w);
-  const int bh = u.bh, kv = bh / p.group, q0 = u.qt * 128, tiles = key_tiles<BC>(p, q0);
+  const int bh = u.bh, kv = bh / p.group, q0 = u.qt * kUnitRows, tiles = key_tiles<BC>(p, q0);
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
   int limit[2];
 #pragma unroll
@@ -175,7 +180,6 @@ __device__ __forceinline__ int consume_unit(const Params& p, const Block& blk, i
     if (roles::lane() == 0) at.release();
   }
   epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
-  return tiles;
 }
 
 // As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an arrive on
@@ -205,7 +209,8 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       Block::prefetch(mq, mk, mvt);
       if constexpr (PERSISTENT) {
         int r0 = 0, n = 0;
-        for (int w = blockIdx.x; w < p.work; w += gridDim.x, ++n) r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, w, n, r0);
+        for (int w = blockIdx.x; w < p.work; w += gridDim.x, ++n)
+          r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, w, n, r0);
       } else {
         produce_unit<Block, BC>(p, blk, mq, mk, mvt, blockIdx.x, 0, 0);
       }
@@ -216,12 +221,12 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     if constexpr (PERSISTENT) {
       RingCursor<Block> at(blk);
       for (int w = blockIdx.x, n = 0; w < p.work; w += gridDim.x, ++n) {
-        consume_unit<D, BC, true>(p, blk, wg, w, n, at, w + int(gridDim.x) < p.work);
+        consume_unit<D, BC>(p, blk, wg, w, n, at, w + int(gridDim.x) < p.work);
         at.advance();
       }
     } else {
       RingIndex<Block> at{blk};
-      consume_unit<D, BC, false>(p, blk, wg, blockIdx.x, 0, at, false);
+      consume_unit<D, BC>(p, blk, wg, blockIdx.x, 0, at, false);
     }
   }
 }

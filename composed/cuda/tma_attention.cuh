@@ -26,6 +26,7 @@ struct TmaBlock {
   static constexpr unsigned kTile = BC * D;  // bytes of a K tile, and of a Vᵀ tile
   static constexpr unsigned kQ = 128 * D;    // bytes of a Q buffer
   static constexpr int kStages = STAGES;
+  static constexpr int kQBufs = QBUFS;
   static constexpr wgmma::Swizzle kSwVt =
       BC % 128 == 0 ? wgmma::Swizzle::B128 : BC % 64 == 0 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B32;
   static constexpr int kVtPanel = int(wgmma::row_bytes(kSwVt));

@@ -95,9 +95,9 @@ pub fn validate(qz: &Quantized) -> Result<()> {
 /// The launch grid of `stage` on `s` with blocks of `rows` query rows on a device of `sms` SMs, or why it cannot
 /// be launched. Stage 7 (`Stage::unit_grid`) gets its work units in x: one block a unit, or when persistent at this
 /// D (`Stage::persistent`) one block an SM, at most one a unit (`blocks` asks for another count: `sdpa bench
-/// --blocks`). The others get (B·H, query tiles): x holds up to 2^31 − 1
-/// blocks and y up to 65535, so B·H goes in x (decode batches of 1024 × 64 heads and more) and the query tiles in
-/// y (Sq up to 65535 tiles of `rows` rows: `Stage::rows_for`).
+/// --blocks`). The others get (B·H, query tiles): x holds up to 2^31 − 1 blocks and y up to 65535, so B·H goes
+/// in x (decode batches of 1024 × 64 heads and more) and the query tiles in y (Sq up to 65535 tiles of `rows`
+/// rows: `Stage::rows_for`).
 pub fn grid(
     stage: Stage,
     s: &fixtures::Shape,

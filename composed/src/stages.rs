@@ -180,7 +180,7 @@ impl Stage {
         }
     }
 
-    /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC, STAGES)`, which
+    /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC, STAGES, P)`, which
     /// size the tensor maps' boxes and the shared memory. Stage 6 measured 192 and lost at every shape but S =
     /// 16384 (docs/ladder.md, third pass); stage 7 at D = 128 gained with 192 (+2–3% at S = 4096, +6% at 16384)
     /// and again with 224 over 192 (+1.4%, +2.8%: fifth pass), and keeps 128 at D = 64 (192 there: −1% at 4096,

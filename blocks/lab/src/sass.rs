@@ -143,10 +143,17 @@ pub fn parse_sass(listing: &str) -> BTreeMap<String, usize> {
 /// The SASS opcode histogram of one kernel on every architecture it is built for, as a table to review on
 /// diff (blocks commit it as an insta snapshot). Local-memory traffic (LDL / STL) is an error.
 pub fn table(spec: &crate::KernelSpec) -> Result<String> {
+    // Per architecture: the opcode histogram, and the hot loop (a schedule change that leaves the histogram
+    // nearly alone — a wait hoisted, a value rebuilt in the loop instead of kept — shows there, where it costs).
     let mut cols = Vec::new();
+    let mut hot = Vec::new();
     for &arch in spec.archs {
         let (cubin, _) = spec.compile(arch)?;
         cols.push((arch, histogram(&cubin, spec.name)?));
+        hot.push((
+            arch,
+            parse_hot_loop(&disassemble(&cubin, spec.name, &["-hex"])?),
+        ));
     }
     let mut ops: Vec<&String> = cols.iter().flat_map(|(_, h)| h.keys()).collect();
     ops.sort();
@@ -172,16 +179,12 @@ pub fn table(spec: &crate::KernelSpec) -> Result<String> {
     {
         bail!("{} uses local memory:\n{s}", spec.name);
     }
-    // The hot loop: a schedule change that leaves the histogram nearly alone (a wait hoisted, a value rebuilt in
-    // the loop instead of kept) shows here, where it costs.
     s.push_str(
         "hot loop (the innermost with tensor-core instructions; ptxas's encoded stall cycles)\n",
     );
-    for &arch in spec.archs {
-        let (cubin, _) = spec.compile(arch)?;
-        let l = disassemble(&cubin, spec.name, &["-hex"])?;
+    for (arch, h) in hot {
         s.push_str(&format!("{:<10}", arch.name()));
-        match parse_hot_loop(&l) {
+        match h {
             Some(h) => s.push_str(&format!(
                 "{} instructions, {} tensor-core, {} stall cycles\n",
                 h.instructions, h.mma, h.stall_cycles
