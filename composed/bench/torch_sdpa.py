@@ -16,7 +16,7 @@ BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTEN
 
 
 def replay_times(graphs, warmup, iters):
-    """Per-launch p50 and p90: each graph holds BACK_TO_BACK launches; about 1.5 s of timed work, >= 10 replays."""
+    """Per-launch p50, p90 and mean: each graph holds BACK_TO_BACK launches; about 1.5 s of timed work, >= 10 replays."""
     sets = len(graphs)
     for i in range(warmup):
         graphs[i % sets].replay()
@@ -33,7 +33,7 @@ def replay_times(graphs, warmup, iters):
         e.record()
     torch.cuda.synchronize()
     us = sorted(a.elapsed_time(e) * 1e3 / BACK_TO_BACK for a, e in events)
-    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)]
+    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)], sum(us) / len(us)
 
 
 def time_one(backend, shape, warmup=5, iters=100, sets=3):
@@ -135,15 +135,15 @@ def main():
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
     for shape in SHAPES:
         try:
-            p50, p90 = time_cudnn_fp8(shape)
-            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
+            p50, p90, mean = time_cudnn_fp8(shape)
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90, "mean_us": mean}), flush=True)
         except Exception as e:  # no wheel, or cuDNN refuses the shape: reported, never silently absent
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "error": why}), flush=True)
         for name, backend in BACKENDS.items():
             try:
-                p50, p90 = time_one(backend, shape)
-                print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90}), flush=True)
+                p50, p90, mean = time_one(backend, shape)
+                print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90, "mean_us": mean}), flush=True)
             except RuntimeError as e:  # a backend that refuses a shape is reported, not fatal
                 print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "error": str(e).splitlines()[0]}), flush=True)
 

@@ -255,21 +255,31 @@ fn bench(
         stage.name(),
         s.d
     );
-    let mut runs = vec![(stage.name().to_string(), None, None)];
+    let mut runs = vec![(stage.name().to_string(), None, None, false)];
     for v in variants {
         let (label, edits) = parse_variant(v)?;
         let mut spec = stage.kernel(s.d);
         for (header, from, to) in edits {
             spec = spec.mutated(header, from, to)?;
         }
-        runs.push((format!("{} [{label}]", stage.name()), Some(spec), None));
+        runs.push((
+            format!("{} [{label}]", stage.name()),
+            Some(spec),
+            None,
+            false,
+        ));
     }
     // Every run also at each block count asked for.
     let base = runs.clone();
     for &b in blocks {
-        for (name, spec, _) in &base {
-            runs.push((format!("{name} [{b} blocks]"), *spec, Some(b)));
+        for (name, spec, _, _) in &base {
+            runs.push((format!("{name} [{b} blocks]"), *spec, Some(b), false));
         }
+    }
+    // A TMA stage reads V transposed (prep_vt, made once and not timed above): timed again with the transpose in
+    // every launch, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is.
+    if stage.tma() {
+        runs.push((format!("{} [+ prep_vt]", stage.name()), None, None, true));
     }
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
     let raw = fixtures::Raw::generate(s, 1000, dist);
@@ -278,23 +288,25 @@ fn bench(
     // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
     let mut best: Vec<Option<crate::bench::Timing>> = vec![None; runs.len()];
     for _round in 0..2 {
-        for (i, (_, spec, b)) in runs.iter().enumerate() {
+        for (i, (_, spec, b, prep)) in runs.iter().enumerate() {
             sets[0].use_kernel(*spec);
             sets[0].use_blocks(*b);
+            sets[0].time_vt_prep(*prep);
             let t = crate::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
             if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
                 best[i] = Some(t);
             }
         }
     }
-    for ((name, _, _), t) in runs.iter().zip(best) {
+    for ((name, _, _, _), t) in runs.iter().zip(best) {
         let t = t.expect("timed");
         println!(
-            "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
+            "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
             shape_text(&s),
             scheme.name(),
             t.p50_us,
             t.p90_us,
+            t.mean_us,
             crate::bench::BACK_TO_BACK,
             t.iters,
             t.tflops(&s)

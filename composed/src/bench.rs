@@ -1,4 +1,4 @@
-// Timing a stage: CUDA-graph replays between CUDA events, after warm-up, over rotating input sets; p50, p90.
+// Timing a stage: CUDA-graph replays between CUDA events, after warm-up, over rotating input sets; p50, p90, mean.
 use anyhow::{Context, Result};
 use fixtures::{Raw, Shape, quantize_per_head};
 use lab::Gpu;
@@ -11,6 +11,9 @@ use crate::{OnDevice, Stage};
 pub struct Timing {
     pub p50_us: f64,
     pub p90_us: f64,
+    /// The mean: where the replays' times are bimodal (stage 7 at (4,16,4096,128)), p50 alone can hide a slower
+    /// average.
+    pub mean_us: f64,
     pub iters: usize,
 }
 
@@ -131,6 +134,7 @@ pub fn time_stage(
     Ok(Timing {
         p50_us: at(0.5),
         p90_us: at(0.9),
+        mean_us: us.iter().sum::<f64>() / us.len() as f64,
         iters,
     })
 }

@@ -95,6 +95,29 @@ pub fn transpose_v_with(
         s.kv_heads()
     );
     let mut vt = st.alloc_zeros::<u8>(bytes)?;
+    launch_transpose_v(gpu, spec, st, v, s, &mut vt)?;
+    Ok(vt)
+}
+
+/// `prep_vt` through `spec` into `vt`, which [`transpose_v_with`] sized and checked for `s`.
+pub(crate) fn launch_transpose_v(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    v: &CudaSlice<u8>,
+    s: &fixtures::Shape,
+    vt: &mut CudaSlice<u8>,
+) -> Result<()> {
+    let kp = vt_keys(s.sk);
+    ensure!(
+        vt.len() == s.kv_heads() * s.d * kp,
+        "Vᵀ holds {} bytes, and a shape of {} K/V heads, D = {}, Sk = {} needs {}",
+        vt.len(),
+        s.kv_heads(),
+        s.d,
+        s.sk,
+        s.kv_heads() * s.d * kp
+    );
     let kern = gpu.load(spec)?;
     let (sk, d, kpi) = (s.sk as i32, s.d as i32, kp as i32);
     let cfg = LaunchConfig {
@@ -103,18 +126,18 @@ pub fn transpose_v_with(
         shared_mem_bytes: 0,
     };
     // SAFETY: prep_vt(const u8* v[heads·sk·d], int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad]); grid (heads,
-    // sk_pad / 32), 256 threads; d ≤ 256 (the smem tile is 32 × 256 bytes).
+    // sk_pad / 32), 256 threads; d ≤ 256 (the smem tile is 32 × 256 bytes); vt's length checked above.
     unsafe {
         st.launch_builder(&kern.func)
             .arg(v)
             .arg(&sk)
             .arg(&d)
             .arg(&kpi)
-            .arg(&mut vt)
+            .arg(vt)
             .launch(cfg)
     }
     .context("launching prep_vt")?;
-    Ok(vt)
+    Ok(())
 }
 
 /// The tensor maps of the TMA stages, for Q, K and Vᵀ at the given device addresses: each [B·H, rows, row

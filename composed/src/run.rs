@@ -214,6 +214,8 @@ pub struct OnDevice {
     kernel: Option<lab::KernelSpec>,
     /// Blocks to launch a persistent stage with instead of one an SM (`sdpa bench --blocks`).
     blocks: Option<usize>,
+    /// Make Vᵀ again before every launch of a TMA stage (`time_vt_prep`).
+    vt_each_launch: bool,
 }
 
 impl OnDevice {
@@ -329,6 +331,7 @@ impl OnDevice {
             vt: None,
             kernel: None,
             blocks: None,
+            vt_each_launch: false,
         })
     }
 
@@ -341,6 +344,12 @@ impl OnDevice {
     /// Launch a persistent stage with `blocks` blocks from now on (`None`: one an SM).
     pub fn use_blocks(&mut self, blocks: Option<usize>) {
         self.blocks = blocks;
+    }
+
+    /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`), so that a timing of the stage
+    /// includes the work its layout of V costs: cuDNN's FP8 SDPA reads V as it is (`docs/ladder.md`).
+    pub fn time_vt_prep(&mut self, on: bool) {
+        self.vt_each_launch = on;
     }
 
     /// Queues one launch of `stage` on the device's stream.
@@ -396,8 +405,19 @@ impl OnDevice {
             OBuf::F32(b) => b.device_ptr(st),
         };
         let (lse, _gl) = self.lse.device_ptr(st);
-        if stage.tma() && self.vt.is_none() {
-            self.vt = Some(crate::prep::transpose_v(gpu, st, &self.v, &s)?);
+        if stage.tma() {
+            match &mut self.vt {
+                None => self.vt = Some(crate::prep::transpose_v(gpu, st, &self.v, &s)?),
+                Some(vt) if self.vt_each_launch => crate::prep::launch_transpose_v(
+                    gpu,
+                    &crate::prep::TRANSPOSE_V,
+                    st,
+                    &self.v,
+                    &s,
+                    vt,
+                )?,
+                Some(_) => {}
+            }
         }
         let maps = match (&self.vt, stage.tma()) {
             (Some(vt), true) => {

@@ -1072,6 +1072,28 @@ fn main() {
             Ok(())
         });
     }
+    for stage in Stage::ALL.into_iter().filter(|s| s.tma()) {
+        t.gpu(&format!("vt_prep_in_every_launch::{}", stage.name()), move |gpu| {
+            // Timing a TMA stage with its V transpose (time_vt_prep) remakes Vᵀ in place before every launch:
+            // the same bytes, so the same O and LSE as with Vᵀ made once.
+            for (i, shape) in [Shape::new(1, 2, 200, 64), Shape::cross(1, 2, 130, 300, 128)].into_iter().enumerate() {
+                let qz = quantize_per_head(&normal(shape, 61 + i as u64));
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.launch(gpu, stage)?;
+                let once = d.download(gpu)?;
+                d.time_vt_prep(true);
+                for _ in 0..2 {
+                    d.launch(gpu, stage)?;
+                    ensure!(
+                        bit_identical(&d.download(gpu)?, &once),
+                        "{} {shape:?}: O / LSE with Vᵀ remade in the launch differ from Vᵀ made once",
+                        stage.name()
+                    );
+                }
+            }
+            Ok(())
+        });
+    }
     t.gpu(
         "persistent::stage7::mutant_reading_one_q_buffer_is_caught",
         |gpu| {

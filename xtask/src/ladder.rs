@@ -46,6 +46,11 @@ fn key(s: &Shape, causal: bool) -> String {
     }
 }
 
+/// The ladder's row for a TMA stage timed with its V transpose (`prep_vt`) in every launch.
+fn with_prep(stage: Stage) -> String {
+    format!("{} + prep_vt", stage.name())
+}
+
 /// FLOPs of a launch: causal attention does about half the work.
 fn flops(s: &Shape, causal: bool) -> f64 {
     if causal { s.flops() / 2.0 } else { s.flops() }
@@ -57,8 +62,8 @@ fn timed(stage: Stage, s: &Shape) -> bool {
     stage >= Stage::S3b || s.b * s.h * s.sq * s.sk <= 4 * 16 * 4096 * 4096
 }
 
-/// (implementation, shape) → (p50 µs, p90 µs).
-type Results = BTreeMap<(String, String), (f64, f64)>;
+/// (implementation, shape) → (p50 µs, p90 µs, mean µs where the implementation's timing reports one).
+type Results = BTreeMap<(String, String), (f64, f64, Option<f64>)>;
 /// (implementation, shape) → why it has no time (a backend that refused, a missing wheel): shown in the table.
 type Refusals = BTreeMap<(String, String), String>;
 
@@ -105,7 +110,7 @@ fn torch(root: &Path, results: &mut Results, refusals: &mut Refusals) -> Result<
         let name = format!("torch-{}", v["backend"].as_str().unwrap_or("?"));
         match (v["p50_us"].as_f64(), v["p90_us"].as_f64()) {
             (Some(a), Some(b)) => {
-                results.insert((name, shape), (a, b));
+                results.insert((name, shape), (a, b, v["mean_us"].as_f64()));
             }
             _ => {
                 let why = v["error"]
@@ -141,7 +146,7 @@ fn svg(results: &Results, impls: &[String]) -> String {
         );
         y += row_h;
         for (k, imp) in impls.iter().enumerate() {
-            if let Some(&(p50, _)) = results.get(&(imp.clone(), shape.clone())) {
+            if let Some(&(p50, _, _)) = results.get(&(imp.clone(), shape.clone())) {
                 let _ = writeln!(
                     body,
                     r#"<text x="12" y="{}">{imp}</text><rect x="{left}" y="{}" width="{:.1}" height="{}" fill="hsl({},60%,55%)"/><text x="{:.1}" y="{}">{p50:.1} µs</text>"#,
@@ -173,6 +178,27 @@ fn svg(results: &Results, impls: &[String]) -> String {
     s
 }
 
+fn report(
+    results: &mut Results,
+    name: String,
+    shape: &Shape,
+    causal: bool,
+    t: composed::bench::Timing,
+) {
+    eprintln!(
+        "{name} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs, {:.1} TFLOP/s",
+        key(shape, causal),
+        t.p50_us,
+        t.p90_us,
+        t.mean_us,
+        t.tflops(&shape.with_causal(causal))
+    );
+    results.insert(
+        (name, key(shape, causal)),
+        (t.p50_us, t.p90_us, Some(t.mean_us)),
+    );
+}
+
 pub fn run(out: &Path, iters: usize) -> Result<bool> {
     let gpu = lab::Gpu::get().context("the ladder runs on a GPU machine (through the bundle)")?;
     let root = workspace_root();
@@ -199,22 +225,25 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
             timed(*s, &shape) && (!causal || s.causal()) && (shape.group() == 1 || s.gqa())
         }) {
             let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
-            eprintln!(
-                "{} {}: p50 {:.1} µs, p90 {:.1} µs, {:.1} TFLOP/s",
-                stage.name(),
-                key(&shape, causal),
-                t.p50_us,
-                t.p90_us,
-                t.tflops(&shape.with_causal(causal))
-            );
-            results.insert(
-                (stage.name().to_string(), key(&shape, causal)),
-                (t.p50_us, t.p90_us),
-            );
+            report(&mut results, stage.name().to_string(), &shape, causal, t);
+            // The TMA stages read V transposed, made once per problem and not in the launches timed above;
+            // cuDNN's FP8 SDPA reads V as it is. Timed again with the transpose in every launch.
+            if stage.tma() {
+                sets.iter_mut().for_each(|s| s.time_vt_prep(true));
+                let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
+                sets.iter_mut().for_each(|s| s.time_vt_prep(false));
+                report(&mut results, with_prep(stage), &shape, causal, t);
+            }
         }
     }
     let torch_header = torch(&root, &mut results, &mut refusals)?;
-    let mut impls: Vec<String> = Stage::ALL.iter().map(|s| s.name().to_string()).collect();
+    let mut impls: Vec<String> = Vec::new();
+    for s in Stage::ALL {
+        impls.push(s.name().to_string());
+        if s.tma() {
+            impls.push(with_prep(s));
+        }
+    }
     impls.extend([
         "torch-cudnn-fp8".to_string(),
         "torch-cudnn".to_string(),
@@ -230,7 +259,7 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50 and p90 of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal."
+        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. The TMA stages (6, 7) read V transposed in global memory (`prep_vt`, made once per problem, like quantization); their `+ prep_vt` rows time the transpose in every launch too, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is."
     );
     let _ = writeln!(
         md,
@@ -238,9 +267,9 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN fp16 p50 | p50 ÷ cuDNN FP8 p50 |"
+        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | mean µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN fp16 p50 | p50 ÷ cuDNN FP8 p50 |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
     for (shape, causal) in SHAPES {
         let sn = key(&shape, causal);
         let cudnn = results
@@ -251,24 +280,29 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
             .map(|v| v.0);
         let mut prev: Option<f64> = None;
         for imp in &impls {
-            let Some(&(p50, p90)) = results.get(&(imp.clone(), sn.clone())) else {
+            let Some(&(p50, p90, mean)) = results.get(&(imp.clone(), sn.clone())) else {
                 if let Some(why) = refusals.get(&(imp.clone(), sn.clone())) {
-                    let _ = writeln!(md, "| {sn} | {imp} | — | — | — | — | — | not run: {why} |");
+                    let _ = writeln!(
+                        md,
+                        "| {sn} | {imp} | — | — | — | — | — | — | not run: {why} |"
+                    );
                 }
                 continue;
             };
-            let speedup = match (imp.starts_with("stage"), prev) {
+            let stage = Stage::ALL.iter().any(|s| s.name() == imp);
+            let speedup = match (stage, prev) {
                 (true, Some(p)) => format!("{:.2}×", p / p50),
                 _ => "—".into(),
             };
-            if imp.starts_with("stage") {
+            if stage {
                 prev = Some(p50);
             }
+            let mean = mean.map_or("—".into(), |m| format!("{m:.1}"));
             let ratio = cudnn.map_or("—".into(), |c| format!("{:.2}", p50 / c));
             let ratio8 = cudnn_fp8.map_or("—".into(), |c| format!("{:.2}", p50 / c));
             let _ = writeln!(
                 md,
-                "| {sn} | {imp} | {p50:.1} | {p90:.1} | {:.2} | {speedup} | {ratio} | {ratio8} |",
+                "| {sn} | {imp} | {p50:.1} | {p90:.1} | {mean} | {:.2} | {speedup} | {ratio} | {ratio8} |",
                 flops(&shape, causal) / (p50 * 1e-6) / 1e12
             );
         }
