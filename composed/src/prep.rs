@@ -27,9 +27,10 @@ const fn k(name: &'static str) -> KernelSpec {
 
 pub const SMOOTH_K: KernelSpec = k("prep_smooth_k");
 pub const LSE_SHIFT: KernelSpec = k("prep_lse_shift");
-/// V transposed for the TMA stages (one 8 KB shared-memory tile: static smem within the 64-register budget).
+/// V transposed for the TMA stages (one tile of 32 keys × D ≤ 256 bytes, rows padded by a word: 8,320 bytes of
+/// static shared memory, within the 64-register budget).
 pub const TRANSPOSE_V: KernelSpec = KernelSpec {
-    budget: Budget::new(64, 8192),
+    budget: Budget::new(64, 8320),
     ..k("prep_vt")
 };
 pub const PREP_KERNELS: &[KernelSpec] = &[SMOOTH_K, LSE_SHIFT, TRANSPOSE_V];

@@ -746,8 +746,8 @@ fn main() {
     }
     t.gpu("transpose_v::mutant_without_p_key_order_is_caught", |gpu| {
         let m = composed::TRANSPOSE_V.mutated_source(
-            "rows[vt_key(16 * half + 4 * j + b) * d + c]",
-            "rows[(16 * half + 4 * j + b) * d + c]",
+            "rows[vt_key(16 * seg + k) * stride + cq]",
+            "rows[(16 * seg + k) * stride + cq]",
         )?;
         match check_transpose_v(gpu, &m, Shape::cross(1, 2, 5, 77, 64)) {
             Err(e) => {
