@@ -9,7 +9,8 @@
 // 2. transpose_tile: a [ROWS x COLS] byte tile in the canonical K-major wgmma layout (wgmma::tile_byte) becomes
 //    its transpose, [COLS x ROWS], in the same kind of layout: V as TMA delivers it ([keys][d]) into the K-major
 //    B operand of P.V ([d][keys]). 8-bit data has no ldmatrix.trans; each thread moves 8x8-byte blocks through
-//    registers with byte permutes (Transpose: offsets computed once, reused every tile).
+//    registers with byte permutes (Transpose: offsets computed once, reused every tile; TransposeLean: offsets
+//    computed as it goes, for a producer warpgroup's 40 registers).
 // 3. store_rows: an f32 accumulator (frag::wgmma_d) times `scale` to bf16, f16 or f32 rows in global memory, rows past
 //    `valid_rows` skipped.
 #pragma once
@@ -57,7 +58,8 @@ __device__ __forceinline__ void acc_to_a_e4m3(const float (&acc)[N / 2], float s
 // its own accumulator pairs, keys 2q, 2q+1, 8+2q, 9+2q in slots 4q .. 4q+3, and 16+2q, 17+2q, 24+2q, 25+2q in
 // slots 16+4q .. 16+4q+3. A permutation of the 32 keys of the step; Σ_k P[k]·V[k] does not care, so long as
 // V's K-major tile puts key p_key(k) at K position k (Transpose<..., LocalKeys>).
-__host__ __device__ constexpr int p_key(int slot) {
+template <class T>
+__host__ __device__ constexpr T p_key(T slot) {
   return 32 * (slot / 32) + 16 * (slot % 32 / 16) + 8 * (slot % 4 / 2) + 2 * (slot % 16 / 4) + slot % 2;
 }
 
@@ -83,9 +85,12 @@ __device__ __forceinline__ void acc_to_a_e4m3_local(const float (&acc)[N / 2], f
 // Which source row lands at K position k of a transposed tile: in order, or in acc_to_a_e4m3_local's key order.
 struct InOrder {
   __host__ __device__ static constexpr int row(int k) { return k; }
+  __host__ __device__ static constexpr unsigned row_u(unsigned k) { return k; }
 };
 struct LocalKeys {
   __host__ __device__ static constexpr int row(int k) { return p_key(k); }
+  // p_key on unsigned operands (shifts and masks).
+  __host__ __device__ static constexpr unsigned row_u(unsigned k) { return p_key(k); }
 };
 
 // Which 8x8-byte block (rb, cb) = (rows 8rb.., bytes 8cb..) block number n of the tile is, for a tile of NC =
@@ -156,6 +161,119 @@ struct Transpose {
       for (int i = 0; i < 4; ++i) {
         *reinterpret_cast<uint2*>(dst + dst_off[j][i]) = make_uint2(a[i], b[i]);
         *reinterpret_cast<uint2*>(dst + dst_off[j][4 + i]) = make_uint2(c[i], d[i]);
+      }
+    }
+  }
+};
+
+// TransposeLean's blocks (mirrored by the model's lean_block). With 16 block columns (128 channels) a half-warp
+// (h = n / 16) takes the 16 block columns of one 32-key panel's 4 block rows, lane l the column l, and stores its
+// 4-channel groups rotated by l % 4: a 32-byte-swizzled destination (Vᵀ of 224 keys) puts a store's bank at the
+// channel's row % 4 and the block row % 4, which then differ across the half-warp (no conflict; the loads see 16
+// block columns, none either). With 8 block columns it is Transpose's diagonal, unrotated.
+// Unsigned, so that the divisions are shifts.
+__host__ __device__ constexpr unsigned lean_rb(unsigned n, unsigned nc) {
+  return nc == 16 ? 4 * (n / 64) + (n % 16 / 4 + n / 16) % 4 : 16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16;
+}
+__host__ __device__ constexpr unsigned lean_cb(unsigned n, unsigned nc) { return nc == 16 ? n % 16 : n % 16 % nc; }
+__host__ __device__ constexpr unsigned lean_rot(unsigned n, unsigned nc) { return nc == 16 ? n % 4 : 0; }
+
+// transpose4 with the output rotated: t[j] byte i = w[i] byte (j + rot) % 4, the rotation folded into the first
+// permutes' selectors (sel01, sel23: lean_selectors), so it costs no instruction of its own.
+__device__ __forceinline__ void transpose4_rot(const unsigned (&w)[4], unsigned sel01, unsigned sel23, unsigned (&t)[4]) {
+  const unsigned x0 = __byte_perm(w[0], w[1], sel01), x1 = __byte_perm(w[0], w[1], sel23);
+  const unsigned x2 = __byte_perm(w[2], w[3], sel01), x3 = __byte_perm(w[2], w[3], sel23);
+  t[0] = __byte_perm(x0, x2, 0x5410);
+  t[1] = __byte_perm(x0, x2, 0x7632);
+  t[2] = __byte_perm(x1, x3, 0x5410);
+  t[3] = __byte_perm(x1, x3, 0x7632);
+}
+// transpose4's first selectors (0x5140, 0x7362) for bytes rot, rot + 1 and rot + 2, rot + 3 (mod 4).
+__host__ __device__ constexpr unsigned lean_selector(int rot, int first) {
+  const unsigned a = unsigned(first + rot) % 4u, b = unsigned(first + 1 + rot) % 4u;
+  return a | (4u + a) << 4 | b << 8 | (4u + b) << 12;
+}
+
+// Transpose for threads with few registers (a producer warpgroup after setmaxnreg): the same dst[c][k] =
+// src[KEYS::row(k)][c], 8x8-byte blocks through byte permutes, but each block's offsets are computed as it goes
+// (Transpose holds 16 a block) and cheaply: V's rows are one swizzle panel (COLS = the source's swizzle width), so
+// a block's 8 source rows are one base plus constants, and its 8 destination rows (channels 8cb + 4g + ρ) one
+// base plus a per-thread rotation; offsets_exact checks both against wgmma::tile_byte for every block. ROWS may
+// be any multiple of 32 (224 keys: Vᵀ in 32-byte panels). Thread tid of THREADS moves blocks tid, tid + THREADS, …
+// in lean_rb / lean_cb's order: ~100 instructions a block. Stage 7 with V transposed by this in its producer
+// warpgroup (three warps, a 28 KiB staging tile) measured 11–13% slower than with Vᵀ made beforehand, and is not
+// kept (docs/ladder.md, eighth pass; branch attempt/v-in-kernel).
+template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, int THREADS, class KEYS = InOrder>
+struct TransposeLean {
+  static constexpr int kNc = COLS / 8, kBlocks = ROWS / 8 * kNc;
+  static constexpr unsigned kW = wgmma::row_bytes(SRC), kWd = wgmma::row_bytes(DST);
+  static_assert(ROWS % 32 == 0 && (COLS == 128 || (COLS == 64 && ROWS % 128 == 0)),
+                "32-key panels of 128 channels, or 128-key bands of 64");
+  static_assert(SRC != wgmma::Swizzle::None && DST != wgmma::Swizzle::None && unsigned(COLS) == kW,
+                "swizzled tiles, the source's rows one panel");
+  static_assert(THREADS % 16 == 0, "a thread's lane in its half-warp is the same for each of its blocks");
+  static constexpr int kPer = (kBlocks + THREADS - 1) / THREADS;
+
+  // The swizzle's XOR (in 16-byte units) of source row r and of destination row c.
+  __host__ __device__ static constexpr unsigned src_sw(unsigned r) {
+    return (r * kW >> 7) & ((1u << wgmma::xor_bits(SRC)) - 1u);
+  }
+  __host__ __device__ static constexpr unsigned dst_sw(unsigned c) {
+    return (c * kWd >> 7) & ((1u << wgmma::xor_bits(DST)) - 1u);
+  }
+  __host__ __device__ static constexpr unsigned src_off(unsigned rb, unsigned cb, unsigned i) {
+    const unsigned r0 = KEYS::row_u(8 * rb), ri = KEYS::row_u(i);
+    return r0 * kW + ri * kW + ((8 * cb ^ src_sw(r0) << 4) ^ src_sw(ri) << 4);
+  }
+  __host__ __device__ static constexpr unsigned dst_off(unsigned rb, unsigned cb, unsigned c4) {
+    const unsigned s = 8 * rb;
+    return s / kWd * unsigned(COLS) * kWd + 8 * cb * kWd + c4 * kWd + ((s % kWd) ^ dst_sw(c4) << 4);
+  }
+  __host__ __device__ static constexpr bool offsets_exact() {
+    for (unsigned rb = 0; rb < unsigned(ROWS / 8); ++rb)
+      for (unsigned cb = 0; cb < unsigned(kNc); ++cb)
+        for (unsigned i = 0; i < 8; ++i)
+          if (KEYS::row_u(8 * rb + i) != unsigned(KEYS::row(int(8 * rb + i))) ||
+              src_off(rb, cb, i) != wgmma::tile_byte(SRC, ROWS, KEYS::row(int(8 * rb + i)), int(8 * cb)) ||
+              dst_off(rb, cb, i) != wgmma::tile_byte(DST, COLS, int(8 * cb + i), int(8 * rb)))
+            return false;
+    return true;
+  }
+  static_assert(offsets_exact(), "the block offsets must be wgmma::tile_byte's");
+
+  __device__ static void run(const unsigned char* src, unsigned char* dst, int tid) {
+    const unsigned rot = lean_rot(unsigned(tid), kNc);  // n % 16 == tid % 16 for each of the thread's blocks
+    const unsigned sel01 = lean_selector(int(rot), 0), sel23 = lean_selector(int(rot), 2);
+#pragma unroll 1
+    for (int j = 0; j < kPer; ++j) {
+      const unsigned n = unsigned(tid + j * THREADS);
+      if (kBlocks % THREADS != 0 && n >= unsigned(kBlocks)) break;
+      const unsigned rb = lean_rb(n, kNc), cb = lean_cb(n, kNc);
+      const unsigned r0 = KEYS::row_u(8 * rb);
+      const unsigned char* a = src + r0 * kW;
+      const unsigned x = 8 * cb ^ src_sw(r0) << 4;
+      unsigned w[2][8];  // row i of the block: bytes 0..3, 4..7
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const unsigned ri = KEYS::row_u(unsigned(i));
+        const uint2 v = *reinterpret_cast<const uint2*>(a + ri * kW + (x ^ src_sw(ri) << 4));
+        w[0][i] = v.x;
+        w[1][i] = v.y;
+      }
+      const unsigned s = 8 * rb;
+      unsigned char* d = dst + s / kWd * unsigned(COLS) * kWd + 8 * cb * kWd;
+      // Channels 4g .. 4g + 3 of the block (g = 0: bytes 0..3 of each row), rotated: lo[i], hi[i] hold channel
+      // 4g + (i + rot) % 4, keys 0..3 and 4..7.
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        unsigned lo[4], hi[4];
+        transpose4_rot({w[g][0], w[g][1], w[g][2], w[g][3]}, sel01, sel23, lo);
+        transpose4_rot({w[g][4], w[g][5], w[g][6], w[g][7]}, sel01, sel23, hi);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const unsigned c4 = 4 * g + (i + rot) % 4;
+          *reinterpret_cast<uint2*>(d + c4 * kWd + ((s % kWd) ^ dst_sw(c4) << 4)) = make_uint2(lo[i], hi[i]);
+        }
       }
     }
   }

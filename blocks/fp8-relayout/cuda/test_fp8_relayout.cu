@@ -64,7 +64,6 @@ extern "C" __global__ void __launch_bounds__(128) transpose_local_r128_c128_B128
                                                                                    unsigned char* out) {
   transpose<128, 128, wgmma::Swizzle::B128, wgmma::Swizzle::B128, relayout::LocalKeys>(in, out);
 }
-
 // out [64][N] of T from in [64][N] f32 through frag::wgmma_d and store_rows.
 template <class T, int N>
 __device__ void store(const float* in, float scale, T* out, int valid_rows) {

@@ -17,11 +17,26 @@ pub const SOURCE: Source = Source {
     ],
 };
 
+/// TransposeLean's test kernels, apart (test_transpose_lean.cu says why).
+pub const LEAN_SOURCE: Source = Source {
+    file: "test_transpose_lean.cu",
+    code: include_str!("../cuda/test_transpose_lean.cu"),
+    headers: SOURCE.headers,
+};
+
 const fn k(name: &'static str, sass: &'static [&'static str]) -> KernelSpec {
+    k_in(&SOURCE, name, sass)
+}
+
+const fn k_in(
+    source: &'static Source,
+    name: &'static str,
+    sass: &'static [&'static str],
+) -> KernelSpec {
     KernelSpec {
         block: "fp8-relayout",
         name,
-        source: &SOURCE,
+        source,
         budget: Budget::new(168, 0),
         archs: &[Arch::Sm90a],
         sass,
@@ -71,6 +86,42 @@ pub const TRANSPOSE_LOCAL: (
     k("transpose_local_r128_c128_B128_B128", &["PRMT"]),
 );
 
+/// TransposeLean by 96 threads, keys in p_key order: the V transposes of stage 7's tiles (224 keys at D = 128,
+/// 128 at D = 64), and a 128-key D = 128 tile (its 128-byte destination takes the rotated plan too).
+pub const TRANSPOSES_LEAN: [(
+    u32,
+    u32,
+    frag_layout::Swizzle,
+    frag_layout::Swizzle,
+    KernelSpec,
+); 3] = {
+    use frag_layout::Swizzle::*;
+    const P: &[&str] = &["PRMT"];
+    [
+        (
+            224,
+            128,
+            B128,
+            B32,
+            k_in(&LEAN_SOURCE, "transpose_lean_r224_c128_B128_B32", P),
+        ),
+        (
+            128,
+            64,
+            B64,
+            B128,
+            k_in(&LEAN_SOURCE, "transpose_lean_r128_c64_B64_B128", P),
+        ),
+        (
+            128,
+            128,
+            B128,
+            B128,
+            k_in(&LEAN_SOURCE, "transpose_lean_r128_c128_B128_B128", P),
+        ),
+    ]
+};
+
 pub const STORE_BF16: KernelSpec = k("store_n128_bf16", &[]);
 pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
 pub const STORE_F32: KernelSpec = k("store_n64_f32", &[]);
@@ -87,6 +138,7 @@ pub fn all() -> Vec<KernelSpec> {
     v.push(ACC_TO_A_LOCAL.1);
     v.extend(TRANSPOSES.iter().map(|x| x.4));
     v.push(TRANSPOSE_LOCAL.4);
+    v.extend(TRANSPOSES_LEAN.iter().map(|x| x.4));
     v.extend([STORE_BF16, STORE_F16, STORE_F32]);
     v.extend(PV.iter().map(|x| x.2));
     v

@@ -9,10 +9,11 @@ mod model;
 
 pub use kernels::{
     ACC_TO_A, ACC_TO_A_LOCAL, HEADERS, PV, SOURCE, STORE_BF16, STORE_F16, STORE_F32,
-    TRANSPOSE_LOCAL, TRANSPOSES,
+    TRANSPOSE_LOCAL, TRANSPOSES, TRANSPOSES_LEAN,
 };
 pub use model::{
-    KeyOrder, a_words, a_words_in, transpose_block, transpose_conflicts, transposed, transposed_in,
+    KeyOrder, a_words, a_words_in, lean_block, lean_conflicts, transpose_block,
+    transpose_conflicts, transposed, transposed_in,
 };
 
 /// Every kernel of this block, for `cargo xtask ptxas`.

@@ -101,7 +101,30 @@ pub fn transpose_conflicts(
     dst: Swizzle,
     order: KeyOrder,
 ) -> u32 {
-    conflicts_with(rows, cols, src, dst, order, transpose_block)
+    conflicts_with(rows, cols, src, dst, order, |n, nc| {
+        let (rb, cb) = transpose_block(n, nc);
+        (rb, cb, 0)
+    })
+}
+
+/// The block (rb, cb) that block number `n` of `TransposeLean` is, and the rotation of its channels (mirrors
+/// `lean_rb` / `lean_cb` / `lean_rot`). With 16 block columns (128 channels) a half-warp takes every block
+/// column of one 32-key panel's 4 block rows, each lane a rotation (lane % 4) of the order it stores its 4-channel
+/// groups in, so that its 64-bit stores land in 16 different banks of a 32-byte-swizzled Vᵀ; with 8 (64
+/// channels) it is `transpose_block`'s diagonal with no rotation.
+pub fn lean_block(n: u32, nc: u32) -> (u32, u32, u32) {
+    if nc == 16 {
+        let (h, l) = (n / 16, n % 16);
+        (4 * (h / 4) + (l / 4 + h) % 4, l, l % 4)
+    } else {
+        let (rb, cb) = transpose_block(n, nc);
+        (rb, cb, 0)
+    }
+}
+
+/// As [`transpose_conflicts`], for `TransposeLean`'s blocks and rotations ([`lean_block`]).
+pub fn lean_conflicts(rows: u32, cols: u32, src: Swizzle, dst: Swizzle, order: KeyOrder) -> u32 {
+    conflicts_with(rows, cols, src, dst, order, lean_block)
 }
 
 fn conflicts_with(
@@ -110,7 +133,7 @@ fn conflicts_with(
     src: Swizzle,
     dst: Swizzle,
     order: KeyOrder,
-    block: fn(u32, u32) -> (u32, u32),
+    block: impl Fn(u32, u32) -> (u32, u32, u32),
 ) -> u32 {
     let byte = |sw: Swizzle, tile_rows: u32, k_bytes: u32, r: u32, b: u32| {
         Desc::k_major(sw, tile_rows, k_bytes.next_multiple_of(32), b / 32).byte_of(r, b % 32)
@@ -134,16 +157,19 @@ fn conflicts_with(
     let mut total = 0;
     for half in 0..blocks.div_ceil(16) {
         let ns = (16 * half..(16 * half + 16).min(blocks)).map(|n| block(n, nc));
-        let ns: Vec<(u32, u32)> = ns.collect();
+        let ns: Vec<(u32, u32, u32)> = ns.collect();
         for i in 0..8 {
             total += extra(
                 ns.iter()
-                    .map(|&(rb, cb)| byte(src, rows, cols, order.key(8 * rb + i), 8 * cb))
+                    .map(|&(rb, cb, _)| byte(src, rows, cols, order.key(8 * rb + i), 8 * cb))
                     .collect(),
             );
+            // Store i of a block: its 4-channel group i / 4, channel (i + rot) % 4 of the group.
             total += extra(
                 ns.iter()
-                    .map(|&(rb, cb)| byte(dst, cols, rows, 8 * cb + i, 8 * rb))
+                    .map(|&(rb, cb, rot)| {
+                        byte(dst, cols, rows, 8 * cb + i / 4 * 4 + (i + rot) % 4, 8 * rb)
+                    })
                     .collect(),
             );
         }
@@ -216,7 +242,7 @@ mod tests {
         );
         // Consecutive threads along one block row (the obvious mapping): every store of a half-warp in one bank
         // pair, 15 extra wavefronts each (16 half-warps x 8 stores x 15).
-        let naive = |n: u32, nc: u32| (n / nc, n % nc);
+        let naive = |n: u32, nc: u32| (n / nc, n % nc, 0);
         assert_eq!(
             conflicts_with(
                 128,
@@ -227,6 +253,51 @@ mod tests {
                 naive
             ),
             16 * 8 * 15
+        );
+    }
+
+    #[test]
+    fn lean_blocks_cover_the_tile_once() {
+        for (rows, cols) in [(128u32, 64u32), (224, 128), (128, 128), (256, 128)] {
+            let nc = cols / 8;
+            let mut seen = std::collections::BTreeSet::new();
+            for n in 0..rows / 8 * nc {
+                let (rb, cb, rot) = lean_block(n, nc);
+                assert!(
+                    rb < rows / 8 && cb < nc && rot < 4,
+                    "{rows}x{cols}: block {n} outside"
+                );
+                assert!(seen.insert((rb, cb)), "{rows}x{cols}: block twice");
+            }
+        }
+    }
+
+    #[test]
+    fn lean_transposes_bank_conflicts() {
+        // D = 128: 224 keys of V (128-byte swizzle) into Vᵀ's seven 32-byte-swizzled panels, keys in p_key
+        // order: none. Without the rotation, every store of a half-warp shares 4 banks (3 extra wavefronts each).
+        assert_eq!(
+            lean_conflicts(224, 128, Swizzle::B128, Swizzle::B32, KeyOrder::Local),
+            0
+        );
+        let unrotated = |n: u32, nc: u32| {
+            let (rb, cb, _) = lean_block(n, nc);
+            (rb, cb, 0)
+        };
+        let plain = conflicts_with(
+            224,
+            128,
+            Swizzle::B128,
+            Swizzle::B32,
+            KeyOrder::Local,
+            unrotated,
+        );
+        eprintln!("D = 128 without the rotation: {plain} extra wavefronts");
+        assert!(plain >= 28 * 8 * 3, "{plain}");
+        // D = 64: 128 keys (64-byte swizzle) into a 128-byte-swizzled Vᵀ, stage 5's plan.
+        assert_eq!(
+            lean_conflicts(128, 64, Swizzle::B64, Swizzle::B128, KeyOrder::Local),
+            transpose_conflicts(128, 64, Swizzle::B64, Swizzle::B128, KeyOrder::Local)
         );
     }
 

@@ -259,6 +259,7 @@ fn main() {
     for ((rows, cols, src, dst, spec), order) in transposes
         .into_iter()
         .chain([(TRANSPOSE_LOCAL, KeyOrder::Local)])
+        .chain(TRANSPOSES_LEAN.map(|x| (x, KeyOrder::Local)))
     {
         t.gpu(&format!("transpose::{}", spec.name), move |gpu| {
             let _ = src;
@@ -342,6 +343,27 @@ fn main() {
             KeyOrder::InOrder,
         )?;
         ensure!(n > 0, "a wrong transpose permute went unnoticed");
+        Ok(())
+    });
+    t.gpu("mutant::lean_rotation_not_undone", |gpu| {
+        // The stores' channel left unrotated while the permutes rotate: channels land in each other's rows.
+        let (rows, cols, _, dst, spec) = TRANSPOSES_LEAN[0];
+        let bad = spec.mutated(
+            "fp8_relayout.cuh",
+            "const unsigned c4 = 4 * g + (i + rot) % 4;",
+            "const unsigned c4 = 4 * g + i;",
+        )?;
+        let n = transpose_diff(
+            gpu,
+            &bad,
+            rows as usize,
+            cols as usize,
+            dst,
+            0,
+            KeyOrder::Local,
+        )?;
+        ensure!(n > 0, "an unrotated store went unnoticed");
+        eprintln!("unrotated stores: {n} bytes differ");
         Ok(())
     });
     t.gpu("mutant::local_pack_pair_swapped", |gpu| {
