@@ -21,7 +21,8 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
   const TileCoord u = unit_coord(p, w);
   const int tiles = key_tiles<BC>(p, u.qt * kUnitRows);
   blk.produce_q(mq, n, u.bh, u.qt * kUnitRows);
-  blk.produce_kv(mk, mvt, u.bh / p.group, r0, tiles);
+  const int kv = u.bh / p.group;
+  blk.produce_kv(mk, mvt, p.vt_tiles + (long long)kv * ((p.sk + BC - 1) / BC) * Block::kTile, kv, r0, tiles);
   return tiles;
 }
 

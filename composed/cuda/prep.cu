@@ -77,3 +77,53 @@ extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk
           make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
   }
 }
+
+// Vᵀ as stage 7's tiles at D = 128 sit in shared memory (TmaBlock::kVtImage), so that one bulk copy loads a tile:
+// tile t of head h is the bc × d bytes at out + (h · tiles + t) · bc · d, holding key t·bc + key(k) of channel c at
+// (k / 32) · 32d + 32c + ((k % 32 / 16) ^ (c / 4 % 2)) · 16 + k % 16 — the K-major layout of 32-byte swizzled
+// panels (wgmma::tile_byte), keys in p_key order, zeros past sk. A block moves one tile through shared memory as
+// prep_vt does (coalesced 16-byte reads of whole rows, rows padded by a word), then a thread takes 4 channels of 16
+// keys as 16 words, transposes them with byte permutes and writes each channel's 16 keys as one 16-byte store,
+// beside the thread that writes the channel's other 16 keys of the panel (one 32-byte sector an instruction).
+// Grid (heads, tiles), 256 threads; bc a multiple of 32 up to 224, d a multiple of 16 up to 128.
+extern "C" __global__ void prep_vt_tiles(const unsigned char* v, int sk, int d, int bc, unsigned char* out) {
+  __shared__ __align__(16) unsigned rows[224 * (128 / 4 + 1)];  // bc keys x (d bytes + a word)
+  const int stride = d / 4 + 1;
+  const long long head = blockIdx.x, tile = blockIdx.y;
+  const int k0 = int(tile) * bc;
+  const unsigned char* vh = v + head * sk * d;
+  unsigned char* img = out + (head * gridDim.y + tile) * (long long)(bc * d);
+  for (int i = threadIdx.x; i < bc * d / 16; i += blockDim.x) {
+    const int r = i / (d / 16), ch = i % (d / 16);
+    const uint4 x = k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * d + 16 * ch)
+                                : make_uint4(0, 0, 0, 0);
+    unsigned* row = rows + r * stride + 4 * ch;
+    row[0] = x.x;
+    row[1] = x.y;
+    row[2] = x.z;
+    row[3] = x.w;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < bc / 32 * d / 2; i += blockDim.x) {
+    const int seg = i % 2, cq = i / 2 % (d / 4), panel = i / 2 / (d / 4);  // keys 32·panel + 16·seg …, channels 4cq …
+    unsigned w[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) w[k] = rows[(32 * panel + vt_key(16 * seg + k)) * stride + cq];
+    unsigned o4[4][4];  // [channel][word]: word j holds keys 4j … 4j + 3 of the channel
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const unsigned lo01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x5140), hi01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x7362);
+      const unsigned lo23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x5140), hi23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x7362);
+      o4[0][j] = __byte_perm(lo01, lo23, 0x5410);
+      o4[1][j] = __byte_perm(lo01, lo23, 0x7632);
+      o4[2][j] = __byte_perm(hi01, hi23, 0x5410);
+      o4[3][j] = __byte_perm(hi01, hi23, 0x7632);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int ch = 4 * cq + c;
+      *reinterpret_cast<uint4*>(img + panel * 32 * d + 32 * ch + ((seg ^ (ch / 4 % 2)) * 16)) =
+          make_uint4(o4[c][0], o4[c][1], o4[c][2], o4[c][3]);
+    }
+  }
+}

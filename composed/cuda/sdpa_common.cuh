@@ -35,6 +35,9 @@ struct Params {
   int q_rows;   // query rows a block (the grid's y tiles): the host's Stage::rows_for
   int q_tiles;  // query tiles of q_rows a head
   int work;     // (head, query tile) units of a persistent grid (stage 7): heads · q_tiles
+  // Vᵀ as tile images (stage 7 at D = 128, TmaBlock::kVtImage): tile t of K/V head h is kTile bytes at
+  // vt_tiles + (h · ⌈Sk / BC⌉ + t) · kTile, as the tile sits in shared memory (prep.cu's prep_vt_tiles).
+  const unsigned char* vt_tiles;
 };
 
 // O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).

@@ -30,6 +30,10 @@ struct TmaBlock {
   static constexpr wgmma::Swizzle kSwVt =
       BC % 128 == 0 ? wgmma::Swizzle::B128 : BC % 64 == 0 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B32;
   static constexpr int kVtPanel = int(wgmma::row_bytes(kSwVt));
+  // Vᵀ in 32-byte panels (BC = 224: stage 7 at D = 128) comes as one bulk copy a tile of its shared-memory image
+  // (Params::vt_tiles), not as BC / 32 tensor-map boxes of 32-byte rows: loading one panel of the seven instead of
+  // all of them made stage 7 4–6% faster (docs/ladder.md, eighth pass).
+  static constexpr bool kVtImage = kSwVt == wgmma::Swizzle::B32;
   static_assert(BC % kVtPanel == 0 && BC <= 256, "a key tile is whole Vᵀ panels and one wgmma N");
   unsigned char* sq;
   unsigned char* sk;
@@ -77,15 +81,22 @@ struct TmaBlock {
     tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
     for (int w = 0; w < consumers; ++w) tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D, 0, q0 + 64 * w, bh, 0);
   }
-  // K and Vᵀ of key/value head kv, key tiles 0 .. tiles − 1, as ring tiles r0 ...
-  __device__ void produce_kv(const tma::Map* mk, const tma::Map* mvt, int kv, int r0, int tiles) const {
+  // K and Vᵀ of key/value head kv, key tiles 0 .. tiles − 1, as ring tiles r0 ... (kVtImage: Vᵀ's tile t is the
+  // kTile bytes at vt_head + t · kTile, and mvt is not read).
+  __device__ void produce_kv(const tma::Map* mk, const tma::Map* mvt, const unsigned char* vt_head, int kv, int r0,
+                             int tiles) const {
     for (int t = 0; t < tiles; ++t) {
       const int r = r0 + t;
       ring.acquire(r, 2 * kTile);
       tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile, 0, t * BC, kv, 0);
+      if constexpr (kVtImage) {
+        tma::bulk_load(svt + ring.stage(r) * kTile, vt_head + (long long)t * kTile, kTile, ring.full(r));
+      } else {
 #pragma unroll
-      for (int p = 0; p < BC / kVtPanel; ++p)
-        tma::load_4d(mvt, ring.full(r), svt + ring.stage(r) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0, kv, 0);
+        for (int p = 0; p < BC / kVtPanel; ++p)
+          tma::load_4d(mvt, ring.full(r), svt + ring.stage(r) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0, kv,
+                       0);
+      }
     }
   }
 };
@@ -117,7 +128,7 @@ __device__ void tma_attention(const Params& p, const tma::Map* mq, const tma::Ma
     if (threadIdx.x == 0) {
       Block::prefetch(mq, mk, mvt);
       blk.produce_q(mq, 0, bh, q0);
-      blk.produce_kv(mk, mvt, bh, 0, tiles);
+      blk.produce_kv(mk, mvt, nullptr, bh, 0, tiles);
     }
   } else {
     roles::claim_registers<232>();

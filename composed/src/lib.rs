@@ -12,8 +12,8 @@ mod stages;
 
 pub use fixtures::OutDtype;
 pub use prep::{
-    LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, transpose_v_model,
-    transpose_v_with, vt_keys,
+    LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,
+    transpose_v_with, vt_keys, vt_tiles_bytes, vt_tiles_model, vt_tiles_with,
 };
 pub use run::{OnDevice, grid, run, run_as, validate, validate_shape};
 pub use stages::{

@@ -33,7 +33,124 @@ pub const TRANSPOSE_V: KernelSpec = KernelSpec {
     budget: Budget::new(64, 8320),
     ..k("prep_vt")
 };
-pub const PREP_KERNELS: &[KernelSpec] = &[SMOOTH_K, LSE_SHIFT, TRANSPOSE_V];
+/// Vᵀ as stage 7's tile images at D = 128 (one tile of up to 224 keys × D ≤ 128 bytes, rows padded by a word:
+/// 29,568 bytes of static shared memory).
+pub const VT_TILES: KernelSpec = KernelSpec {
+    budget: Budget::new(64, 29568),
+    ..k("prep_vt_tiles")
+};
+pub const PREP_KERNELS: &[KernelSpec] = &[SMOOTH_K, LSE_SHIFT, TRANSPOSE_V, VT_TILES];
+
+/// Vᵀ as tile images ([`VT_TILES`]) for key tiles of `bc` keys: tile t of K/V head h is the bc·D bytes at (h·⌈Sk /
+/// bc⌉ + t)·bc·D, the shared-memory image of the tile (fp8-relayout's transposed tile: K-major, 32-byte swizzled
+/// panels, keys in `KeyOrder::Local` order, zeros past Sk). The host model of `prep_vt_tiles`.
+pub fn vt_tiles_model(v: &[u8], s: &fixtures::Shape, bc: usize) -> Vec<u8> {
+    let (sk, d) = (s.sk, s.d);
+    let tiles = sk.div_ceil(bc);
+    let mut out = Vec::with_capacity(s.kv_heads() * tiles * bc * d);
+    for h in 0..s.kv_heads() {
+        for t in 0..tiles {
+            let mut rows = vec![0u8; bc * d];
+            for r in 0..bc.min(sk - t * bc) {
+                let at = (h * sk + t * bc + r) * d;
+                rows[r * d..(r + 1) * d].copy_from_slice(&v[at..at + d]);
+            }
+            out.extend(fp8_relayout::transposed_in(
+                &rows,
+                bc,
+                d,
+                frag_layout::Swizzle::B32,
+                0,
+                fp8_relayout::KeyOrder::Local,
+            ));
+        }
+    }
+    out
+}
+
+/// Bytes of [`vt_tiles_model`]'s layout for `s` and `bc`.
+pub fn vt_tiles_bytes(s: &fixtures::Shape, bc: usize) -> usize {
+    s.kv_heads() * s.sk.div_ceil(bc) * bc * s.d
+}
+
+/// Vᵀ's tile images on the device (`prep_vt_tiles` through `spec`), on stream `st`; fails by name where the device
+/// lacks the memory.
+pub fn vt_tiles_with(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    v: &CudaSlice<u8>,
+    s: &fixtures::Shape,
+    bc: usize,
+) -> Result<CudaSlice<u8>> {
+    let bytes = vt_tiles_bytes(s, bc);
+    let (free, _) = gpu
+        .ctx
+        .mem_get_info()
+        .context("asking the device for its free memory")?;
+    ensure!(
+        bytes <= free,
+        "stage 7 needs Vᵀ's tile images, {:.2} GiB, and the device has {:.2} GiB free",
+        bytes as f64 / f64::from(1u32 << 30),
+        free as f64 / f64::from(1u32 << 30)
+    );
+    let mut img = st.alloc_zeros::<u8>(bytes)?;
+    launch_vt_tiles(gpu, spec, st, v, s, bc, &mut img)?;
+    Ok(img)
+}
+
+/// `prep_vt_tiles` through `spec` into `img`, which [`vt_tiles_with`] sized for `s` and `bc`.
+pub(crate) fn launch_vt_tiles(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    v: &CudaSlice<u8>,
+    s: &fixtures::Shape,
+    bc: usize,
+    img: &mut CudaSlice<u8>,
+) -> Result<()> {
+    ensure!(
+        img.len() == vt_tiles_bytes(s, bc),
+        "Vᵀ's tile images hold {} bytes, and {} K/V heads of Sk = {}, D = {} in tiles of {bc} need {}",
+        img.len(),
+        s.kv_heads(),
+        s.sk,
+        s.d,
+        vt_tiles_bytes(s, bc)
+    );
+    ensure!(
+        bc.is_multiple_of(32) && bc <= 224 && s.d.is_multiple_of(16) && s.d <= 128,
+        "prep_vt_tiles takes tiles of up to 224 keys (a multiple of 32) and D up to 128, not {bc} and {}",
+        s.d
+    );
+    let tiles = s.sk.div_ceil(bc);
+    ensure!(
+        tiles <= 65535 && s.kv_heads() <= i32::MAX as usize,
+        "Vᵀ's tile images of Sk = {} keys and {} heads do not fit one grid",
+        s.sk,
+        s.kv_heads()
+    );
+    let kern = gpu.load(spec)?;
+    let (sk, d, bci) = (s.sk as i32, s.d as i32, bc as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (s.kv_heads() as u32, tiles as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: prep_vt_tiles(const u8* v[heads·sk·d], int sk, int d, int bc, u8* out[heads·tiles·bc·d]); grid
+    // (heads, tiles), 256 threads; bc ≤ 224 and d ≤ 128 (the smem tile), checked above, as is out's length.
+    unsafe {
+        st.launch_builder(&kern.func)
+            .arg(v)
+            .arg(&sk)
+            .arg(&d)
+            .arg(&bci)
+            .arg(img)
+            .launch(cfg)
+    }
+    .context("launching prep_vt_tiles")?;
+    Ok(())
+}
 
 /// Keys of Vᵀ's rows: Sk rounded up to 32 (P's key order permutes inside groups of 32; rows of a multiple of 16
 /// bytes are what a tensor map takes).

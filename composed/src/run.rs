@@ -188,8 +188,10 @@ struct Params {
     q_rows: i32,
     q_tiles: i32,
     work: i32,
+    vt_tiles: u64,
 }
-// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, then 9 × 4 bytes).
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, 9 × 4 bytes, 4 bytes of padding,
+// then 8 bytes).
 unsafe impl DeviceRepr for Params {}
 
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
@@ -210,6 +212,9 @@ pub struct OnDevice {
     /// V transposed for the TMA stages ([B·H, D, Sk rounded up to 32], keys in P's register order), made at
     /// the first launch of such a stage.
     vt: Option<CudaSlice<u8>>,
+    /// Vᵀ as tile images of `.0` keys (`prep_vt_tiles`), for a stage that loads them (`Stage::vt_image`), made at
+    /// its first launch.
+    vt_img: Option<(usize, CudaSlice<u8>)>,
     /// A source variant of the stage's kernel to launch instead (`sdpa bench --variant`: A/B in one process).
     kernel: Option<lab::KernelSpec>,
     /// Blocks to launch a persistent stage with instead of one an SM (`sdpa bench --blocks`).
@@ -329,6 +334,7 @@ impl OnDevice {
             lse: st.clone_htod(&poisoned::<f32>(s.heads() * s.sq))?,
             lse_shift,
             vt: None,
+            vt_img: None,
             kernel: None,
             blocks: None,
             vt_each_launch: false,
@@ -346,7 +352,7 @@ impl OnDevice {
         self.blocks = blocks;
     }
 
-    /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`), so that a timing of the stage
+    /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`), so that a timing of the stage
     /// includes the work its layout of V costs: cuDNN's FP8 SDPA reads V as it is (`docs/ladder.md`).
     pub fn time_vt_prep(&mut self, on: bool) {
         self.vt_each_launch = on;
@@ -405,7 +411,35 @@ impl OnDevice {
             OBuf::F32(b) => b.device_ptr(st),
         };
         let (lse, _gl) = self.lse.device_ptr(st);
-        if stage.tma() {
+        let bc = stage.bc(s.d);
+        if stage.vt_image(s.d) {
+            match &mut self.vt_img {
+                Some((b, img)) if *b == bc => {
+                    if self.vt_each_launch {
+                        crate::prep::launch_vt_tiles(
+                            gpu,
+                            &crate::prep::VT_TILES,
+                            st,
+                            &self.v,
+                            &s,
+                            bc,
+                            img,
+                        )?;
+                    }
+                }
+                _ => {
+                    let img = crate::prep::vt_tiles_with(
+                        gpu,
+                        &crate::prep::VT_TILES,
+                        st,
+                        &self.v,
+                        &s,
+                        bc,
+                    )?;
+                    self.vt_img = Some((bc, img));
+                }
+            }
+        } else if stage.tma() {
             match &mut self.vt {
                 None => self.vt = Some(crate::prep::transpose_v(gpu, st, &self.v, &s)?),
                 Some(vt) if self.vt_each_launch => crate::prep::launch_transpose_v(
@@ -419,7 +453,20 @@ impl OnDevice {
                 Some(_) => {}
             }
         }
+        let (vt_tiles, _gimg) = match &self.vt_img {
+            Some((_, img)) if stage.vt_image(s.d) => {
+                let (a, g) = img.device_ptr(st);
+                (a, Some(g))
+            }
+            _ => (0, None),
+        };
         let maps = match (&self.vt, stage.tma()) {
+            // Vᵀ comes as tile images by bulk copy (Params::vt_tiles): K's map fills the kernel's third map slot,
+            // which it does not read.
+            _ if stage.vt_image(s.d) => {
+                let m = crate::prep::tma_maps(&s, stage.bc(s.d), [q, kk, kk])?;
+                Some([m[0], m[1], m[1]])
+            }
             (Some(vt), true) => {
                 let (vt, _gvt) = vt.device_ptr(st);
                 Some(crate::prep::tma_maps(&s, stage.bc(s.d), [q, kk, vt])?)
@@ -446,6 +493,7 @@ impl OnDevice {
             q_rows: rows as i32,
             q_tiles: s.sq.div_ceil(rows) as i32,
             work: (s.heads() * s.sq.div_ceil(rows)) as i32,
+            vt_tiles,
         };
         let cfg = LaunchConfig {
             grid_dim,

@@ -224,9 +224,16 @@ impl Stage {
     }
 
     /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,
-    /// and V must first be transposed in global memory (`prep_vt`).
+    /// and V must first be transposed in global memory (`prep_vt`, or `prep_vt_tiles`: `vt_image`).
     pub fn tma(self) -> bool {
         matches!(self, Stage::S6 | Stage::S7)
+    }
+
+    /// Whether the TMA stage at head dimension `d` reads Vᵀ as tile images (`prep_vt_tiles`, one bulk copy a tile)
+    /// instead of through Vᵀ's tensor map: where its key tiles make Vᵀ 32-byte panels (`TmaBlock::kVtImage`,
+    /// `bc(d)` not a multiple of 64: stage 7 at D = 128). Its third tensor map is then not read (K's fills it).
+    pub fn vt_image(self, d: usize) -> bool {
+        self.tma() && !self.bc(d).is_multiple_of(64)
     }
 
     pub fn source(self) -> &'static Source {

@@ -744,6 +744,21 @@ fn main() {
             check_transpose_v(gpu, &composed::TRANSPOSE_V, Shape::cross(2, 3, sq, sk, d))
         });
     }
+    for (sk, d) in [(77, 128), (4096, 128), (224, 128), (225, 64)] {
+        t.gpu(&format!("vt_tiles::sk{sk}_d{d}"), move |gpu| {
+            check_vt_tiles(gpu, &composed::VT_TILES, Shape::cross(2, 3, 5, sk, d))
+        });
+    }
+    t.gpu("vt_tiles::mutant_unswizzled_is_caught", |gpu| {
+        let m = composed::VT_TILES.mutated_source("((seg ^ (ch / 4 % 2)) * 16)", "(seg * 16)")?;
+        match check_vt_tiles(gpu, &m, Shape::cross(1, 2, 5, 300, 128)) {
+            Err(e) => {
+                eprintln!("mutant caught: {e:#}");
+                Ok(())
+            }
+            Ok(()) => anyhow::bail!("tile images without the 32-byte swizzle passed"),
+        }
+    });
     t.gpu("transpose_v::mutant_without_p_key_order_is_caught", |gpu| {
         let m = composed::TRANSPOSE_V.mutated_source(
             "rows[vt_key(16 * seg + k) * stride + cq]",
@@ -1171,6 +1186,43 @@ fn check_transpose_v(gpu: &Gpu, spec: &lab::KernelSpec, shape: Shape) -> Result<
         );
     }
     eprintln!("Vᵀ {shape:?}: {} bytes bit-exact to the model", want.len());
+    Ok(())
+}
+
+/// prep_vt_tiles against its host model (stage 7's tiles at D = 128: 224 keys), byte for byte.
+fn check_vt_tiles(gpu: &Gpu, spec: &lab::KernelSpec, shape: Shape) -> Result<()> {
+    let bc = Stage::S7.bc(128);
+    let qz = quantize_per_head(&normal(shape, 10));
+    let dv = gpu.stream.clone_htod(&qz.v)?;
+    let got = gpu.stream.clone_dtoh(&composed::vt_tiles_with(
+        gpu,
+        spec,
+        &gpu.stream,
+        &dv,
+        &shape,
+        bc,
+    )?)?;
+    let want = composed::vt_tiles_model(&qz.v, &shape, bc);
+    ensure!(
+        got.len() == want.len() && want.len() == composed::vt_tiles_bytes(&shape, bc),
+        "{} bytes, want {}",
+        got.len(),
+        want.len()
+    );
+    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+        let tile = bc * shape.d;
+        anyhow::bail!(
+            "{shape:?}: Vᵀ tile image {} byte {}: device {:#04x}, model {:#04x}",
+            i / tile,
+            i % tile,
+            got[i],
+            want[i]
+        );
+    }
+    eprintln!(
+        "Vᵀ tile images {shape:?}: {} bytes bit-exact to the model",
+        want.len()
+    );
     Ok(())
 }
 

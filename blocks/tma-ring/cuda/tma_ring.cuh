@@ -78,6 +78,15 @@ __device__ __forceinline__ void load_4d(const Map* map, unsigned long long* bar,
       : "memory");
 }
 
+// `bytes` (a multiple of 16) from global `src` to shared `dst` (both 16-byte aligned) as one bulk copy, not through a
+// tensor map: for data laid out in global memory as it will sit in shared memory (swizzle included); completes on
+// `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem(dst)),
+               "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(smem(bar))
+               : "memory");
+}
+
 // A [ROWS x D_BYTES] tile of rows row0.. of head (h, b), as wgmma::k_major lays it out: D_BYTES / panel boxes of
 // [ROWS][panel] bytes, panel = wgmma::row_bytes(SW), one after the other. Rows past the tensor's end are zeros
 // (the map's out-of-bounds fill); the barrier still counts every byte of every box.
