@@ -94,3 +94,27 @@ LAB_TMA_RING(4, 32, 256, B128, 2, 2, tma_n4_r32_d256_sw128_e2_c2, true, 384)
 #endif
 // The ring alone needs only sm_90: the same copy without setmaxnreg.
 LAB_TMA_RING(2, 64, 128, B128, 1, 1, tma_plain_n2_r64_d128_sw128_e1_c1, false, 256)
+
+// tma::bulk_load: `tiles` tiles of `bytes` each from `in` (one after the other) through a 2-stage ring of one bulk
+// copy a tile, each landed tile copied out by the block's 128 threads and released (sm_90: no tensor map).
+extern "C" __global__ void __launch_bounds__(128, 1) bulk_ring(const unsigned char* in, int bytes, int tiles,
+                                                                unsigned char* out) {
+  __shared__ tma::Barriers<2> bars;
+  extern __shared__ __align__(16) unsigned char bulk_raw[];
+  unsigned char* buf = bulk_raw + ((1024 - (tma::smem(bulk_raw) & 1023)) & 1023);
+  const tma::Ring<2> ring{&bars};
+  if (threadIdx.x == 0) ring.init(1);
+  __syncthreads();
+  for (int t = 0; t < tiles; ++t) {
+    if (threadIdx.x == 0) {
+      ring.acquire(t, unsigned(bytes));
+      tma::bulk_load(buf + ring.stage(t) * bytes, in + (long long)t * bytes, unsigned(bytes), ring.full(t));
+    }
+    ring.wait_full(t);
+    const uint4* src = reinterpret_cast<const uint4*>(buf + ring.stage(t) * bytes);
+    uint4* dst = reinterpret_cast<uint4*>(out + (long long)t * bytes);
+    for (int i = threadIdx.x; i < bytes / 16; i += 128) dst[i] = src[i];
+    __syncthreads();
+    if (threadIdx.x == 0) ring.release(t);
+  }
+}

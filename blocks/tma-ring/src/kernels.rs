@@ -86,6 +86,16 @@ pub const ROLES_CLAIM: KernelSpec = KernelSpec {
     sass: &[],
 };
 
+/// tma::bulk_load through a 2-stage ring (no tensor map): `bulk_ring(in, bytes, tiles, out)`, 128 threads.
+pub const BULK_RING: KernelSpec = KernelSpec {
+    block: "tma-ring",
+    name: "bulk_ring",
+    source: &SOURCE,
+    budget: Budget::new(128, 64),
+    archs: &[Arch::Sm90],
+    sass: &["UBLKCP"],
+};
+
 pub fn kernel(shape: &Shape) -> KernelSpec {
     KernelSpec::find(KERNELS, &shape.kernel())
 }

@@ -215,6 +215,35 @@ fn main() {
         }
         Ok(())
     });
+    t.gpu("bulk_load::through_a_ring", |gpu| {
+        // Tiles the size of stage 7's Vᵀ (28 KiB) and a small one, more tiles than stages: each comes back exact.
+        for (bytes, tiles) in [(28672usize, 5usize), (4096, 7)] {
+            let got = bulk_ring(gpu, &BULK_RING, bytes, tiles)?;
+            let want: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
+            ensure!(
+                got == want,
+                "{tiles} tiles of {bytes} bytes: {} bytes differ",
+                got.iter().zip(&want).filter(|(a, b)| a != b).count()
+            );
+        }
+        Ok(())
+    });
+    t.gpu("bulk_load::mutant_short_copy_is_caught", |gpu| {
+        // The copy a byte count short of the tile (16 bytes): its barrier then never completes unless the
+        // expected count shrinks too, so both shrink; the tile's last 16 bytes must come back wrong.
+        let bad = BULK_RING.mutated_source(
+            "unsigned(bytes), ring.full(t));",
+            "unsigned(bytes) - 16u, ring.full(t));",
+        )?;
+        let bad = bad.mutated_source(
+            "ring.acquire(t, unsigned(bytes));",
+            "ring.acquire(t, unsigned(bytes) - 16u);",
+        )?;
+        let got = bulk_ring(gpu, &bad, 4096, 3)?;
+        let want: Vec<u8> = (0..4096 * 3).map(|i| (i * 131 % 251) as u8).collect();
+        ensure!(got != want, "a bulk copy 16 bytes short went unnoticed");
+        Ok(())
+    });
     t.model("the_kernel_table_covers_every_shape", || {
         for s in SHAPES {
             kernel(s);
@@ -289,4 +318,40 @@ fn main() {
         });
     }
     t.run()
+}
+
+/// `tiles` tiles of `bytes` through `bulk_ring` (tma::bulk_load, a 2-stage ring): what came back.
+fn bulk_ring(
+    gpu: &lab::Gpu,
+    spec: &lab::KernelSpec,
+    bytes: usize,
+    tiles: usize,
+) -> Result<Vec<u8>> {
+    let input: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
+    let st = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let smem = 1024 + 2 * bytes;
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    let din = st.clone_htod(&input)?;
+    let mut dout = st.clone_htod(&vec![0xA5u8; bytes * tiles])?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let (b, n) = (bytes as i32, tiles as i32);
+    // SAFETY: bulk_ring(const u8* in[bytes·tiles], int bytes, int tiles, u8* out[bytes·tiles]); 128 threads, 1024
+    // + 2·bytes of dynamic shared memory (two stages, 1024-aligned).
+    unsafe {
+        st.launch_builder(&k.func)
+            .arg(&din)
+            .arg(&b)
+            .arg(&n)
+            .arg(&mut dout)
+            .launch(cfg)?
+    };
+    Ok(st.clone_dtoh(&dout)?)
 }
