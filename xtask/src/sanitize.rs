@@ -54,6 +54,17 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "synccheck"],
     ),
     (
+        "tma-ring--gpu",
+        "gpu::bulk_load::through_a_ring",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
+        // Stage 7 at D = 128: Vᵀ's tile images (prep_vt_tiles) by bulk copy, remade before every launch.
+        "composed--gpu",
+        "gpu::vt_prep_in_every_launch::stage7",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
         // Persistent blocks: several units a block, ring slots and Q buffers reused across them.
         "composed--gpu",
         "gpu::persistent::stage7::2x2q2kv_384x384x64_causal",
