@@ -39,13 +39,11 @@ extern "C" __global__ void prep_lse_shift(const float* q, long long rows, int sq
 __device__ __forceinline__ int vt_key(int slot) {
   return 32 * (slot / 32) + 16 * (slot % 32 / 16) + 8 * (slot % 4 / 2) + 2 * (slot % 16 / 4) + slot % 2;
 }
-extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk_pad, unsigned char* vt) {
-  __shared__ __align__(16) unsigned rows[32 * (256 / 4 + 1)];  // 32 keys x (D <= 256 bytes + a word)
-  const int stride = d / 4 + 1;                                // words a row
-  const long long head = blockIdx.x;
-  const int k0 = blockIdx.y * 32;
-  const unsigned char* vh = v + head * sk * d;
-  for (int i = threadIdx.x; i < 32 * d / 16; i += blockDim.x) {
+// Keys k0 .. k0 + n − 1 of head vh ([sk][d] bytes; zeros past sk) into rows[n][d / 4 + 1] words, by the block's
+// coalesced 16-byte reads of whole rows (a row padded by a word: the column reads after it hit 32 banks).
+__device__ __forceinline__ void stage_rows(const unsigned char* vh, int sk, int d, int k0, int n, unsigned* rows) {
+  const int stride = d / 4 + 1;
+  for (int i = threadIdx.x; i < n * d / 16; i += blockDim.x) {
     const int r = i / (d / 16), ch = i % (d / 16);
     const uint4 x = k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * d + 16 * ch)
                                 : make_uint4(0, 0, 0, 0);
@@ -55,6 +53,25 @@ extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk
     row[2] = x.z;
     row[3] = x.w;
   }
+}
+// w[k]: key k's word of 4 channels (16 keys); out[c][j]: keys 4j … 4j + 3 of channel c, 4 x 4 bytes at a time.
+__device__ __forceinline__ void transpose_16x4(const unsigned (&w)[16], unsigned (&out)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned lo01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x5140), hi01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x7362);
+    const unsigned lo23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x5140), hi23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x7362);
+    out[0][j] = __byte_perm(lo01, lo23, 0x5410);
+    out[1][j] = __byte_perm(lo01, lo23, 0x7632);
+    out[2][j] = __byte_perm(hi01, hi23, 0x5410);
+    out[3][j] = __byte_perm(hi01, hi23, 0x7632);
+  }
+}
+extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk_pad, unsigned char* vt) {
+  __shared__ __align__(16) unsigned rows[32 * (256 / 4 + 1)];  // 32 keys x (D <= 256 bytes + a word)
+  const int stride = d / 4 + 1;                                // words a row
+  const long long head = blockIdx.x;
+  const int k0 = blockIdx.y * 32;
+  stage_rows(v + head * sk * d, sk, d, k0, 32, rows);
   __syncthreads();
   for (int i = threadIdx.x; i < d / 2; i += blockDim.x) {
     const int cq = i / 2, seg = i % 2;  // channels 4cq … 4cq + 3, keys 16seg … 16seg + 15
@@ -62,15 +79,7 @@ extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk
 #pragma unroll
     for (int k = 0; k < 16; ++k) w[k] = rows[vt_key(16 * seg + k) * stride + cq];
     unsigned out[4][4];  // [channel][word]: word j holds keys 4j … 4j + 3 of the channel
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const unsigned lo01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x5140), hi01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x7362);
-      const unsigned lo23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x5140), hi23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x7362);
-      out[0][j] = __byte_perm(lo01, lo23, 0x5410);
-      out[1][j] = __byte_perm(lo01, lo23, 0x7632);
-      out[2][j] = __byte_perm(hi01, hi23, 0x5410);
-      out[3][j] = __byte_perm(hi01, hi23, 0x7632);
-    }
+    transpose_16x4(w, out);
 #pragma unroll
     for (int c = 0; c < 4; ++c)
       *reinterpret_cast<uint4*>(vt + (head * d + 4 * cq + c) * sk_pad + k0 + 16 * seg) =
@@ -91,18 +100,8 @@ extern "C" __global__ void prep_vt_tiles(const unsigned char* v, int sk, int d, 
   const int stride = d / 4 + 1;
   const long long head = blockIdx.x, tile = blockIdx.y;
   const int k0 = int(tile) * bc;
-  const unsigned char* vh = v + head * sk * d;
   unsigned char* img = out + (head * gridDim.y + tile) * (long long)(bc * d);
-  for (int i = threadIdx.x; i < bc * d / 16; i += blockDim.x) {
-    const int r = i / (d / 16), ch = i % (d / 16);
-    const uint4 x = k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * d + 16 * ch)
-                                : make_uint4(0, 0, 0, 0);
-    unsigned* row = rows + r * stride + 4 * ch;
-    row[0] = x.x;
-    row[1] = x.y;
-    row[2] = x.z;
-    row[3] = x.w;
-  }
+  stage_rows(v + head * sk * d, sk, d, k0, bc, rows);
   __syncthreads();
   for (int i = threadIdx.x; i < bc / 32 * d / 2; i += blockDim.x) {
     const int seg = i % 2, cq = i / 2 % (d / 4), panel = i / 2 / (d / 4);  // keys 32·panel + 16·seg …, channels 4cq …
@@ -110,15 +109,7 @@ extern "C" __global__ void prep_vt_tiles(const unsigned char* v, int sk, int d, 
 #pragma unroll
     for (int k = 0; k < 16; ++k) w[k] = rows[(32 * panel + vt_key(16 * seg + k)) * stride + cq];
     unsigned o4[4][4];  // [channel][word]: word j holds keys 4j … 4j + 3 of the channel
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const unsigned lo01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x5140), hi01 = __byte_perm(w[4 * j], w[4 * j + 1], 0x7362);
-      const unsigned lo23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x5140), hi23 = __byte_perm(w[4 * j + 2], w[4 * j + 3], 0x7362);
-      o4[0][j] = __byte_perm(lo01, lo23, 0x5410);
-      o4[1][j] = __byte_perm(lo01, lo23, 0x7632);
-      o4[2][j] = __byte_perm(hi01, hi23, 0x5410);
-      o4[3][j] = __byte_perm(hi01, hi23, 0x7632);
-    }
+    transpose_16x4(w, o4);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int ch = 4 * cq + c;

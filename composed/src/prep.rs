@@ -84,16 +84,7 @@ pub fn vt_tiles_with(
     bc: usize,
 ) -> Result<CudaSlice<u8>> {
     let bytes = vt_tiles_bytes(s, bc);
-    let (free, _) = gpu
-        .ctx
-        .mem_get_info()
-        .context("asking the device for its free memory")?;
-    ensure!(
-        bytes <= free,
-        "stage 7 needs Vᵀ's tile images, {:.2} GiB, and the device has {:.2} GiB free",
-        bytes as f64 / f64::from(1u32 << 30),
-        free as f64 / f64::from(1u32 << 30)
-    );
+    ensure_free(gpu, bytes, "stage 7 needs Vᵀ's tile images")?;
     let mut img = st.alloc_zeros::<u8>(bytes)?;
     launch_vt_tiles(gpu, spec, st, v, s, bc, &mut img)?;
     Ok(img)
@@ -130,25 +121,43 @@ pub(crate) fn launch_vt_tiles(
         s.sk,
         s.kv_heads()
     );
+    // prep_vt_tiles(const u8* v[heads·sk·d], int sk, int d, int bc, u8* out[heads·tiles·bc·d]): bc ≤ 224 and d
+    // ≤ 128 (the smem tile) and out's length checked above.
+    launch_v_kernel(gpu, spec, st, v, s, bc, tiles, img)
+}
+
+/// One of the V-transposing kernels, `f(const u8* v[heads·sk·d], int sk, int d, int x, u8* out)`, on a grid of
+/// (K/V heads, `blocks`) × 256 threads; the caller has checked `out` and `x` against its kernel's contract.
+#[allow(clippy::too_many_arguments)]
+fn launch_v_kernel(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    v: &CudaSlice<u8>,
+    s: &fixtures::Shape,
+    x: usize,
+    blocks: usize,
+    out: &mut CudaSlice<u8>,
+) -> Result<()> {
     let kern = gpu.load(spec)?;
-    let (sk, d, bci) = (s.sk as i32, s.d as i32, bc as i32);
+    let (sk, d, xi) = (s.sk as i32, s.d as i32, x as i32);
     let cfg = LaunchConfig {
-        grid_dim: (s.kv_heads() as u32, tiles as u32, 1),
+        grid_dim: (s.kv_heads() as u32, blocks as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: prep_vt_tiles(const u8* v[heads·sk·d], int sk, int d, int bc, u8* out[heads·tiles·bc·d]); grid
-    // (heads, tiles), 256 threads; bc ≤ 224 and d ≤ 128 (the smem tile), checked above, as is out's length.
+    // SAFETY: the kernel's signature is the one above; v holds heads·sk·d bytes (the problem's V), and the
+    // caller checked out's length and x for the grid it asks for.
     unsafe {
         st.launch_builder(&kern.func)
             .arg(v)
             .arg(&sk)
             .arg(&d)
-            .arg(&bci)
-            .arg(img)
+            .arg(&xi)
+            .arg(out)
             .launch(cfg)
     }
-    .context("launching prep_vt_tiles")?;
+    .with_context(|| format!("launching {}", spec.name))?;
     Ok(())
 }
 
@@ -176,6 +185,21 @@ pub fn transpose_v_model(v: &[u8], s: &fixtures::Shape) -> Vec<u8> {
     out
 }
 
+/// Fails, naming `what` and both sizes, unless the device has `bytes` free.
+fn ensure_free(gpu: &Gpu, bytes: usize, what: &str) -> Result<()> {
+    let (free, _) = gpu
+        .ctx
+        .mem_get_info()
+        .context("asking the device for its free memory")?;
+    ensure!(
+        bytes <= free,
+        "{what}, {:.2} GiB, and the device has {:.2} GiB free",
+        bytes as f64 / f64::from(1u32 << 30),
+        free as f64 / f64::from(1u32 << 30)
+    );
+    Ok(())
+}
+
 /// Vᵀ on the device (`prep_vt`), on stream `st`; fails by name where the device lacks the memory.
 pub(crate) fn transpose_v(
     gpu: &Gpu,
@@ -196,16 +220,7 @@ pub fn transpose_v_with(
 ) -> Result<CudaSlice<u8>> {
     let kp = vt_keys(s.sk);
     let bytes = s.kv_heads() * s.d * kp;
-    let (free, _) = gpu
-        .ctx
-        .mem_get_info()
-        .context("asking the device for its free memory")?;
-    ensure!(
-        bytes <= free,
-        "the TMA stages need Vᵀ, {:.2} GiB, and the device has {:.2} GiB free",
-        bytes as f64 / f64::from(1u32 << 30),
-        free as f64 / f64::from(1u32 << 30)
-    );
+    ensure_free(gpu, bytes, "the TMA stages need Vᵀ")?;
     ensure!(
         kp / 32 <= 65535 && s.kv_heads() <= i32::MAX as usize,
         "Vᵀ of Sk = {} keys and {} heads does not fit one transpose grid",
@@ -236,26 +251,9 @@ pub(crate) fn launch_transpose_v(
         s.sk,
         s.kv_heads() * s.d * kp
     );
-    let kern = gpu.load(spec)?;
-    let (sk, d, kpi) = (s.sk as i32, s.d as i32, kp as i32);
-    let cfg = LaunchConfig {
-        grid_dim: (s.kv_heads() as u32, (kp / 32) as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: prep_vt(const u8* v[heads·sk·d], int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad]); grid (heads,
-    // sk_pad / 32), 256 threads; d ≤ 256 (the smem tile is 32 × 256 bytes); vt's length checked above.
-    unsafe {
-        st.launch_builder(&kern.func)
-            .arg(v)
-            .arg(&sk)
-            .arg(&d)
-            .arg(&kpi)
-            .arg(vt)
-            .launch(cfg)
-    }
-    .context("launching prep_vt")?;
-    Ok(())
+    // prep_vt(const u8* v[heads·sk·d], int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad]) on (heads, sk_pad / 32)
+    // blocks: d ≤ 256 (the smem tile is 32 × 256 bytes); vt's length checked above.
+    launch_v_kernel(gpu, spec, st, v, s, kp, kp / 32, vt)
 }
 
 /// The tensor maps of the TMA stages, for Q, K and Vᵀ at the given device addresses: each [B·H, rows, row

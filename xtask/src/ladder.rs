@@ -259,7 +259,7 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. The TMA stages (6, 7) read V transposed in global memory (`prep_vt`, made once per problem, like quantization); their `+ prep_vt` rows time the transpose in every launch too, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is."
+        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. The TMA stages (6, 7) read V transposed in global memory (`prep_vt`; stage 7 at D = 128 `prep_vt_tiles`, Vᵀ as its tiles' shared-memory images), made once per problem, like quantization; their `+ prep_vt` rows time the transpose in every launch too, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is."
     );
     let _ = writeln!(
         md,
