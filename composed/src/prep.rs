@@ -260,10 +260,14 @@ pub(crate) fn launch_transpose_v(
 /// bytes] as a 4-D map (row bytes, rows, B·H, 1) whose box is one canonical wgmma tile, or one K panel of it: Q
 /// 64 rows and K `bc` keys of D bytes (64- or 128-byte swizzle); Vᵀ D rows of 128 keys (128-byte swizzle)
 /// when `bc` is 128, else D rows of 64 keys (64-byte swizzle), `bc` / 64 boxes a tile (`TmaBlock::kSwVt`).
+/// Without `vt` (a stage that loads Vᵀ as tile images by bulk copy, `Stage::vt_image`) K's map fills the third
+/// slot, which that kernel does not read.
 pub(crate) fn tma_maps(
     s: &fixtures::Shape,
     bc: usize,
-    [q, k, vt]: [u64; 3],
+    q: u64,
+    k: u64,
+    vt: Option<u64>,
 ) -> Result<[tma_ring::TensorMap; 3]> {
     use frag_layout::Swizzle;
     use tma_ring::{Elem, MapSpec};
@@ -281,17 +285,21 @@ pub(crate) fn tma_maps(
     };
     let (heads, kv_heads) = (s.heads() as u64, s.kv_heads() as u64);
     let (d, sq, sk) = (s.d as u64, s.sq as u64, s.sk as u64);
+    let km = MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, bc as u32, sw).encode(k)?;
     Ok([
         MapSpec::heads(Elem::U8, [1, heads, sq, d], false, 64, sw).encode(q)?,
-        MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, bc as u32, sw).encode(k)?,
-        MapSpec::heads(
-            Elem::U8,
-            [1, kv_heads, d, vt_keys(s.sk) as u64],
-            false,
-            s.d as u32,
-            sw_vt,
-        )
-        .encode(vt)?,
+        km,
+        match vt {
+            Some(vt) => MapSpec::heads(
+                Elem::U8,
+                [1, kv_heads, d, vt_keys(s.sk) as u64],
+                false,
+                s.d as u32,
+                sw_vt,
+            )
+            .encode(vt)?,
+            None => km,
+        },
     ])
 }
 

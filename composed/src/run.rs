@@ -212,9 +212,9 @@ pub struct OnDevice {
     /// V transposed for the TMA stages ([B·H, D, Sk rounded up to 32], keys in P's register order), made at
     /// the first launch of such a stage.
     vt: Option<CudaSlice<u8>>,
-    /// Vᵀ as tile images of `.0` keys (`prep_vt_tiles`), for a stage that loads them (`Stage::vt_image`), made at
-    /// its first launch.
-    vt_img: Option<(usize, CudaSlice<u8>)>,
+    /// Vᵀ as tile images (`prep_vt_tiles`, tiles of `Stage::bc` keys), for the stage that loads them
+    /// (`Stage::vt_image`: stage 7 at D = 128, the one tile width that does), made at its first launch.
+    vt_img: Option<CudaSlice<u8>>,
     /// A source variant of the stage's kernel to launch instead (`sdpa bench --variant`: A/B in one process).
     kernel: Option<lab::KernelSpec>,
     /// Blocks to launch a persistent stage with instead of one an SM (`sdpa bench --blocks`).
@@ -414,30 +414,26 @@ impl OnDevice {
         let bc = stage.bc(s.d);
         if stage.vt_image(s.d) {
             match &mut self.vt_img {
-                Some((b, img)) if *b == bc => {
-                    if self.vt_each_launch {
-                        crate::prep::launch_vt_tiles(
-                            gpu,
-                            &crate::prep::VT_TILES,
-                            st,
-                            &self.v,
-                            &s,
-                            bc,
-                            img,
-                        )?;
-                    }
-                }
-                _ => {
-                    let img = crate::prep::vt_tiles_with(
+                None => {
+                    self.vt_img = Some(crate::prep::vt_tiles_with(
                         gpu,
                         &crate::prep::VT_TILES,
                         st,
                         &self.v,
                         &s,
                         bc,
-                    )?;
-                    self.vt_img = Some((bc, img));
+                    )?)
                 }
+                Some(img) if self.vt_each_launch => crate::prep::launch_vt_tiles(
+                    gpu,
+                    &crate::prep::VT_TILES,
+                    st,
+                    &self.v,
+                    &s,
+                    bc,
+                    img,
+                )?,
+                Some(_) => {}
             }
         } else if stage.tma() {
             match &mut self.vt {
@@ -454,22 +450,18 @@ impl OnDevice {
             }
         }
         let (vt_tiles, _gimg) = match &self.vt_img {
-            Some((_, img)) if stage.vt_image(s.d) => {
+            Some(img) if stage.vt_image(s.d) => {
                 let (a, g) = img.device_ptr(st);
                 (a, Some(g))
             }
             _ => (0, None),
         };
+        // Vᵀ as tile images comes by bulk copy (Params::vt_tiles), not through the third map.
         let maps = match (&self.vt, stage.tma()) {
-            // Vᵀ comes as tile images by bulk copy (Params::vt_tiles): K's map fills the kernel's third map slot,
-            // which it does not read.
-            _ if stage.vt_image(s.d) => {
-                let m = crate::prep::tma_maps(&s, stage.bc(s.d), [q, kk, kk])?;
-                Some([m[0], m[1], m[1]])
-            }
+            _ if stage.vt_image(s.d) => Some(crate::prep::tma_maps(&s, bc, q, kk, None)?),
             (Some(vt), true) => {
                 let (vt, _gvt) = vt.device_ptr(st);
-                Some(crate::prep::tma_maps(&s, stage.bc(s.d), [q, kk, vt])?)
+                Some(crate::prep::tma_maps(&s, bc, q, kk, Some(vt))?)
             }
             _ => None,
         };

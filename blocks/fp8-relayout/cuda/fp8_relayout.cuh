@@ -99,8 +99,15 @@ struct LocalKeys {
 // atom, on the block column for the loads (all rows of one load share r % 8) and on the block row for the stores:
 // with 128-byte-swizzled tiles on both sides (V of D = 128) both are conflict-free (fp8_relayout::
 // transpose_conflicts counts them); with a 64-byte-swizzled source (D = 64) the loads are 2-way.
-__host__ __device__ constexpr int transpose_rb(int n, int nc) { return 16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16; }
-__host__ __device__ constexpr int transpose_cb(int n, int nc) { return n % 16 % nc; }
+// On int (Transpose) or unsigned (TransposeLean: shifts and masks).
+template <class T>
+__host__ __device__ constexpr T transpose_rb(T n, T nc) {
+  return 16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16;
+}
+template <class T>
+__host__ __device__ constexpr T transpose_cb(T n, T nc) {
+  return n % 16 % nc;
+}
 
 // 4x4 byte transpose: t[j] byte i = w[i] byte j.
 __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)[4]) {
@@ -173,9 +180,9 @@ struct Transpose {
 // block columns, none either). With 8 block columns it is Transpose's diagonal, unrotated.
 // Unsigned, so that the divisions are shifts.
 __host__ __device__ constexpr unsigned lean_rb(unsigned n, unsigned nc) {
-  return nc == 16 ? 4 * (n / 64) + (n % 16 / 4 + n / 16) % 4 : 16 * (n / 16 / nc) + (n % 16 + n / 16 % nc) % 16;
+  return nc == 16 ? 4 * (n / 64) + (n % 16 / 4 + n / 16) % 4 : transpose_rb(n, nc);
 }
-__host__ __device__ constexpr unsigned lean_cb(unsigned n, unsigned nc) { return nc == 16 ? n % 16 : n % 16 % nc; }
+__host__ __device__ constexpr unsigned lean_cb(unsigned n, unsigned nc) { return nc == 16 ? n % 16 : transpose_cb(n, nc); }
 __host__ __device__ constexpr unsigned lean_rot(unsigned n, unsigned nc) { return nc == 16 ? n % 4 : 0; }
 
 // transpose4 with the output rotated: t[j] byte i = w[i] byte (j + rot) % 4, the rotation folded into the first
