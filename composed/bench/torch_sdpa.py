@@ -2,6 +2,7 @@
 import json
 import math
 import sys
+import threading
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -15,8 +16,63 @@ BACK_TO_BACK = 20
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
+class Telemetry:
+    """The SM clock and power over the timed replays, as the lab's own timings report them (lab::telemetry): pynvml
+    (the nvidia-ml-py wheel) sampling the device every 10 ms on a thread; nothing where pynvml or the device is missing."""
+
+    def __init__(self):
+        self.samples, self.done, self.thread = [], threading.Event(), None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            p = torch.cuda.get_device_properties(torch.cuda.current_device())
+            self.nvml = pynvml
+            self.dev = pynvml.nvmlDeviceGetHandleByPciBusId(f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+            self.limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(self.dev) / 1e3
+        except Exception:  # no pynvml, no driver library, or a device NVML does not know: no readings
+            self.dev = None
+
+    def read(self):
+        n = self.nvml
+        why = n.nvmlDeviceGetCurrentClocksThrottleReasons(self.dev)
+        slow = (n.nvmlClocksThrottleReasonHwSlowdown | n.nvmlClocksThrottleReasonSwThermalSlowdown
+                | n.nvmlClocksThrottleReasonHwThermalSlowdown | n.nvmlClocksThrottleReasonHwPowerBrakeSlowdown)
+        self.samples.append((n.nvmlDeviceGetClockInfo(self.dev, n.NVML_CLOCK_SM), n.nvmlDeviceGetPowerUsage(self.dev) / 1e3,
+                             bool(why & n.nvmlClocksThrottleReasonSwPowerCap), bool(why & slow)))
+
+    def __enter__(self):
+        if self.dev is not None:
+            self.read()
+            self.thread = threading.Thread(target=self.run, daemon=True)
+            self.thread.start()
+        return self
+
+    def run(self):
+        while not self.done.wait(0.01):
+            self.read()
+
+    def __exit__(self, *exc):
+        if self.thread is not None:
+            self.done.set()
+            self.thread.join()
+            self.read()
+
+    def summary(self):
+        """The JSON fields of the ladder's rows: median SM MHz and W, the shares of samples at the power cap and in a
+        thermal or hardware slowdown."""
+        if not self.samples:
+            return {}
+        med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
+        return {"sm_mhz": med([s[0] for s in self.samples]), "power_w": med([s[1] for s in self.samples]),
+                "power_limit_w": self.limit_w, "power_capped": sum(s[2] for s in self.samples) / len(self.samples),
+                "slowdown": sum(s[3] for s in self.samples) / len(self.samples),
+                "samples": len(self.samples)}
+
+
 def replay_times(graphs, warmup, iters):
-    """Per-launch p50, p90 and mean: each graph holds BACK_TO_BACK launches; about 1.5 s of timed work, >= 10 replays."""
+    """Per-launch p50, p90 and mean: each graph holds BACK_TO_BACK launches; about 1.5 s of timed work, >= 10 replays;
+    and the clock and power meanwhile (Telemetry.summary)."""
     sets = len(graphs)
     for i in range(warmup):
         graphs[i % sets].replay()
@@ -27,13 +83,14 @@ def replay_times(graphs, warmup, iters):
     torch.cuda.synchronize()
     iters = max(10, min(iters, int(1.5e6 / max(1.0, a.elapsed_time(e) * 1e3))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for i, (a, e) in enumerate(events):
-        a.record()
-        graphs[i % sets].replay()
-        e.record()
-    torch.cuda.synchronize()
+    with Telemetry() as t:
+        for i, (a, e) in enumerate(events):
+            a.record()
+            graphs[i % sets].replay()
+            e.record()
+        torch.cuda.synchronize()
     us = sorted(a.elapsed_time(e) * 1e3 / BACK_TO_BACK for a, e in events)
-    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)], sum(us) / len(us)
+    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)], sum(us) / len(us), t.summary()
 
 
 def time_one(backend, shape, warmup=5, iters=100, sets=3):
@@ -135,15 +192,15 @@ def main():
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
     for shape in SHAPES:
         try:
-            p50, p90, mean = time_cudnn_fp8(shape)
-            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90, "mean_us": mean}), flush=True)
+            p50, p90, mean, tel = time_cudnn_fp8(shape)
+            print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90, "mean_us": mean, **tel}), flush=True)
         except Exception as e:  # no wheel, or cuDNN refuses the shape: reported, never silently absent
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "error": why}), flush=True)
         for name, backend in BACKENDS.items():
             try:
-                p50, p90, mean = time_one(backend, shape)
-                print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90, "mean_us": mean}), flush=True)
+                p50, p90, mean, tel = time_one(backend, shape)
+                print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90, "mean_us": mean, **tel}), flush=True)
             except RuntimeError as e:  # a backend that refuses a shape is reported, not fatal
                 print(json.dumps({"backend": name, "shape": shape[:4] + (shape[5],), "causal": shape[4], "error": str(e).splitlines()[0]}), flush=True)
 

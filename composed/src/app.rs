@@ -301,7 +301,7 @@ fn bench(
     for ((name, _, _, _), t) in runs.iter().zip(best) {
         let t = t.expect("timed");
         println!(
-            "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s",
+            "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s; {}",
             shape_text(&s),
             scheme.name(),
             t.p50_us,
@@ -309,10 +309,19 @@ fn bench(
             t.mean_us,
             crate::bench::BACK_TO_BACK,
             t.iters,
-            t.tflops(&s)
+            t.tflops(&s),
+            telemetry_text(&t)
         );
     }
     Ok(())
+}
+
+/// The clock and power a timing ran at, or why they are missing.
+fn telemetry_text(t: &crate::bench::Timing) -> String {
+    t.telemetry.map_or_else(
+        || "no clock or power readings (NVML unavailable)".into(),
+        |x| x.to_string(),
+    )
 }
 
 /// `B,H,Sq,Sk,D`, with the K/V heads and the mask when they are not the defaults.
@@ -512,7 +521,7 @@ fn run(a: &RunArgs) -> Result<()> {
                 "lse_vs_unquantized_max_abs": unq.is_some().then_some(lse_unq_max),
             },
             "scheme": raw.is_some().then(|| a.scheme.name()),
-            "time": {"p50_us": t.p50_us, "p90_us": t.p90_us, "replays": t.iters, "tflops": t.tflops(&s)},
+            "time": {"p50_us": t.p50_us, "p90_us": t.p90_us, "replays": t.iters, "tflops": t.tflops(&s), "telemetry": t.telemetry},
             "output": a.output.as_ref().map(|p| p.display().to_string()),
             "phases_s": ph.0.iter().map(|(k, v)| serde_json::json!({"phase": k, "s": v})).collect::<Vec<_>>(),
         });
@@ -551,11 +560,12 @@ fn run(a: &RunArgs) -> Result<()> {
         println!("LSE vs f64 on the unquantized inputs: max_abs={lse_unq_max:.3e}");
     }
     println!(
-        "time: p50 {:.1} µs, p90 {:.1} µs over {} graph replays; {:.2} TFLOP/s",
+        "time: p50 {:.1} µs, p90 {:.1} µs over {} graph replays; {:.2} TFLOP/s; {}",
         t.p50_us,
         t.p90_us,
         t.iters,
-        t.tflops(&s)
+        t.tflops(&s),
+        telemetry_text(&t)
     );
     if let Some(path) = &a.output {
         println!("wrote o and lse to {}", path.display());

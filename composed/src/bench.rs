@@ -15,7 +15,13 @@ pub struct Timing {
     /// average.
     pub mean_us: f64,
     pub iters: usize,
+    /// The SM clock and power over the timed replays (NVML; None where it cannot be read): the device is
+    /// power-capped under these kernels, so a figure means little without the clock it ran at.
+    pub telemetry: Option<lab::Telemetry>,
 }
+
+/// How often the clock and power are read during a timing.
+pub const TELEMETRY_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl Timing {
     pub fn tflops(&self, shape: &Shape) -> f64 {
@@ -115,6 +121,7 @@ pub fn time_stage(
     drop((a, b));
     let iters = iters.min(((1.5e6 / first.max(1.0)) as usize).max(10));
     let mut events = Vec::with_capacity(iters);
+    let sampler = lab::Sampler::start(gpu, TELEMETRY_PERIOD);
     for i in 0..iters {
         let start = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         graphs[i % n].launch()?;
@@ -122,6 +129,7 @@ pub fn time_stage(
         events.push((start, end));
     }
     st.synchronize()?;
+    let telemetry = sampler.and_then(lab::Sampler::stop);
     let mut us: Vec<f64> = events
         .iter()
         .map(|(a, b)| {
@@ -136,5 +144,6 @@ pub fn time_stage(
         p90_us: at(0.9),
         mean_us: us.iter().sum::<f64>() / us.len() as f64,
         iters,
+        telemetry,
     })
 }

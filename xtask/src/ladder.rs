@@ -62,8 +62,66 @@ fn timed(stage: Stage, s: &Shape) -> bool {
     stage >= Stage::S3b || s.b * s.h * s.sq * s.sk <= 4 * 16 * 4096 * 4096
 }
 
-/// (implementation, shape) → (p50 µs, p90 µs, mean µs where the implementation's timing reports one).
-type Results = BTreeMap<(String, String), (f64, f64, Option<f64>)>;
+/// One implementation's timing of one shape: p50, p90 and (where its timing reports one) mean µs, and the SM
+/// clock and power it ran at (where NVML could read them).
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    p50: f64,
+    p90: f64,
+    mean: Option<f64>,
+    clock: Option<Clock>,
+}
+
+/// Median SM MHz and W over a timing, and the share of its samples at the software power cap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Clock {
+    mhz: f64,
+    watts: f64,
+    capped: f64,
+    /// Share of readings with a thermal or hardware slowdown (torch_sdpa.py's `slowdown`; 0 where not reported).
+    slowdown: f64,
+}
+
+impl Clock {
+    fn of(t: &lab::Telemetry) -> Clock {
+        Clock {
+            mhz: t.sm_mhz_p50,
+            watts: t.power_w_p50,
+            capped: t.power_capped,
+            slowdown: t.slowdown,
+        }
+    }
+
+    /// The fields torch_sdpa.py adds to a row (`sm_mhz`, `power_w`, `power_capped`), where it could read them.
+    fn of_json(v: &serde_json::Value) -> Option<Clock> {
+        Some(Clock {
+            mhz: v["sm_mhz"].as_f64()?,
+            watts: v["power_w"].as_f64()?,
+            capped: v["power_capped"].as_f64()?,
+            slowdown: v["slowdown"].as_f64().unwrap_or(0.0),
+        })
+    }
+
+    /// The table's cell: `1605 MHz, 699 W, capped 100%`, and `, slowdown 40%` where a thermal or hardware
+    /// slowdown held the clock down.
+    fn cell(c: Option<Clock>) -> String {
+        c.map_or("—".into(), |c| {
+            let mut s = format!(
+                "{:.0} MHz, {:.0} W, capped {:.0}%",
+                c.mhz,
+                c.watts,
+                100.0 * c.capped
+            );
+            if c.slowdown > 0.0 {
+                s += &format!(", slowdown {:.0}%", 100.0 * c.slowdown);
+            }
+            s
+        })
+    }
+}
+
+/// (implementation, shape) → its row.
+type Results = BTreeMap<(String, String), Row>;
 /// (implementation, shape) → why it has no time (a backend that refused, a missing wheel): shown in the table.
 type Refusals = BTreeMap<(String, String), String>;
 
@@ -109,8 +167,14 @@ fn torch(root: &Path, results: &mut Results, refusals: &mut Refusals) -> Result<
         );
         let name = format!("torch-{}", v["backend"].as_str().unwrap_or("?"));
         match (v["p50_us"].as_f64(), v["p90_us"].as_f64()) {
-            (Some(a), Some(b)) => {
-                results.insert((name, shape), (a, b, v["mean_us"].as_f64()));
+            (Some(p50), Some(p90)) => {
+                let row = Row {
+                    p50,
+                    p90,
+                    mean: v["mean_us"].as_f64(),
+                    clock: Clock::of_json(&v),
+                };
+                results.insert((name, shape), row);
             }
             _ => {
                 let why = v["error"]
@@ -127,10 +191,14 @@ fn torch(root: &Path, results: &mut Results, refusals: &mut Refusals) -> Result<
 
 fn svg(results: &Results, impls: &[String]) -> String {
     let (row_h, left, width) = (14.0, 190.0, 560.0);
-    let max = results.values().map(|v| v.0).fold(1.0f64, f64::max).log10();
+    let max = results
+        .values()
+        .map(|v| v.p50)
+        .fold(1.0f64, f64::max)
+        .log10();
     let min = results
         .values()
-        .map(|v| v.0)
+        .map(|v| v.p50)
         .fold(f64::MAX, f64::min)
         .log10()
         .floor();
@@ -146,7 +214,7 @@ fn svg(results: &Results, impls: &[String]) -> String {
         );
         y += row_h;
         for (k, imp) in impls.iter().enumerate() {
-            if let Some(&(p50, _, _)) = results.get(&(imp.clone(), shape.clone())) {
+            if let Some(&Row { p50, .. }) = results.get(&(imp.clone(), shape.clone())) {
                 let _ = writeln!(
                     body,
                     r#"<text x="12" y="{}">{imp}</text><rect x="{left}" y="{}" width="{:.1}" height="{}" fill="hsl({},60%,55%)"/><text x="{:.1}" y="{}">{p50:.1} µs</text>"#,
@@ -186,17 +254,21 @@ fn report(
     t: composed::bench::Timing,
 ) {
     eprintln!(
-        "{name} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs, {:.1} TFLOP/s",
+        "{name} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs, {:.1} TFLOP/s; {}",
         key(shape, causal),
         t.p50_us,
         t.p90_us,
         t.mean_us,
-        t.tflops(&shape.with_causal(causal))
+        t.tflops(&shape.with_causal(causal)),
+        Clock::cell(t.telemetry.as_ref().map(Clock::of))
     );
-    results.insert(
-        (name, key(shape, causal)),
-        (t.p50_us, t.p90_us, Some(t.mean_us)),
-    );
+    let row = Row {
+        p50: t.p50_us,
+        p90: t.p90_us,
+        mean: Some(t.mean_us),
+        clock: t.telemetry.as_ref().map(Clock::of),
+    };
+    results.insert((name, key(shape, causal)), row);
 }
 
 pub fn run(out: &Path, iters: usize) -> Result<bool> {
@@ -259,7 +331,7 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. The TMA stages (6, 7) read V transposed in global memory (`prep_vt`; stage 7 at D = 128 `prep_vt_tiles`, Vᵀ as its tiles' shared-memory images), made once per problem, like quantization; their `+ prep_vt` rows time the transpose in every launch too, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is."
+        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. The TMA stages (6, 7) read V transposed in global memory (`prep_vt`; stage 7 at D = 128 `prep_vt_tiles`, Vᵀ as its tiles' shared-memory images), made once per problem, like quantization; their `+ prep_vt` rows time the transpose in every launch too, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is. The last column is the SM clock and board power over each timing (NVML every 10 ms: medians) and the share of readings with the software power cap holding the clock down (and with a thermal or hardware slowdown, where there was one): the long shapes run every implementation at the cap, where time follows energy per unit of work."
     );
     let _ = writeln!(
         md,
@@ -267,24 +339,30 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | mean µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN fp16 p50 | p50 ÷ cuDNN FP8 p50 |"
+        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | mean µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN fp16 p50 | p50 ÷ cuDNN FP8 p50 | SM clock, power (medians), at the power cap |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     for (shape, causal) in SHAPES {
         let sn = key(&shape, causal);
         let cudnn = results
             .get(&("torch-cudnn".to_string(), sn.clone()))
-            .map(|v| v.0);
+            .map(|v| v.p50);
         let cudnn_fp8 = results
             .get(&("torch-cudnn-fp8".to_string(), sn.clone()))
-            .map(|v| v.0);
+            .map(|v| v.p50);
         let mut prev: Option<f64> = None;
         for imp in &impls {
-            let Some(&(p50, p90, mean)) = results.get(&(imp.clone(), sn.clone())) else {
+            let Some(&Row {
+                p50,
+                p90,
+                mean,
+                clock,
+            }) = results.get(&(imp.clone(), sn.clone()))
+            else {
                 if let Some(why) = refusals.get(&(imp.clone(), sn.clone())) {
                     let _ = writeln!(
                         md,
-                        "| {sn} | {imp} | — | — | — | — | — | — | not run: {why} |"
+                        "| {sn} | {imp} | — | — | — | — | — | — | not run: {why} | — |"
                     );
                 }
                 continue;
@@ -302,8 +380,9 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
             let ratio8 = cudnn_fp8.map_or("—".into(), |c| format!("{:.2}", p50 / c));
             let _ = writeln!(
                 md,
-                "| {sn} | {imp} | {p50:.1} | {p90:.1} | {mean} | {:.2} | {speedup} | {ratio} | {ratio8} |",
-                flops(&shape, causal) / (p50 * 1e-6) / 1e12
+                "| {sn} | {imp} | {p50:.1} | {p90:.1} | {mean} | {:.2} | {speedup} | {ratio} | {ratio8} | {} |",
+                flops(&shape, causal) / (p50 * 1e-6) / 1e12,
+                Clock::cell(clock)
             );
         }
     }
@@ -312,4 +391,47 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     std::fs::write(out.join("ladder.svg"), svg(&results, &impls))?;
     println!("{md}");
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_cells_from_telemetry_and_from_torch_rows() {
+        let t = lab::Telemetry::summarize(
+            &[lab::telemetry::Sample {
+                sm_mhz: 1605,
+                power_w: 699.4,
+                power_capped: true,
+                slowdown: false,
+            }],
+            700.0,
+        )
+        .unwrap();
+        assert_eq!(
+            Clock::cell(Some(Clock::of(&t))),
+            "1605 MHz, 699 W, capped 100%"
+        );
+        let v: serde_json::Value = serde_json::from_str(
+            r#"{"p50_us": 1.0, "sm_mhz": 1710, "power_w": 650.2, "power_capped": 0.5}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Clock::cell(Clock::of_json(&v)),
+            "1710 MHz, 650 W, capped 50%"
+        );
+        let hot: serde_json::Value = serde_json::from_str(
+            r#"{"sm_mhz": 1560, "power_w": 663.0, "power_capped": 0.0, "slowdown": 1.0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Clock::cell(Clock::of_json(&hot)),
+            "1560 MHz, 663 W, capped 0%, slowdown 100%"
+        );
+        // A row without readings (no pynvml on the machine) says so by a dash, never zeros.
+        let bare: serde_json::Value = serde_json::from_str(r#"{"p50_us": 1.0}"#).unwrap();
+        assert_eq!(Clock::of_json(&bare), None);
+        assert_eq!(Clock::cell(None), "—");
+    }
 }

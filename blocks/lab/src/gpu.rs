@@ -124,6 +124,24 @@ impl Gpu {
         })
     }
 
+    /// The device's PCI bus id (`0000:19:00.0`), by which NVML finds the same device ([`crate::telemetry`]).
+    pub fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer is writable for its stated length, and the driver writes a NUL-terminated string.
+        unsafe {
+            cudarc::driver::sys::cuDeviceGetPCIBusId(
+                buf.as_mut_ptr(),
+                buf.len() as i32,
+                self.ctx.cu_device(),
+            )
+        }
+        .result()
+        .context("reading the device's PCI bus id")?;
+        // SAFETY: NUL-terminated within the buffer (above).
+        let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Ok(id.to_string_lossy().into_owned())
+    }
+
     /// Compiles (once per source and options) and loads `spec` for this device.
     pub fn load(&self, spec: &KernelSpec) -> Result<Kernel> {
         self.load_with(spec, &[])

@@ -6,12 +6,15 @@
 //! - [`Gpu`] / [`gate`]: whether a device is usable, decided once; GPU tests skip or fail without one.
 //! - [`numerics`]: error statistics against f64 references, seeded inputs, poisoned outputs.
 //! - [`Suite`]: the test binary each block builds its model, compile and GPU tests into.
+//! - [`telemetry`]: the device's SM clock and power while something runs (NVML), for timings that say what
+//!   clock they ran at.
 mod compile;
 mod gpu;
 pub mod hello;
 pub mod numerics;
 mod resources;
 pub mod sass;
+pub mod telemetry;
 mod testing;
 mod toolchain;
 
@@ -21,6 +24,7 @@ pub use compile::{
 pub use cudarc;
 pub use gpu::{Gate, Gpu, GpuStatus, Kernel, gate, require_gpu_from_env, status};
 pub use resources::{Budget, Resources, parse_ptxas_log};
+pub use telemetry::{Sampler, Telemetry};
 pub use testing::{COMPILE, GPU, MODEL, Suite};
 pub use toolchain::{
     Probe, Toolchain, WHEELS, default_local_dir, discover, install_wheels, toolchain,

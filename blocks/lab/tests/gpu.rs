@@ -225,6 +225,34 @@ fn main() {
         );
         Ok(())
     });
+    t.gpu(
+        "telemetry_reads_the_clock_and_power_of_this_device",
+        |gpu| {
+            // The driver ships NVML: on a GPU machine the sampler must find the device by its PCI bus id and read a
+            // clock, a power and a limit that a real device has, across a stretch of work.
+            let bus = gpu.pci_bus_id()?;
+            let sampler = lab::Sampler::start(gpu, std::time::Duration::from_millis(5))
+                .ok_or_else(|| anyhow::anyhow!("NVML did not find the device at {bus}"))?;
+            for seed in 0..20 {
+                hello_matches_the_model(gpu, 1 << 20, seed)?;
+            }
+            let t = sampler
+                .stop()
+                .ok_or_else(|| anyhow::anyhow!("no readings"))?;
+            eprintln!("telemetry over the hello loop: {t}");
+            ensure!(t.samples >= 2, "{t}");
+            ensure!(
+                (100..=5000).contains(&t.sm_mhz_min) && t.sm_mhz_max >= t.sm_mhz_min,
+                "{t}"
+            );
+            ensure!(
+                t.power_w_p50 > 1.0 && t.power_limit_w >= t.power_w_p50 * 0.5,
+                "{t}"
+            );
+            ensure!((0.0..=1.0).contains(&t.power_capped), "{t}");
+            Ok(())
+        },
+    );
     t.gpu("missing_kernel_name_fails_at_load", |gpu| {
         let err = format!("{:#}", gpu.load(&MISSING_KERNEL).unwrap_err());
         ensure!(err.contains("no_such_kernel"), "{err}");
