@@ -118,3 +118,37 @@ extern "C" __global__ void __launch_bounds__(128, 1) bulk_ring(const unsigned ch
     if (threadIdx.x == 0) ring.release(t);
   }
 }
+
+// A cluster of two CTAs sharing a 2-stage ring: each CTA's thread 0 loads half of every tile
+// (tma::bulk_load_multicast into both CTAs) and arms its own full barrier for the whole tile; each CTA copies every
+// landed tile to out[rank][t] and releases it to both producers (tma::arrive_cluster_at), whose empty barriers
+// count both CTAs. One load a half tile, two copies: what stage 7's cluster kernel does with K and Vᵀ.
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1)
+    cluster_ring(const unsigned char* in, int bytes, int tiles, unsigned char* out) {
+  __shared__ tma::Barriers<2> bars;
+  extern __shared__ __align__(16) unsigned char cluster_raw[];
+  unsigned char* buf = cluster_raw + ((1024 - (tma::smem(cluster_raw) & 1023)) & 1023);
+  const tma::Ring<2> ring{&bars};
+  const unsigned rank = tma::cluster_rank();
+  const int half = bytes / 2;
+  if (threadIdx.x == 0) ring.init(2);
+  tma::cluster_sync();
+  for (int t = 0; t < tiles; ++t) {
+    if (threadIdx.x == 0) {
+      ring.acquire(t, unsigned(bytes));
+      tma::bulk_load_multicast(buf + ring.stage(t) * bytes + rank * half, in + (long long)t * bytes + rank * half,
+                               unsigned(half), ring.full(t), 0x3);
+    }
+    ring.wait_full(t);
+    const uint4* src = reinterpret_cast<const uint4*>(buf + ring.stage(t) * bytes);
+    uint4* dst = reinterpret_cast<uint4*>(out + ((long long)rank * tiles + t) * bytes);
+    for (int i = threadIdx.x; i < bytes / 16; i += 128) dst[i] = src[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const unsigned empty = tma::smem(&bars.empty[ring.stage(t)]);
+      tma::arrive_cluster_at(empty, 0);
+      tma::arrive_cluster_at(empty, 1);
+    }
+  }
+  tma::cluster_sync();
+}

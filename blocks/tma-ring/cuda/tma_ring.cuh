@@ -9,6 +9,8 @@
 // complete, so the first STAGES tiles go out at once.
 // The tile a load_tile() writes is the canonical K-major wgmma tile of wgmma.cuh (k_major): one TMA box per
 // swizzle-width panel, so a TMA map and a wgmma descriptor are made from one wgmma::Swizzle.
+// In a cluster (sm_90a): load_4d_multicast / bulk_load_multicast land one load in several CTAs' shared memory,
+// arrive_cluster_at releases a slot to another CTA's producer, cluster_sync orders barrier set-up and exit.
 #pragma once
 #include "wgmma.cuh"
 
@@ -85,6 +87,49 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem(dst)),
                "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(smem(bar))
                : "memory");
+}
+
+// ---- a cluster of CTAs: one load, several CTAs' shared memory ----
+// This CTA's rank in its cluster (0 without one).
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA in the cluster, in convergent code: after it, each CTA's barriers initialised before
+// it (fence_barrier_init) may be used by the others; at the end of a kernel, no CTA exits while another can still
+// write into its shared memory or arrive on its barriers.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// One arrival on the barrier at shared address `bar` (tma::smem of this CTA's own) in CTA `rank` of the cluster:
+// the same offset there (mapa). Release at CTA scope, as CUTLASS's cluster barriers arrive: .release.cluster
+// put a MEMBAR before every arrival (12 in stage 7's cluster kernel).
+__device__ __forceinline__ void arrive_cluster_at(unsigned bar, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, "
+      "[remote];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+// load_4d into the same shared offset of every CTA in `mask` (bit r: cluster rank r), each completing on the
+// barrier at `bar`'s offset in its own CTA (sm_90a is the fast path: PTX ISA, multicast::cluster).
+__device__ __forceinline__ void load_4d_multicast(const Map* map, unsigned long long* bar, void* dst, int c0, int c1,
+                                                  int c2, int c3, unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6], %7;\n" ::"r"(smem(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem(bar)), "h"(mask)
+      : "memory");
+}
+// bulk_load into the same shared offset of every CTA in `mask`, as load_4d_multicast.
+__device__ __forceinline__ void bulk_load_multicast(void* dst, const void* src, unsigned bytes, unsigned long long* bar,
+                                                    unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(
+          smem(dst)),
+      "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(smem(bar)), "h"(mask)
+      : "memory");
 }
 
 // A [ROWS x D_BYTES] tile of rows row0.. of head (h, b), as wgmma::k_major lays it out: D_BYTES / panel boxes of

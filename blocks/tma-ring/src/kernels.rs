@@ -96,6 +96,17 @@ pub const BULK_RING: KernelSpec = KernelSpec {
     sass: &["UBLKCP"],
 };
 
+/// tma::bulk_load_multicast in a cluster of two CTAs sharing a 2-stage ring: `cluster_ring(in, bytes, tiles, out)`,
+/// grid 2 (one cluster), 128 threads a CTA; `out` holds each CTA's copy of every tile.
+pub const CLUSTER_RING: KernelSpec = KernelSpec {
+    block: "tma-ring",
+    name: "cluster_ring",
+    source: &SOURCE,
+    budget: Budget::new(128, 64),
+    archs: &[Arch::Sm90a],
+    sass: &["UBLKCP"],
+};
+
 pub fn kernel(shape: &Shape) -> KernelSpec {
     KernelSpec::find(KERNELS, &shape.kernel())
 }

@@ -9,7 +9,7 @@ mod kernels;
 mod map;
 mod model;
 
-pub use kernels::{BULK_RING, HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE, kernel};
+pub use kernels::{BULK_RING, CLUSTER_RING, HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE, kernel};
 pub use map::{Elem, MapSpec, TensorMap};
 pub use model::{Mbarrier, Shape, check, phase, source_byte, stage};
 
@@ -18,5 +18,6 @@ pub fn kernels() -> Vec<lab::KernelSpec> {
     let mut v = KERNELS.to_vec();
     v.push(ROLES_CLAIM);
     v.push(BULK_RING);
+    v.push(CLUSTER_RING);
     v
 }

@@ -244,6 +244,36 @@ fn main() {
         ensure!(got != want, "a bulk copy 16 bytes short went unnoticed");
         Ok(())
     });
+    t.gpu("cluster_multicast::both_ctas_get_every_tile", |gpu| {
+        // Stage 7's Vᵀ tile size and a small one, more tiles than stages: each CTA's copy of each tile is exact,
+        // though each CTA loaded only half of it.
+        for (bytes, tiles) in [(28672usize, 5usize), (4096, 7)] {
+            let got = cluster_ring(gpu, &CLUSTER_RING, bytes, tiles)?;
+            let want: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
+            for (rank, copy) in got.chunks(bytes * tiles).enumerate() {
+                ensure!(
+                    copy == want,
+                    "CTA {rank}, {tiles} tiles of {bytes} bytes: {} bytes differ",
+                    copy.iter().zip(&want).filter(|(a, b)| a != b).count()
+                );
+            }
+        }
+        Ok(())
+    });
+    t.gpu("cluster_multicast::mutant_same_half_is_caught", |gpu| {
+        // Both CTAs' halves land at offset 0: the byte count completes the barrier, the second half is stale.
+        let bad = CLUSTER_RING.mutated_source(
+            "buf + ring.stage(t) * bytes + rank * half,",
+            "buf + ring.stage(t) * bytes + 0 * half,",
+        )?;
+        let got = cluster_ring(gpu, &bad, 4096, 3)?;
+        let want: Vec<u8> = (0..4096 * 3).map(|i| (i * 131 % 251) as u8).collect();
+        ensure!(
+            got.chunks(4096 * 3).all(|c| c != want),
+            "a half tile loaded to the wrong offset went unnoticed"
+        );
+        Ok(())
+    });
     t.model("the_kernel_table_covers_every_shape", || {
         for s in SHAPES {
             kernel(s);
@@ -345,6 +375,44 @@ fn bulk_ring(
     let (b, n) = (bytes as i32, tiles as i32);
     // SAFETY: bulk_ring(const u8* in[bytes·tiles], int bytes, int tiles, u8* out[bytes·tiles]); 128 threads, 1024
     // + 2·bytes of dynamic shared memory (two stages, 1024-aligned).
+    unsafe {
+        st.launch_builder(&k.func)
+            .arg(&din)
+            .arg(&b)
+            .arg(&n)
+            .arg(&mut dout)
+            .launch(cfg)?
+    };
+    Ok(st.clone_dtoh(&dout)?)
+}
+
+/// `tiles` tiles of `bytes` through `cluster_ring` (one cluster of two CTAs, each loading half of every tile for
+/// both): both CTAs' copies, CTA 0's first. The spin is bounded, so that a broken change ends with wrong bytes
+/// (a CTA starved that way leaves the context unusable for the tests after it: no mutant here starves one).
+fn cluster_ring(
+    gpu: &lab::Gpu,
+    spec: &lab::KernelSpec,
+    bytes: usize,
+    tiles: usize,
+) -> Result<Vec<u8>> {
+    let input: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
+    let st = &gpu.stream;
+    let k = gpu.load_with(spec, &[SPIN])?;
+    let smem = 1024 + 2 * bytes;
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    let din = st.clone_htod(&input)?;
+    let mut dout = st.clone_htod(&vec![0xA5u8; 2 * bytes * tiles])?;
+    let cfg = LaunchConfig {
+        grid_dim: (2, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let (b, n) = (bytes as i32, tiles as i32);
+    // SAFETY: cluster_ring(const u8* in[bytes·tiles], int bytes, int tiles, u8* out[2·bytes·tiles]); one cluster
+    // of 2 CTAs (__cluster_dims__), 128 threads, 1024 + 2·bytes of dynamic shared memory.
     unsafe {
         st.launch_builder(&k.func)
             .arg(&din)
