@@ -119,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) bulk_ring(const unsigned ch
   }
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // multicast is sm_90a's (ptxas advises against it on sm_90: a budget failure)
 // A cluster of two CTAs sharing a 2-stage ring: each CTA's thread 0 loads half of every tile
 // (tma::bulk_load_multicast into both CTAs) and arms its own full barrier for the whole tile; each CTA copies every
 // landed tile to out[rank][t] and releases it to both producers (tma::arrive_cluster_at), whose empty barriers
@@ -152,3 +153,4 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1)
   }
   tma::cluster_sync();
 }
+#endif
