@@ -217,16 +217,7 @@ fn main() {
     });
     t.gpu("bulk_load::through_a_ring", |gpu| {
         // Tiles the size of stage 7's Vᵀ (28 KiB) and a small one, more tiles than stages: each comes back exact.
-        for (bytes, tiles) in [(28672usize, 5usize), (4096, 7)] {
-            let got = bulk_ring(gpu, &BULK_RING, bytes, tiles)?;
-            let want: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
-            ensure!(
-                got == want,
-                "{tiles} tiles of {bytes} bytes: {} bytes differ",
-                got.iter().zip(&want).filter(|(a, b)| a != b).count()
-            );
-        }
-        Ok(())
+        every_copy_exact(gpu, &BULK_RING, 1)
     });
     t.gpu("bulk_load::mutant_short_copy_is_caught", |gpu| {
         // The copy a byte count short of the tile (16 bytes): its barrier then never completes unless the
@@ -239,26 +230,16 @@ fn main() {
             "ring.acquire(t, unsigned(bytes));",
             "ring.acquire(t, unsigned(bytes) - 16u);",
         )?;
-        let got = bulk_ring(gpu, &bad, 4096, 3)?;
-        let want: Vec<u8> = (0..4096 * 3).map(|i| (i * 131 % 251) as u8).collect();
-        ensure!(got != want, "a bulk copy 16 bytes short went unnoticed");
+        let got = byte_ring(gpu, &bad, 4096, 3, 1)?;
+        ensure!(
+            got != pattern(4096 * 3),
+            "a bulk copy 16 bytes short went unnoticed"
+        );
         Ok(())
     });
     t.gpu("cluster_multicast::both_ctas_get_every_tile", |gpu| {
-        // Stage 7's Vᵀ tile size and a small one, more tiles than stages: each CTA's copy of each tile is exact,
-        // though each CTA loaded only half of it.
-        for (bytes, tiles) in [(28672usize, 5usize), (4096, 7)] {
-            let got = cluster_ring(gpu, &CLUSTER_RING, bytes, tiles)?;
-            let want: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
-            for (rank, copy) in got.chunks(bytes * tiles).enumerate() {
-                ensure!(
-                    copy == want,
-                    "CTA {rank}, {tiles} tiles of {bytes} bytes: {} bytes differ",
-                    copy.iter().zip(&want).filter(|(a, b)| a != b).count()
-                );
-            }
-        }
-        Ok(())
+        // The same tiles: each CTA's copy of each is exact, though each CTA loaded only half of it.
+        every_copy_exact(gpu, &CLUSTER_RING, 2)
     });
     t.gpu("cluster_multicast::mutant_same_half_is_caught", |gpu| {
         // Both CTAs' halves land at offset 0: the byte count completes the barrier, the second half is stale.
@@ -266,10 +247,9 @@ fn main() {
             "buf + ring.stage(t) * bytes + rank * half,",
             "buf + ring.stage(t) * bytes + 0 * half,",
         )?;
-        let got = cluster_ring(gpu, &bad, 4096, 3)?;
-        let want: Vec<u8> = (0..4096 * 3).map(|i| (i * 131 % 251) as u8).collect();
+        let got = byte_ring(gpu, &bad, 4096, 3, 2)?;
         ensure!(
-            got.chunks(4096 * 3).all(|c| c != want),
+            got.chunks(4096 * 3).all(|c| c != pattern(4096 * 3)),
             "a half tile loaded to the wrong offset went unnoticed"
         );
         Ok(())
@@ -350,69 +330,61 @@ fn main() {
     t.run()
 }
 
-/// `tiles` tiles of `bytes` through `bulk_ring` (tma::bulk_load, a 2-stage ring): what came back.
-fn bulk_ring(
-    gpu: &lab::Gpu,
-    spec: &lab::KernelSpec,
-    bytes: usize,
-    tiles: usize,
-) -> Result<Vec<u8>> {
-    let input: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
-    let st = &gpu.stream;
-    let k = gpu.load(spec)?;
-    let smem = 1024 + 2 * bytes;
-    k.func.set_attribute(
-        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )?;
-    let din = st.clone_htod(&input)?;
-    let mut dout = st.clone_htod(&vec![0xA5u8; bytes * tiles])?;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    let (b, n) = (bytes as i32, tiles as i32);
-    // SAFETY: bulk_ring(const u8* in[bytes·tiles], int bytes, int tiles, u8* out[bytes·tiles]); 128 threads, 1024
-    // + 2·bytes of dynamic shared memory (two stages, 1024-aligned).
-    unsafe {
-        st.launch_builder(&k.func)
-            .arg(&din)
-            .arg(&b)
-            .arg(&n)
-            .arg(&mut dout)
-            .launch(cfg)?
-    };
-    Ok(st.clone_dtoh(&dout)?)
+/// The bytes the ring tests load: tile after tile of a pattern no two nearby tiles share.
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 131 % 251) as u8).collect()
 }
 
-/// `tiles` tiles of `bytes` through `cluster_ring` (one cluster of two CTAs, each loading half of every tile for
-/// both): both CTAs' copies, CTA 0's first. The spin is bounded, so that a broken change ends with wrong bytes
-/// (a CTA starved that way leaves the context unusable for the tests after it: no mutant here starves one).
-fn cluster_ring(
+/// `spec` (`bulk_ring`, or `cluster_ring` with `ctas` = 2) over tiles the size of stage 7's Vᵀ and a small one,
+/// more tiles than stages: every CTA's copy of every tile exact.
+fn every_copy_exact(gpu: &lab::Gpu, spec: &lab::KernelSpec, ctas: usize) -> Result<()> {
+    for (bytes, tiles) in [(28672usize, 5usize), (4096, 7)] {
+        let got = byte_ring(gpu, spec, bytes, tiles, ctas)?;
+        let want = pattern(bytes * tiles);
+        for (cta, copy) in got.chunks(bytes * tiles).enumerate() {
+            ensure!(
+                copy == want,
+                "CTA {cta} of {ctas}, {tiles} tiles of {bytes} bytes: {} bytes differ",
+                copy.iter().zip(&want).filter(|(a, b)| a != b).count()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `tiles` tiles of `bytes` through a byte ring kernel, `ring(in, bytes, tiles, out)` on `ctas` CTAs of 128 threads
+/// (`bulk_ring`: 1; `cluster_ring`: one cluster of 2, each CTA loading half of every tile for both): every CTA's
+/// copy, CTA 0's first. A cluster's spin is bounded, so that a broken change ends with wrong bytes (a CTA starved
+/// that way leaves the context unusable for the tests after it: no mutant here starves one).
+fn byte_ring(
     gpu: &lab::Gpu,
     spec: &lab::KernelSpec,
     bytes: usize,
     tiles: usize,
+    ctas: usize,
 ) -> Result<Vec<u8>> {
-    let input: Vec<u8> = (0..bytes * tiles).map(|i| (i * 131 % 251) as u8).collect();
     let st = &gpu.stream;
-    let k = gpu.load_with(spec, &[SPIN])?;
+    let k = if ctas > 1 {
+        gpu.load_with(spec, &[SPIN])?
+    } else {
+        gpu.load(spec)?
+    };
     let smem = 1024 + 2 * bytes;
     k.func.set_attribute(
         lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         smem as i32,
     )?;
-    let din = st.clone_htod(&input)?;
-    let mut dout = st.clone_htod(&vec![0xA5u8; 2 * bytes * tiles])?;
+    let din = st.clone_htod(&pattern(bytes * tiles))?;
+    let mut dout = st.clone_htod(&vec![0xA5u8; ctas * bytes * tiles])?;
     let cfg = LaunchConfig {
-        grid_dim: (2, 1, 1),
+        grid_dim: (ctas as u32, 1, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let (b, n) = (bytes as i32, tiles as i32);
-    // SAFETY: cluster_ring(const u8* in[bytes·tiles], int bytes, int tiles, u8* out[2·bytes·tiles]); one cluster
-    // of 2 CTAs (__cluster_dims__), 128 threads, 1024 + 2·bytes of dynamic shared memory.
+    // SAFETY: bulk_ring / cluster_ring(const u8* in[bytes·tiles], int bytes, int tiles, u8* out[ctas·bytes·tiles]);
+    // `ctas` CTAs (cluster_ring's __cluster_dims__ is 2), 128 threads, 1024 + 2·bytes of dynamic shared memory (two
+    // stages, 1024-aligned).
     unsafe {
         st.launch_builder(&k.func)
             .arg(&din)
