@@ -1,6 +1,7 @@
 # torch_sdpa.py: PyTorch's fp16 SDPA (cuDNN and flash backends) timed like the lab's stages; one JSON line a case.
 import json
 import math
+import statistics
 import sys
 import threading
 
@@ -63,7 +64,7 @@ class Telemetry:
         thermal or hardware slowdown."""
         if not self.samples:
             return {}
-        med = lambda v: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
+        med = statistics.median
         return {"sm_mhz": med([s[0] for s in self.samples]), "power_w": med([s[1] for s in self.samples]),
                 "power_limit_w": self.limit_w, "power_capped": sum(s[2] for s in self.samples) / len(self.samples),
                 "slowdown": sum(s[3] for s in self.samples) / len(self.samples),

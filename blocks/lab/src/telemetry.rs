@@ -4,15 +4,15 @@
 //! 1.4–1.7 GHz of 1.98), so a kernel's time depends on its energy per unit of work as well as its cycles: two
 //! timings are comparable only with the clock and power they ran at beside them. Where NVML cannot be loaded (no
 //! driver: CI) or does not know the device, there is no telemetry, never an error.
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::Clock;
+use nvml_wrapper::{Device, Nvml};
 use serde::Serialize;
 
 use crate::Gpu;
@@ -104,6 +104,22 @@ fn nvml() -> Option<&'static Nvml> {
     N.get_or_init(|| Nvml::init().ok()).as_ref()
 }
 
+/// One reading of `device` (None where NVML refuses one of its three queries).
+fn read(device: &Device<'_>) -> Option<Sample> {
+    let why = device.current_throttle_reasons().ok()?;
+    Some(Sample {
+        sm_mhz: device.clock_info(Clock::SM).ok()?,
+        power_w: f64::from(device.power_usage().ok()?) / 1e3,
+        power_capped: why.contains(ThrottleReasons::SW_POWER_CAP),
+        slowdown: why.intersects(
+            ThrottleReasons::HW_SLOWDOWN
+                | ThrottleReasons::SW_THERMAL_SLOWDOWN
+                | ThrottleReasons::HW_THERMAL_SLOWDOWN
+                | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+        ),
+    })
+}
+
 /// Samples `gpu`'s device on a thread, every `period`, from `start` until `stop`.
 #[derive(Debug)]
 pub struct Sampler {
@@ -116,49 +132,19 @@ impl Sampler {
     /// Starts sampling the device of `gpu` (found by its PCI bus id), once right away and then every `period`;
     /// None where NVML cannot read it.
     pub fn start(gpu: &Gpu, period: Duration) -> Option<Sampler> {
-        let nvml = nvml()?;
-        let bus = gpu.pci_bus_id().ok()?;
-        let device = nvml.device_by_pci_bus_id(bus.as_str()).ok()?;
+        let device = nvml()?.device_by_pci_bus_id(gpu.pci_bus_id().ok()?).ok()?;
         let power_limit_w = f64::from(device.enforced_power_limit().ok()?) / 1e3;
+        // The first reading is taken here, before the caller's work starts.
+        let mut samples: Vec<Sample> = read(&device).into_iter().collect();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let (ready, started) = mpsc::channel();
         let handle = std::thread::spawn(move || {
-            let mut samples = Vec::new();
-            let Ok(device) = nvml.device_by_pci_bus_id(bus.as_str()) else {
-                let _ = ready.send(());
-                return samples;
-            };
-            let read = |samples: &mut Vec<Sample>| {
-                let (Ok(sm_mhz), Ok(mw), Ok(why)) = (
-                    device.clock_info(Clock::SM),
-                    device.power_usage(),
-                    device.current_throttle_reasons(),
-                ) else {
-                    return;
-                };
-                samples.push(Sample {
-                    sm_mhz,
-                    power_w: f64::from(mw) / 1e3,
-                    power_capped: why.contains(ThrottleReasons::SW_POWER_CAP),
-                    slowdown: why.intersects(
-                        ThrottleReasons::HW_SLOWDOWN
-                            | ThrottleReasons::SW_THERMAL_SLOWDOWN
-                            | ThrottleReasons::HW_THERMAL_SLOWDOWN
-                            | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
-                    ),
-                });
-            };
-            read(&mut samples);
-            let _ = ready.send(());
             while !flag.load(Ordering::Relaxed) {
                 std::thread::sleep(period);
-                read(&mut samples);
+                samples.extend(read(&device));
             }
             samples
         });
-        // The first reading is taken before the caller's work starts.
-        started.recv().ok()?;
         Some(Sampler {
             stop,
             handle,

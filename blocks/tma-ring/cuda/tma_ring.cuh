@@ -104,7 +104,7 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // One arrival on the barrier at shared address `bar` (tma::smem of this CTA's own) in CTA `rank` of the cluster:
 // the same offset there (mapa). Release at CTA scope, as CUTLASS's cluster barriers arrive: .release.cluster
-// put a MEMBAR before every arrival (12 in stage 7's cluster kernel).
+// puts a MEMBAR before every arrival (12 of them in a stage 7 built on it, branch attempt/cluster-multicast).
 __device__ __forceinline__ void arrive_cluster_at(unsigned bar, unsigned rank) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, "
