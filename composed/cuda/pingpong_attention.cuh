@@ -20,33 +20,17 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
                                             const tma::Map* mvt, int w, int n, int r0) {
   const TileCoord u = unit_coord(p, w);
   const int tiles = key_tiles<BC>(p, u.qt * kUnitRows);
-  blk.produce_q(mq, n, u.bh, u.qt * kUnitRows);
+  blk.produce_q(mq, n, u.bh, u.qt * kUnitRows, w);
   const int kv = u.bh / p.group;
   blk.produce_kv(mk, mvt, p.vt_tiles + (long long)kv * ((p.sk + BC - 1) / BC) * Block::kTile, kv, r0, tiles);
   return tiles;
 }
 
-// Where a consumer is in the K/Vᵀ ring, tile t (the current), with the tiles before it. Two ways, one interface:
-// RingIndex asks the ring for tile t by its number (t % STAGES, t / STAGES at each access), RingCursor carries t's
-// stage and parity from tile to tile with the barriers' shared addresses in registers. One unit a block takes
-// RingIndex: counted from 0, ptxas folds it (stage 7 at D = 128 measured 2–5% slower with the cursor there).
-// Persistent blocks take RingCursor: counted across units, each t % 3 and t / 3 was a chain of uniform-datapath
-// instructions between the barrier wait and the Q·Kᵀ issue, and the barriers' addresses were rebuilt from
-// SR_CgaCtaId (S2UR) twice a tile.
-template <class Block>
-struct RingIndex {
-  const Block& blk;
-  int t = 0;
-  __device__ void advance() { ++t; }
-  __device__ void wait() const { blk.ring.wait_full(t); }
-  __device__ const unsigned char* k() const { return blk.k_tile(t); }
-  __device__ const unsigned char* vt() const { return blk.vt_tile(t); }
-  __device__ const unsigned char* vt_prev() const { return blk.vt_tile(t - 1); }
-  __device__ void release() const { blk.ring.release(t); }
-  __device__ void release_prev() const { blk.ring.release(t - 1); }
-  __device__ void release_prev2() const { blk.ring.release(t - 2); }
-};
-
+// Where a consumer is in the K/Vᵀ ring, tile t (the current), with the tiles before it: t's stage and parity
+// carried from tile to tile, counted across a block's units, with the barriers' shared addresses in registers.
+// Asked by number instead (t % 3 and t / 3 at each access), each was a chain of uniform-datapath instructions
+// between the barrier wait and the Q·Kᵀ issue, and the barriers' addresses were rebuilt from SR_CgaCtaId (S2UR)
+// twice a tile (+4% and +3.4% at (4, 16, 4096, 64) for the cursor, docs/ladder.md, sixth pass).
 template <class Block>
 struct RingCursor {
   static constexpr int S = Block::kStages;
@@ -76,13 +60,13 @@ struct RingCursor {
 };
 
 // Consumer warpgroup wg's part of unit w (the block's n-th; `at`: the ring at its first key tile, left at its
-// last); `next`: the block has a unit after this one (then its last turn hands over). A persistent block (two Q
-// buffers) gives the unit's last slot and Q's buffer back, always: behind a test of `next`, ptxas's schedule of
-// the loop cost 13% at (4, 16, 4096, 64).
-template <int D, int BC, class Block, class Ring>
+// last); `next()`: whether the block has a unit after this one (then its last turn hands over), asked by consumer
+// 1 only, after its last GEMM issue (a block learns its next unit from the producer as it goes). The unit's last
+// slot and Q's buffer go back always: behind a test of `next`, ptxas's schedule of the loop cost 13% at
+// (4, 16, 4096, 64).
+template <int D, int BC, class Block, class Ring, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at,
-                                             bool next) {
-  constexpr bool PERSISTENT = Block::kQBufs > 1;
+                                             Next&& next) {
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
   using SL = frag::WgmmaD<BC>;
@@ -165,21 +149,19 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   __syncwarp();
   if (roles::lane() == 0) {
     if (tiles > 1) at.release_prev();
-    if constexpr (PERSISTENT) blk.release_q(n);
+    blk.release_q(n);
   }
   roles::sync(1 + wg, 256);
   osm::rescale<OL>(o, alpha);
   wgmma::fence();
   wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt(), true);
   wgmma::commit();
-  if (wg == 0 || next) roles::arrive(2 - wg, 256);
+  if (wg == 0 || next()) roles::arrive(2 - wg, 256);
   osm::step_end(sum, alpha, st);
   wgmma::wait<0>();
   wgmma::fence_operand(o[0].x);
-  if constexpr (PERSISTENT) {
-    __syncwarp();
-    if (roles::lane() == 0) at.release();
-  }
+  __syncwarp();
+  if (roles::lane() == 0) at.release();
   epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
 }
 
@@ -192,42 +174,43 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax (softmax_defer_l: osm::step_rows
 // with l's update left for after the next turn's GEMM issue), and key tiles past the block's last visible key are
 // never loaded (at least one is, so that rows with no visible key still end with O = 0, LSE = −inf).
-// A unit is a (head, query tile) of 128 rows, query tiles fastest (unit_coord). PERSISTENT: a block runs units
-// blockIdx.x, + gridDim.x, … of p.work (the host launches one block an SM); its producer runs ahead across units
-// (ring slots and Q's two buffers are counted across them), so a unit's Q and first key tiles land under the unit
-// before, and the turns hand over across units. Otherwise one unit a block, with the code of a single unit
-// (ring tiles from 0, one Q buffer).
-template <int D, int STAGES, int BC, bool PERSISTENT>
+// A unit is a (head, query tile) of 128 rows, in unit_coord's order. Blocks are persistent (the host launches one
+// an SM, at most one a unit): a block's first unit is blockIdx.x, and as its producer has issued a unit's last key
+// tile it takes the next unit in order from a counter (p.sched), so that blocks finishing early take more units
+// (causal units differ in length up to Sk / BC times); it names each unit to the consumers in Q's buffer slot
+// (TmaBlock::unit). The producer runs ahead across units (ring slots and Q's two buffers are counted across
+// them), so a unit's Q and first key tiles land under the unit before, and the turns hand over across units. The
+// last block done with the counter sets it back to zero for the next launch.
+template <int D, int STAGES, int BC>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
-  using Block = TmaBlock<D, STAGES, BC, PERSISTENT ? 2 : 1>;
+  using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
-  __shared__ QBarriers<PERSISTENT ? 2 : 1> qbars;
+  __shared__ QBarriers<2> qbars;
   extern __shared__ unsigned char smem_raw[];
   const Block blk(smem_raw, &bars, &qbars);
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
     if (threadIdx.x == 0) {
       Block::prefetch(mq, mk, mvt);
-      if constexpr (PERSISTENT) {
-        int r0 = 0, n = 0;
-        for (int w = blockIdx.x; w < p.work; w += gridDim.x, ++n)
-          r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, w, n, r0);
-      } else {
-        produce_unit<Block, BC>(p, blk, mq, mk, mvt, blockIdx.x, 0, 0);
+      int r0 = 0, n = 0;
+      for (int w = blockIdx.x; w < p.work; ++n) {
+        r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, w, n, r0);
+        w = int(gridDim.x) + atomicAdd(p.sched, 1);
+      }
+      blk.end_units(n, p.work);
+      __threadfence();  // this block's last ticket is taken before it counts itself done
+      if (atomicAdd(p.sched + 1, 1) == int(gridDim.x) - 1) {
+        p.sched[0] = 0;
+        p.sched[1] = 0;
       }
     }
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
-    if constexpr (PERSISTENT) {
-      RingCursor<Block> at(blk);
-      for (int w = blockIdx.x, n = 0; w < p.work; w += gridDim.x, ++n) {
-        consume_unit<D, BC>(p, blk, wg, w, n, at, w + int(gridDim.x) < p.work);
-        at.advance();
-      }
-    } else {
-      RingIndex<Block> at{blk};
-      consume_unit<D, BC>(p, blk, wg, blockIdx.x, 0, at, false);
+    RingCursor<Block> at(blk);
+    for (int w = blk.unit(0), n = 0; w < p.work; w = blk.unit(++n)) {
+      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return blk.unit(n + 1) < p.work; });
+      at.advance();
     }
   }
 }

@@ -35,9 +35,13 @@ struct Params {
   int q_rows;   // query rows a block (the grid's y tiles): the host's Stage::rows_for
   int q_tiles;  // query tiles of q_rows a head
   int work;     // (head, query tile) units of a persistent grid (stage 7): heads · q_tiles
+  int section;  // causal stage 7: heads a section of the schedule (unit_coord; a multiple of group)
   // Vᵀ as tile images (stage 7 at D = 128, TmaBlock::kVtImage): tile t of K/V head h is kTile bytes at
   // vt_tiles + (h · ⌈Sk / BC⌉ + t) · kTile, as the tile sits in shared memory (prep.cu's prep_vt_tiles).
   const unsigned char* vt_tiles;
+  // Stage 7's unit counter and the count of blocks done with it (two ints, zero before a launch, zero again after:
+  // the last block done resets them): a block's first unit is blockIdx.x, each later one gridDim.x + a ticket.
+  int* sched;
 };
 
 // O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).
@@ -127,8 +131,16 @@ __device__ __forceinline__ TileCoord tile_coord() {
   return {int(lin / gridDim.y), int(lin % gridDim.y)};
 }
 
-// Unit w of a persistent grid (stage 7): the same numbering, query tiles fastest.
-__device__ __forceinline__ TileCoord unit_coord(const Params& p, int w) { return {w / p.q_tiles, w % p.q_tiles}; }
+// Unit w of stage 7's schedule. Without a mask every unit has the same key tiles: the same numbering as tile_coord,
+// query tiles fastest. Causal units differ in length, and blocks take them in schedule order as they free up
+// (pingpong_attention): longest first balances the SMs, within sections of p.section heads whose K and V fit in L2
+// together (longest first across all heads had every head's K and V in flight at once), heads fastest.
+__device__ __forceinline__ TileCoord unit_coord(const Params& p, int w) {
+  if (!p.causal) return {w / p.q_tiles, w % p.q_tiles};
+  const int per = p.section * p.q_tiles, sec = w / per, r = w % per;
+  const int heads = min(p.section, p.work / p.q_tiles - sec * p.section);
+  return {sec * p.section + r % heads, p.q_tiles - 1 - r / heads};
+}
 
 // Which head and query rows this block owns, and the softmax scale folded for the raw fp8 codes: scores are
 // q·k of the unscaled codes, so scale = softmax_scale · q_scale · k_scale; c = scale · log2(e) feeds exp2.

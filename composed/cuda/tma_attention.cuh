@@ -8,10 +8,14 @@ namespace sdpa {
 
 // Q's mbarriers, one pair a Q buffer: full[b] completes as the producer's Q load lands; empty[b] when every
 // consumer warp has read the buffer for the last time (stage 7's persistent loop refills it for a later unit).
+// unit[b]: which work unit the buffer's Q is of (persistent blocks, which learn their units as they go), or a
+// number >= Params::work for "no more": written by the producer before it arrives on full[b], read by consumers
+// after their wait on it (the arrive releases, the wait acquires).
 template <int QBUFS>
 struct QBarriers {
   unsigned long long full[QBUFS];
   unsigned long long empty[QBUFS];
+  int unit[QBUFS];
 };
 
 // The shared memory and barriers both TMA stages use: QBUFS Q buffers (128 rows each), then STAGES K tiles and
@@ -64,6 +68,11 @@ struct TmaBlock {
   // last Q·Kᵀ of the unit retired).
   __device__ const unsigned char* q_tile(int n, int wg) const { return sq + (n % QBUFS) * kQ + wg * 64 * D; }
   __device__ void wait_q(int n) const { tma::wait(&qb->full[n % QBUFS], unsigned(n / QBUFS) & 1u); }
+  // The block's n-th unit, once its Q has landed (or the producer said there is none).
+  __device__ int unit(int n) const {
+    wait_q(n);
+    return qb->unit[n % QBUFS];
+  }
   __device__ void release_q(int n) const { tma::arrive(&qb->empty[n % QBUFS]); }
   __device__ static void prefetch(const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
     tma::prefetch(mq);
@@ -75,11 +84,23 @@ struct TmaBlock {
   // barrier counts its phase "−1" as complete, as the ring's do). One buffer means one unit a block (stage 6,
   // stage 7 at D = 128): the empty barriers are then neither made nor waited on, which keeps those kernels' code
   // as it was before Q had two buffers (a wait that always passes still moved ptxas's schedule of stage 6).
-  __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0) const {
+  // Persistent blocks (QBUFS > 1) also name the unit, w, in the buffer's slot.
+  __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0, int w = 0) const {
     const int b = n % QBUFS;
-    if (QBUFS > 1) tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
+    if (QBUFS > 1) {
+      tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
+      qb->unit[b] = w;
+    }
     tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
     for (int w = 0; w < consumers; ++w) tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D, 0, q0 + 64 * w, bh, 0);
+  }
+  // A persistent block's n-th unit is none (w >= Params::work): its slot says so, its full barrier completes on the
+  // arrival alone, and the consumers' loop ends when they read it.
+  __device__ void end_units(int n, int w) const {
+    const int b = n % QBUFS;
+    tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
+    qb->unit[b] = w;
+    tma::arrive(&qb->full[b]);
   }
   // K and Vᵀ of key/value head kv, key tiles 0 .. tiles − 1, as ring tiles r0 ... (kVtImage: Vᵀ's tile t is the
   // kTile bytes at vt_head + t · kTile, and mvt is not read).

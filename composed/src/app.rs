@@ -118,6 +118,10 @@ pub enum Cmd {
         /// an SM (as many as its work units: one unit a block, as a non-persistent launch); repeatable.
         #[arg(long = "blocks")]
         blocks: Vec<usize>,
+        /// Causal stage7, and each variant, also timed with its units ordered in schedule sections of this many
+        /// heads (longest units first within a section) instead of as many as keep 16 MiB of K and V; repeatable.
+        #[arg(long = "section")]
+        sections: Vec<usize>,
         /// Causal masking (stage7 only); its TFLOP/s count half the work.
         #[arg(long)]
         causal: bool,
@@ -185,6 +189,7 @@ pub fn execute(args: Args) -> Result<()> {
             dist,
             variants,
             blocks,
+            sections,
             causal,
             kv_heads,
             scheme,
@@ -196,6 +201,7 @@ pub fn execute(args: Args) -> Result<()> {
             dist,
             &variants,
             &blocks,
+            &sections,
             scheme.scheme(),
         ),
     }
@@ -247,15 +253,23 @@ fn bench(
     dist: Dist,
     variants: &[String],
     blocks: &[usize],
+    sections: &[usize],
     scheme: Scheme,
 ) -> Result<()> {
     ensure!(
         blocks.is_empty() || stage.persistent(s.d),
-        "--blocks: {} at D = {} is not persistent (one block a query tile); stage7 at D = 64 is",
+        "--blocks: {} at D = {} is not persistent (one block a query tile); stage7 is",
         stage.name(),
         s.d
     );
-    let mut runs = vec![(stage.name().to_string(), None, None, false)];
+    ensure!(
+        sections.is_empty() || (s.causal && stage.persistent(s.d)),
+        "--section orders causal stage7's units; this is {} at D = {}{}",
+        stage.name(),
+        s.d,
+        if s.causal { "" } else { " without --causal" }
+    );
+    let mut runs = vec![(stage.name().to_string(), None, None, false, None)];
     for v in variants {
         let (label, edits) = parse_variant(v)?;
         let mut spec = stage.kernel(s.d);
@@ -267,19 +281,37 @@ fn bench(
             Some(spec),
             None,
             false,
+            None,
         ));
     }
-    // Every run also at each block count asked for.
+    // Every run also at each block count and section asked for.
     let base = runs.clone();
     for &b in blocks {
-        for (name, spec, _, _) in &base {
-            runs.push((format!("{name} [{b} blocks]"), *spec, Some(b), false));
+        for (name, spec, _, _, _) in &base {
+            runs.push((format!("{name} [{b} blocks]"), *spec, Some(b), false, None));
+        }
+    }
+    for &h in sections {
+        for (name, spec, _, _, _) in &base {
+            runs.push((
+                format!("{name} [sections of {h} heads]"),
+                *spec,
+                None,
+                false,
+                Some(h),
+            ));
         }
     }
     // A TMA stage reads V transposed (prep_vt, made once and not timed above): timed again with the transpose in
     // every launch, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is.
     if stage.tma() {
-        runs.push((format!("{} [+ prep_vt]", stage.name()), None, None, true));
+        runs.push((
+            format!("{} [+ prep_vt]", stage.name()),
+            None,
+            None,
+            true,
+            None,
+        ));
     }
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
     let raw = fixtures::Raw::generate(s, 1000, dist);
@@ -288,9 +320,10 @@ fn bench(
     // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
     let mut best: Vec<Option<crate::bench::Timing>> = vec![None; runs.len()];
     for _round in 0..2 {
-        for (i, (_, spec, b, prep)) in runs.iter().enumerate() {
+        for (i, (_, spec, b, prep, h)) in runs.iter().enumerate() {
             sets[0].use_kernel(*spec);
             sets[0].use_blocks(*b);
+            sets[0].use_section(*h);
             sets[0].time_vt_prep(*prep);
             let t = crate::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
             if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
@@ -298,7 +331,7 @@ fn bench(
             }
         }
     }
-    for ((name, _, _, _), t) in runs.iter().zip(best) {
+    for ((name, ..), t) in runs.iter().zip(best) {
         let t = t.expect("timed");
         println!(
             "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s; {}",

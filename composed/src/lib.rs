@@ -15,7 +15,9 @@ pub use prep::{
     LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,
     transpose_v_with, vt_keys, vt_tiles_bytes, vt_tiles_model, vt_tiles_with,
 };
-pub use run::{OnDevice, grid, run, run_as, validate, validate_shape};
+pub use run::{
+    OnDevice, SECTION_KV_BYTES, grid, run, run_as, schedule_section, validate, validate_shape,
+};
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,
     Stage, bc,

@@ -150,6 +150,18 @@ pub fn grid(
     Ok((s.heads() as u32, tiles as u32, 1))
 }
 
+/// K and V bytes a schedule section of causal stage 7 may hold (`sdpa::unit_coord`): a third of the H100's 50 MB L2,
+/// so that the section's K and V stay there beside the section before's, whose last units are still running.
+pub const SECTION_KV_BYTES: usize = 16 << 20;
+
+/// Query heads a section of causal stage 7's schedule (`sdpa::unit_coord`: longest units first within a section):
+/// as many whole K/V groups as keep their K and V within `SECTION_KV_BYTES`, at least one group, at most every head.
+pub fn schedule_section(s: &fixtures::Shape) -> usize {
+    let kv_head = 2 * s.sk * s.d;
+    let groups = (SECTION_KV_BYTES / kv_head.max(1)).max(1);
+    (groups * s.group()).min(s.heads())
+}
+
 /// The value of `sdpa::OutDtype`.
 fn dtype_code(d: OutDtype) -> i32 {
     match d {
@@ -188,10 +200,12 @@ struct Params {
     q_rows: i32,
     q_tiles: i32,
     work: i32,
+    section: i32,
     vt_tiles: u64,
+    sched: u64,
 }
-// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, 9 × 4 bytes, 4 bytes of padding,
-// then 8 bytes).
+// SAFETY: plain integers and a float in the layout of sdpa::Params (8 × 8 bytes, 10 × 4 bytes, then 2 × 8 bytes).
+const _: () = assert!(std::mem::size_of::<Params>() == 120);
 unsafe impl DeviceRepr for Params {}
 
 /// Inputs and outputs of one problem, resident on the device, for repeated launches.
@@ -221,6 +235,12 @@ pub struct OnDevice {
     blocks: Option<usize>,
     /// Make Vᵀ again before every launch of a TMA stage (`time_vt_prep`).
     vt_each_launch: bool,
+    /// Stage 7's unit counter and its count of blocks done (`sdpa::Params::sched`): zeroed here once, then left
+    /// zero by every launch that ends. One per problem: its launches are ordered on a stream anyway (they write
+    /// the same O).
+    sched: CudaSlice<i32>,
+    /// Heads a section of causal stage 7's schedule instead of `schedule_section`'s (`sdpa bench --section`).
+    section: Option<usize>,
 }
 
 impl OnDevice {
@@ -338,7 +358,21 @@ impl OnDevice {
             kernel: None,
             blocks: None,
             vt_each_launch: false,
+            sched: st.alloc_zeros::<i32>(2)?,
+            section: None,
         })
+    }
+
+    /// Poisons O and the LSE again, so that a download after the next launch fails on any element it did not write.
+    pub fn poison_outputs(&mut self, gpu: &Gpu) -> Result<()> {
+        let st = &gpu.stream;
+        match &mut self.o {
+            OBuf::F16(b) => st.memcpy_htod(&poisoned::<f16>(b.len()), b)?,
+            OBuf::Bf16(b) => st.memcpy_htod(&poisoned::<bf16>(b.len()), b)?,
+            OBuf::F32(b) => st.memcpy_htod(&poisoned::<f32>(b.len()), b)?,
+        }
+        st.memcpy_htod(&poisoned::<f32>(self.lse.len()), &mut self.lse)?;
+        Ok(())
     }
 
     /// Launch `spec` (a variant of the stage's own kernel: same name, parameters and geometry) from now on;
@@ -350,6 +384,11 @@ impl OnDevice {
     /// Launch a persistent stage with `blocks` blocks from now on (`None`: one an SM).
     pub fn use_blocks(&mut self, blocks: Option<usize>) {
         self.blocks = blocks;
+    }
+
+    /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).
+    pub fn use_section(&mut self, heads: Option<usize>) {
+        self.section = heads;
     }
 
     /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`), so that a timing of the stage
@@ -411,6 +450,7 @@ impl OnDevice {
             OBuf::F32(b) => b.device_ptr(st),
         };
         let (lse, _gl) = self.lse.device_ptr(st);
+        let (sched, _gs) = self.sched.device_ptr(st);
         let bc = stage.bc(s.d);
         if stage.vt_image(s.d) {
             match &mut self.vt_img {
@@ -467,6 +507,12 @@ impl OnDevice {
         };
         // Checked first: it bounds the work units and query tiles the parameters carry as i32.
         let grid_dim = grid(stage, &s, rows, gpu.sms, self.blocks)?;
+        let section = self.section.unwrap_or_else(|| schedule_section(&s));
+        ensure!(
+            (1..=s.heads()).contains(&section),
+            "a schedule section of {section} heads: it takes 1 to B·H = {}",
+            s.heads()
+        );
         let p = Params {
             q,
             k: kk,
@@ -485,7 +531,9 @@ impl OnDevice {
             q_rows: rows as i32,
             q_tiles: s.sq.div_ceil(rows) as i32,
             work: (s.heads() * s.sq.div_ceil(rows)) as i32,
+            section: section as i32,
             vt_tiles,
+            sched,
         };
         let cfg = LaunchConfig {
             grid_dim,

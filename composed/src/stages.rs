@@ -214,13 +214,13 @@ impl Stage {
         self == Stage::S7
     }
 
-    /// Whether the stage is persistent at head dimension `d`: one block an SM loops over the work units, its
-    /// producer loading a unit's Q and first key tiles under the unit before (`run::grid`). Must agree with
-    /// `STAGE7(D, BC, STAGES, PERSISTENT)`: stage 7 at D = 64 (+7% at (4, 16, 4096, 64) with its ring cursor); at
-    /// D = 128 it measured +2% on long rows and GQA but −2…−5% causal (docs/ladder.md, sixth pass) and keeps one
-    /// unit a block.
-    pub fn persistent(self, d: usize) -> bool {
-        self == Stage::S7 && d == 64
+    /// Whether the stage is persistent at head dimension `d`: one block an SM takes work units as it frees up,
+    /// its producer loading a unit's Q and first key tiles under the unit before (`run::grid`). Stage 7 is at both
+    /// head dimensions (`pingpong_attention`): +7% at (4, 16, 4096, 64) with its ring cursor (docs/ladder.md,
+    /// sixth pass), and at D = 128, with causal units taken longest first from a counter, +9–10% causal and
+    /// +1–3% otherwise over one unit a block (tenth pass; with a fixed round-robin share it had lost 2–5% causal).
+    pub fn persistent(self, _d: usize) -> bool {
+        self == Stage::S7
     }
 
     /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,

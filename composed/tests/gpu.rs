@@ -326,8 +326,9 @@ fn gqa_shapes() -> Vec<(String, Shape)> {
     ])
 }
 
-/// Stage 7's persistent cases (D = 64, `Stage::persistent`): several units a block at small block counts, units
-/// of different key-tile counts (causal, Sq ≠ Sk), grouped-query heads, partial query and key tiles.
+/// Stage 7's persistent cases (both head dimensions, `Stage::persistent`): several units a block at small block
+/// counts, units of different key-tile counts (causal, Sq ≠ Sk) taken longest first, grouped-query heads, partial
+/// query and key tiles; causal ones also in schedule sections of one and of three heads (`OnDevice::use_section`).
 fn persistent_shapes() -> Vec<(String, Shape)> {
     grouped(vec![
         (Shape::cross(1, 3, 700, 900, 64), 3, true),
@@ -335,6 +336,9 @@ fn persistent_shapes() -> Vec<(String, Shape)> {
         (Shape::cross(1, 2, 520, 300, 64), 1, true),
         (Shape::new(1, 4, 1000, 64), 4, false),
         (Shape::new(2, 2, 384, 64), 2, true),
+        (Shape::cross(1, 4, 700, 1000, 128), 2, true),
+        (Shape::cross(2, 3, 600, 450, 128), 3, false),
+        (Shape::new(1, 2, 900, 128), 1, true),
     ])
 }
 
@@ -642,15 +646,11 @@ fn main() {
             ensure!(g == (132, 1, 1), "{g:?}");
             ensure!(composed::grid(Stage::S7, &big, 128, 132, Some(2048 + 5))? == (2048, 1, 1));
             ensure!(composed::grid(Stage::S7, &big, 128, 132, Some(7))? == (7, 1, 1));
-            // D = 128 is not persistent: one block a unit, and fewer blocks are refused by name.
+            // D = 128 too.
             let d128 = Shape::new(4, 16, 4096, 128);
-            ensure!(composed::grid(Stage::S7, &d128, 128, 132, None)? == (2048, 1, 1));
+            ensure!(composed::grid(Stage::S7, &d128, 128, 132, None)? == (132, 1, 1));
             ensure!(composed::grid(Stage::S7, &d128, 128, 132, Some(usize::MAX))? == (2048, 1, 1));
-            let e = format!(
-                "{:#}",
-                composed::grid(Stage::S7, &d128, 128, 132, Some(7)).unwrap_err()
-            );
-            ensure!(e.contains("D = 128 is not persistent"), "{e}");
+            ensure!(composed::grid(Stage::S7, &d128, 128, 132, Some(7))? == (7, 1, 1));
             // The mission shape: 8 heads × 4 query tiles, fewer units than SMs.
             ensure!(
                 composed::grid(Stage::S7, &Shape::new(1, 8, 512, 64), 128, 132, None)?
@@ -1075,13 +1075,18 @@ fn main() {
             rule(stage, &qz, &reference(&qz), &emulation_of(stage, &qz, OutDtype::F16), &one, &name, |e, e_emu| {
                 eprintln!("stage7 persistent {name}, one unit a block: {e} | emulation max_abs={e_emu:.3e}")
             })?;
-            for blocks in [Some(1), Some(2), Some(5), None] {
+            // Twice at each block count, the outputs poisoned before each launch: a unit the counter skipped (or a
+            // counter left nonzero by the launch before) leaves poison, which the download refuses.
+            let sections = [None, Some(1), Some(3.min(shape.heads())), None, None];
+            for (blocks, section) in [Some(1), Some(2), Some(5), None, None].into_iter().zip(sections) {
                 d.use_blocks(blocks);
+                d.use_section(section);
+                d.poison_outputs(gpu)?;
                 d.launch(gpu, stage)?;
                 let got = d.download(gpu)?;
                 ensure!(
                     bit_identical(&got, &one),
-                    "{name}: {blocks:?} blocks give other O / LSE than one unit a block"
+                    "{name}: {blocks:?} blocks (sections of {section:?} heads) give other O / LSE than one unit a block"
                 );
             }
             Ok(())
@@ -1135,6 +1140,49 @@ fn main() {
             Ok(())
         },
     );
+    for (mutant, from, to) in [
+        ("counter_left_nonzero", "p.sched[0] = 0;", ""),
+        (
+            "every_other_ticket",
+            "atomicAdd(p.sched, 1)",
+            "atomicAdd(p.sched, 2)",
+        ),
+    ] {
+        t.gpu(
+            &format!("persistent::stage7::mutant_{mutant}_is_caught"),
+            move |gpu| {
+                // The schedule's counter not set back to zero by the last block (the next launch's blocks then take
+                // no unit past their first), or tickets that skip units: the poisoned outputs of the second launch
+                // keep elements no unit wrote.
+                let shape = Shape::new(1, 4, 1000, 128).with_causal(true);
+                let qz = quantize_per_head(&normal(shape, 67));
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.launch(gpu, Stage::S7)?;
+                let good = d.download(gpu)?;
+                d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+                    "pingpong_attention.cuh",
+                    from,
+                    to,
+                )?));
+                d.use_blocks(Some(3));
+                let mut caught = false;
+                for _ in 0..2 {
+                    d.poison_outputs(gpu)?;
+                    d.launch(gpu, Stage::S7)?;
+                    caught |= match d.download(gpu) {
+                        Ok(bad) => !bit_identical(&good, &bad),
+                        Err(e) => format!("{e:#}").contains("never written by the kernel"),
+                    };
+                }
+                ensure!(
+                    caught,
+                    "the {mutant} mutant wrote every unit as the kernel does"
+                );
+                eprintln!("mutant caught: {mutant} leaves units unwritten");
+                Ok(())
+            },
+        );
+    }
     t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
         let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
         refused_by_the_others(gpu, shape, Stage::gqa, "has no grouped-query attention")
