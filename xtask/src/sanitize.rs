@@ -70,6 +70,12 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::persistent::stage7::2x2q2kv_384x384x64_causal",
         &["memcheck", "racecheck", "synccheck"],
     ),
+    (
+        // The same at D = 128 (Vᵀ's tile images by bulk copy), units taken from the counter longest first.
+        "composed--gpu",
+        "gpu::persistent::stage7::1x4q2kv_700x1000x128_causal",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.
