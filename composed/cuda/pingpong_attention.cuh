@@ -177,8 +177,8 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // A unit is a (head, query tile) of 128 rows, in unit_coord's order. Blocks are persistent (the host launches one
 // an SM, at most one a unit): a block's first unit is blockIdx.x, and as its producer has issued a unit's last key
 // tile it takes the next unit in order from a counter (p.sched), so that blocks finishing early take more units
-// (causal units differ in length up to Sk / BC times); it names each unit to the consumers in Q's buffer slot
-// (TmaBlock::unit). The producer runs ahead across units (ring slots and Q's two buffers are counted across
+// (causal units differ in length up to Sk / BC times); it names each later unit to the consumers in Q's buffer
+// slot (TmaBlock::unit). The producer runs ahead across units (ring slots and Q's two buffers are counted across
 // them), so a unit's Q and first key tiles land under the unit before, and the turns hand over across units. The
 // last block done with the counter sets it back to zero for the next launch.
 template <int D, int STAGES, int BC>
@@ -188,6 +188,9 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   __shared__ QBarriers<2> qbars;
   extern __shared__ unsigned char smem_raw[];
   const Block blk(smem_raw, &bars, &qbars);
+  // Whether any block takes a second unit. If not (at most one unit an SM: the mission shape), each block runs
+  // unit blockIdx.x alone, and neither the counter nor the slots are touched: they cost ~0.3 µs a launch there.
+  const bool tickets = int(gridDim.x) < p.work;
   if (roles::warpgroup() == 0) {
     roles::release_registers<40>();
     if (threadIdx.x == 0) {
@@ -195,21 +198,23 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       int r0 = 0, n = 0;
       for (int w = blockIdx.x; w < p.work; ++n) {
         r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, w, n, r0);
-        w = int(gridDim.x) + atomicAdd(p.sched, 1);
+        w = tickets ? int(gridDim.x) + atomicAdd(p.sched, 1) : p.work;
       }
-      blk.end_units(n, p.work);
-      __threadfence();  // this block's last ticket is taken before it counts itself done
-      if (atomicAdd(p.sched + 1, 1) == int(gridDim.x) - 1) {
-        p.sched[0] = 0;
-        p.sched[1] = 0;
+      if (tickets) {
+        blk.end_units(n, p.work);
+        __threadfence();  // this block's last ticket is taken before it counts itself done
+        if (atomicAdd(p.sched + 1, 1) == int(gridDim.x) - 1) {
+          p.sched[0] = 0;
+          p.sched[1] = 0;
+        }
       }
     }
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
     RingCursor<Block> at(blk);
-    for (int w = blk.unit(0), n = 0; w < p.work; w = blk.unit(++n)) {
-      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return blk.unit(n + 1) < p.work; });
+    for (int w = blockIdx.x, n = 0; w < p.work; w = tickets ? blk.unit(++n) : p.work) {
+      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; });
       at.advance();
     }
   }

@@ -84,12 +84,14 @@ struct TmaBlock {
   // barrier counts its phase "−1" as complete, as the ring's do). One buffer means one unit a block (stage 6,
   // stage 7 at D = 128): the empty barriers are then neither made nor waited on, which keeps those kernels' code
   // as it was before Q had two buffers (a wait that always passes still moved ptxas's schedule of stage 6).
-  // Persistent blocks (QBUFS > 1) also name the unit, w, in the buffer's slot.
+  // Persistent blocks (QBUFS > 1) also name the unit, w, in the buffer's slot, from their second unit on (the
+  // first is blockIdx.x: a slot written before Q's arrival and read after its wait cost ~0.2 µs of a one-unit
+  // block's ~8.5 at the mission shape).
   __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0, int w = 0) const {
     const int b = n % QBUFS;
     if (QBUFS > 1) {
       tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
-      qb->unit[b] = w;
+      if (n > 0) qb->unit[b] = w;
     }
     tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
     for (int w = 0; w < consumers; ++w) tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D, 0, q0 + 64 * w, bh, 0);
