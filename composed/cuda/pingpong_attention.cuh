@@ -28,7 +28,7 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
 
 // Where a consumer is in the K/Vᵀ ring, tile t (the current), with the tiles before it: t's stage and parity
 // carried from tile to tile, counted across a block's units, with the barriers' shared addresses in registers.
-// Asked by number instead (t % 3 and t / 3 at each access), each was a chain of uniform-datapath instructions
+// Asked by number instead (t % STAGES and t / STAGES at each access), each was a chain of uniform-datapath ops
 // between the barrier wait and the Q·Kᵀ issue, and the barriers' addresses were rebuilt from SR_CgaCtaId (S2UR)
 // twice a tile (+4% and +3.4% at (4, 16, 4096, 64) for the cursor, docs/ladder.md, sixth pass).
 template <class Block>
