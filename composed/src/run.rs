@@ -151,7 +151,8 @@ pub fn grid(
 }
 
 /// K and V bytes a schedule section of causal stage 7 may hold (`sdpa::unit_coord`): a third of the H100's 50 MB L2,
-/// so that the section's K and V stay there beside the section before's, whose last units are still running.
+/// so that the section's K and V stay there beside the section before's, whose last units are still running. 4 to
+/// 16 MiB measured level there, 32 MiB 6.5% slower (docs/ladder.md, tenth pass).
 pub const SECTION_KV_BYTES: usize = 16 << 20;
 
 /// Query heads a section of causal stage 7's schedule (`sdpa::unit_coord`: longest units first within a section):

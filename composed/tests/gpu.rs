@@ -677,6 +677,21 @@ fn main() {
         },
     );
     t.model(
+        "schedule_sections_hold_16_mib_of_k_and_v_in_whole_groups",
+        || {
+            // 2·Sk·D bytes of K and V a K/V head: 1 MiB at (Sk, D) = (4096, 128), so 16 K/V heads a section.
+            let s = |b, h, sk, d| Shape::new(b, h, sk, d);
+            ensure!(composed::schedule_section(&s(4, 16, 4096, 128)) == 16);
+            ensure!(composed::schedule_section(&s(4, 32, 4096, 128).with_kv_heads(8)?) == 64);
+            ensure!(composed::schedule_section(&s(1, 16, 16384, 128)) == 4);
+            ensure!(composed::schedule_section(&s(4, 16, 4096, 64)) == 32);
+            // One group at least, however long the keys; every head at most.
+            ensure!(composed::schedule_section(&s(1, 8, 1 << 20, 128).with_kv_heads(2)?) == 4);
+            ensure!(composed::schedule_section(&s(1, 8, 512, 64)) == 8);
+            Ok(())
+        },
+    );
+    t.model(
         "stage6_halves_its_blocks_only_when_they_would_leave_half_the_sms_idle",
         || {
             let rows = |stage: Stage, b, h, sq| stage.rows_for(&Shape::new(b, h, sq, 64), 132);
