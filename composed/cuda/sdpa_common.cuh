@@ -35,7 +35,7 @@ struct Params {
   int q_rows;   // query rows a block (the grid's y tiles): the host's Stage::rows_for
   int q_tiles;  // query tiles of q_rows a head
   int work;     // (head, query tile) units of a persistent grid (stage 7): heads · q_tiles
-  int section;  // causal stage 7: heads a section of the schedule (unit_coord; a multiple of group)
+  int section;  // causal stage 7: heads a section of the schedule (unit_coord; the host gives whole K/V groups)
   // Vᵀ as tile images (stage 7 at D = 128, TmaBlock::kVtImage): tile t of K/V head h is kTile bytes at
   // vt_tiles + (h · ⌈Sk / BC⌉ + t) · kTile, as the tile sits in shared memory (prep.cu's prep_vt_tiles).
   const unsigned char* vt_tiles;

@@ -81,9 +81,9 @@ struct TmaBlock {
   }
   // The producer's one thread. Unit n's Q of head bh (each consumer's 64 rows as its own canonical tile; rows
   // past Sq are the map's zero fill), once every consumer warp released the buffer's previous unit (a fresh
-  // barrier counts its phase "−1" as complete, as the ring's do). One buffer means one unit a block (stage 6,
-  // stage 7 at D = 128): the empty barriers are then neither made nor waited on, which keeps those kernels' code
-  // as it was before Q had two buffers (a wait that always passes still moved ptxas's schedule of stage 6).
+  // barrier counts its phase "−1" as complete, as the ring's do). One buffer means one unit a block (stage 6):
+  // the empty barriers are then neither made nor waited on, which keeps its code as it was before Q had two
+  // buffers (a wait that always passes still moved ptxas's schedule of stage 6).
   // Persistent blocks (QBUFS > 1) also name the unit, w, in the buffer's slot, from their second unit on (the
   // first is blockIdx.x: a slot written before Q's arrival and read after its wait cost ~0.2 µs of a one-unit
   // block's ~8.5 at the mission shape).

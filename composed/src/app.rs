@@ -247,6 +247,29 @@ pub fn parse_variant(v: &str) -> Result<(&str, Vec<Edit<'_>>)> {
     Ok((label, edits))
 }
 
+/// One configuration `sdpa bench` times: the stage's kernel or a variant, at a block count, schedule section, with
+/// or without Vᵀ remade in every launch.
+#[derive(Clone)]
+struct Run {
+    name: String,
+    spec: Option<lab::KernelSpec>,
+    blocks: Option<usize>,
+    section: Option<usize>,
+    vt_prep: bool,
+}
+
+impl Run {
+    fn named(name: String) -> Self {
+        Run {
+            name,
+            spec: None,
+            blocks: None,
+            section: None,
+            vt_prep: false,
+        }
+    }
+}
+
 fn bench(
     stage: Stage,
     s: Shape,
@@ -257,61 +280,51 @@ fn bench(
     scheme: Scheme,
 ) -> Result<()> {
     ensure!(
-        blocks.is_empty() || stage.persistent(s.d),
-        "--blocks: {} at D = {} is not persistent (one block a query tile); stage7 is",
-        stage.name(),
-        s.d
+        blocks.is_empty() || stage.persistent(),
+        "--blocks: {} is not persistent (one block a query tile); stage7 is",
+        stage.name()
     );
     ensure!(
-        sections.is_empty() || (s.causal && stage.persistent(s.d)),
-        "--section orders causal stage7's units; this is {} at D = {}{}",
+        sections.is_empty() || (s.causal && stage.persistent()),
+        "--section orders causal stage7's units; this is {}{}",
         stage.name(),
-        s.d,
         if s.causal { "" } else { " without --causal" }
     );
-    let mut runs = vec![(stage.name().to_string(), None, None, false, None)];
+    let mut runs = vec![Run::named(stage.name().to_string())];
     for v in variants {
         let (label, edits) = parse_variant(v)?;
         let mut spec = stage.kernel(s.d);
         for (header, from, to) in edits {
             spec = spec.mutated(header, from, to)?;
         }
-        runs.push((
-            format!("{} [{label}]", stage.name()),
-            Some(spec),
-            None,
-            false,
-            None,
-        ));
+        runs.push(Run {
+            spec: Some(spec),
+            ..Run::named(format!("{} [{label}]", stage.name()))
+        });
     }
     // Every run also at each block count and section asked for.
     let base = runs.clone();
     for &b in blocks {
-        for (name, spec, _, _, _) in &base {
-            runs.push((format!("{name} [{b} blocks]"), *spec, Some(b), false, None));
-        }
+        runs.extend(base.iter().map(|r| Run {
+            name: format!("{} [{b} blocks]", r.name),
+            blocks: Some(b),
+            ..r.clone()
+        }));
     }
     for &h in sections {
-        for (name, spec, _, _, _) in &base {
-            runs.push((
-                format!("{name} [sections of {h} heads]"),
-                *spec,
-                None,
-                false,
-                Some(h),
-            ));
-        }
+        runs.extend(base.iter().map(|r| Run {
+            name: format!("{} [sections of {h} heads]", r.name),
+            section: Some(h),
+            ..r.clone()
+        }));
     }
     // A TMA stage reads V transposed (prep_vt, made once and not timed above): timed again with the transpose in
     // every launch, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is.
     if stage.tma() {
-        runs.push((
-            format!("{} [+ prep_vt]", stage.name()),
-            None,
-            None,
-            true,
-            None,
-        ));
+        runs.push(Run {
+            vt_prep: true,
+            ..Run::named(format!("{} [+ prep_vt]", stage.name()))
+        });
     }
     let gpu = lab::Gpu::get().context("sdpa bench needs a CUDA GPU")?;
     let raw = fixtures::Raw::generate(s, 1000, dist);
@@ -320,21 +333,22 @@ fn bench(
     // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
     let mut best: Vec<Option<crate::bench::Timing>> = vec![None; runs.len()];
     for _round in 0..2 {
-        for (i, (_, spec, b, prep, h)) in runs.iter().enumerate() {
-            sets[0].use_kernel(*spec);
-            sets[0].use_blocks(*b);
-            sets[0].use_section(*h);
-            sets[0].time_vt_prep(*prep);
+        for (i, r) in runs.iter().enumerate() {
+            sets[0].use_kernel(r.spec);
+            sets[0].use_blocks(r.blocks);
+            sets[0].use_section(r.section);
+            sets[0].time_vt_prep(r.vt_prep);
             let t = crate::bench::time_stage(gpu, stage, &mut sets, 5, 100)?;
             if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
                 best[i] = Some(t);
             }
         }
     }
-    for ((name, ..), t) in runs.iter().zip(best) {
+    for (r, t) in runs.iter().zip(best) {
         let t = t.expect("timed");
         println!(
-            "{name} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s; {}",
+            "{} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s; {}",
+            r.name,
             shape_text(&s),
             scheme.name(),
             t.p50_us,

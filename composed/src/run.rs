@@ -93,9 +93,8 @@ pub fn validate(qz: &Quantized) -> Result<()> {
 }
 
 /// The launch grid of `stage` on `s` with blocks of `rows` query rows on a device of `sms` SMs, or why it cannot
-/// be launched. Stage 7 (`Stage::unit_grid`) gets its work units in x: one block a unit, or when persistent at this
-/// D (`Stage::persistent`) one block an SM, at most one a unit (`blocks` asks for another count: `sdpa bench
-/// --blocks`). The others get (B·H, query tiles): x holds up to 2^31 − 1 blocks and y up to 65535, so B·H goes
+/// be launched. Stage 7 (`Stage::persistent`) gets one block an SM in x, at most one a work unit (`blocks` asks
+/// for another count: `sdpa bench --blocks`). The others get (B·H, query tiles): x holds up to 2^31 − 1 blocks and y up to 65535, so B·H goes
 /// in x (decode batches of 1024 × 64 heads and more) and the query tiles in y (Sq up to 65535 tiles of `rows`
 /// rows: `Stage::rows_for`).
 pub fn grid(
@@ -113,7 +112,7 @@ pub fn grid(
         s.b,
         s.h
     );
-    if stage.unit_grid() {
+    if stage.persistent() {
         let work = s.heads() * tiles;
         ensure!(
             work <= i32::MAX as usize,
@@ -121,16 +120,6 @@ pub fn grid(
             s.heads(),
             stage.name()
         );
-        if !stage.persistent(s.d) {
-            ensure!(
-                blocks.is_none_or(|b| b >= work),
-                "{} at D = {} is not persistent: it needs one block a unit ({work}), not {}",
-                stage.name(),
-                s.d,
-                blocks.unwrap_or(0)
-            );
-            return Ok((work as u32, 1, 1));
-        }
         let b = blocks.unwrap_or(sms);
         ensure!(b > 0, "{}: a launch of 0 blocks", stage.name());
         return Ok((b.min(work) as u32, 1, 1));

@@ -208,18 +208,12 @@ impl Stage {
         self == Stage::S7
     }
 
-    /// Whether the stage's grid is its (head, query tile) work units in x (`sdpa::unit_coord`), one a block
-    /// unless the stage is persistent at that head dimension.
-    pub fn unit_grid(self) -> bool {
-        self == Stage::S7
-    }
-
-    /// Whether the stage is persistent at head dimension `d`: one block an SM takes work units as it frees up,
-    /// its producer loading a unit's Q and first key tiles under the unit before (`run::grid`). Stage 7 is at both
-    /// head dimensions (`pingpong_attention`): +7% at (4, 16, 4096, 64) with its ring cursor (docs/ladder.md,
+    /// Whether the stage is persistent: its grid is one block an SM (at most one a (head, query tile) work unit,
+    /// `sdpa::unit_coord`), each block taking units as it frees up, its producer loading a unit's Q and first key
+    /// tiles under the unit before (`run::grid`). Stage 7 is, at both head dimensions (`pingpong_attention`): +7% at (4, 16, 4096, 64) with its ring cursor (docs/ladder.md,
     /// sixth pass), and at D = 128, with causal units taken longest first from a counter, +9–10% causal and
     /// +1–3% otherwise over one unit a block (tenth pass; with a fixed round-robin share it had lost 2–5% causal).
-    pub fn persistent(self, _d: usize) -> bool {
+    pub fn persistent(self) -> bool {
         self == Stage::S7
     }
 
@@ -264,7 +258,7 @@ impl Stage {
     /// that the next unit's lands under this one), and per ring stage a K tile and a Vᵀ tile (`bc(d)` keys × D
     /// each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
-        let q_bufs = if self.persistent(d) { 2 } else { 1 };
+        let q_bufs = if self.persistent() { 2 } else { 1 };
         1024 + q_bufs * 128 * d + self.ring_stages(d) * 2 * self.bc(d) * d
     }
 

@@ -1081,7 +1081,7 @@ fn main() {
             // units must come out as they do one a block (each unit's arithmetic is the same wherever it runs:
             // bit-identical), and that launch by the rule against the f64 reference and the emulation.
             let stage = Stage::S7;
-            ensure!(stage.persistent(shape.d), "stage7 is not persistent at D = {}", shape.d);
+            ensure!(stage.persistent(), "stage7 is not persistent");
             let qz = quantize_per_head(&normal(shape, 53));
             let mut d = OnDevice::upload(gpu, &qz)?;
             d.use_blocks(Some(usize::MAX));
