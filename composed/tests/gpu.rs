@@ -149,6 +149,19 @@ fn matrix() -> Vec<Case> {
         Shape::cross(1, 2, 70, 225, 128),
         26,
     );
+    // 64 keys past one 224-key tile (stage 7's last tile at (·, ·, 4096, 128) has 64 keys), and one more.
+    add(
+        "tile_edges_cross_sq100_sk288_d128",
+        normal,
+        Shape::cross(1, 2, 100, 288, 128),
+        27,
+    );
+    add(
+        "tile_edges_cross_sq100_sk289_d128",
+        normal,
+        Shape::cross(1, 2, 100, 289, 128),
+        28,
+    );
     add(
         "d128_cross_sq33_sk100",
         normal,
