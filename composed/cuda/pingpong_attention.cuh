@@ -4,6 +4,16 @@
 
 namespace sdpa {
 
+// Timeline marks for `sdpa trace` (composed::trace), which builds stage 7 with SDPA_TRACE_MARKS defined and its own
+// Marks (clock64 stamps into a buffer, lane 0 of each consumer warp of a few blocks); here they are no-ops, and
+// stage 7's SASS is the same with them as without (its snapshot).
+enum Mark { kMarkTurn = 1, kMarkIssued = 2, kMarkSoftmax = 3, kMarkSoftmaxEnd = 4, kMarkUnit = 5, kMarkEpilogueEnd = 6 };
+#ifndef SDPA_TRACE_MARKS
+struct Marks {
+  __device__ void operator()(Mark) const {}
+};
+#endif
+
 // Query rows of a unit (a block's two consumer warpgroups, 64 each).
 constexpr int kUnitRows = 128;
 
@@ -66,7 +76,8 @@ struct RingCursor {
 // (4, 16, 4096, 64).
 template <int D, int BC, class Block, class Ring, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at,
-                                             Next&& next) {
+                                             Next&& next, Marks& mark) {
+  mark(kMarkUnit);
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
   using SL = frag::WgmmaD<BC>;
@@ -102,15 +113,19 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   float alpha[2];
   at.wait();
   roles::sync(1 + wg, 256);
+  mark(kMarkTurn);
   wgmma::fence_operand(s[0].x);
   wgmma::fence();
   wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, at.k(), false);
   wgmma::commit();
   roles::arrive(2 - wg, 256);
+  mark(kMarkIssued);
   wgmma::wait<0>();
   wgmma::fence_operand(s[0].x);
+  mark(kMarkSoftmax);
   osm::RowSum sum;  // the tile before's row sums: l's update waits for the next GEMM issue (softmax_defer_l)
   softmax_defer_l<BC>(s, 0, limit, c, st, alpha, sum);
+  mark(kMarkSoftmaxEnd);
   for (int tt = 1; tt < tiles; ++tt) {
     at.advance();
     // P·V(t − 2) has retired (nothing is in flight at t = 1): P(t − 1) into its A registers, its slot back.
@@ -124,6 +139,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     }
     at.wait();
     roles::sync(1 + wg, 256);
+    mark(kMarkTurn);
     wgmma::fence_operand(s[0].x);
     wgmma::fence_operand(o[0].x);
     wgmma::fence();
@@ -137,10 +153,13 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt_prev(), true);
     wgmma::commit();
     roles::arrive(2 - wg, 256);
+    mark(kMarkIssued);
     osm::step_end(sum, alpha, st);  // l of tile t − 1, under this turn's GEMMs
     wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) runs on under the softmax
     wgmma::fence_operand(s[0].x);
+    mark(kMarkSoftmax);
     softmax_defer_l<BC>(s, tt * BC, limit, c, st, alpha, sum);
+    mark(kMarkSoftmaxEnd);
   }
   wgmma::wait<0>();  // P·V(tiles − 2), and every Q·Kᵀ of the unit: Q's buffer goes back with the slot
   wgmma::fence_operand(o[0].x);
@@ -152,17 +171,20 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     blk.release_q(n);
   }
   roles::sync(1 + wg, 256);
+  mark(kMarkTurn);
   osm::rescale<OL>(o, alpha);
   wgmma::fence();
   wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt(), true);
   wgmma::commit();
   if (wg == 0 || next()) roles::arrive(2 - wg, 256);
+  mark(kMarkIssued);
   osm::step_end(sum, alpha, st);
   wgmma::wait<0>();
   wgmma::fence_operand(o[0].x);
   __syncwarp();
   if (roles::lane() == 0) at.release();
   epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
+  mark(kMarkEpilogueEnd);
 }
 
 // As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an arrive on
@@ -213,8 +235,9 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
     RingCursor<Block> at(blk);
+    Marks mark;
     for (int w = blockIdx.x, n = 0; w < p.work; w = tickets ? blk.unit(++n) : p.work) {
-      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; });
+      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; }, mark);
       at.advance();
     }
   }

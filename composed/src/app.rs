@@ -131,6 +131,23 @@ pub enum Cmd {
         #[command(flatten)]
         scheme: SchemeArgs,
     },
+    /// Stage 7's consumer warps on a timeline: clock64 at each turn's grant and handover, each softmax's start and
+    /// end, and each unit's start and epilogue, in the first blocks of one launch; summarised (a turn's parts, a
+    /// unit's cost beyond its key tiles, how far apart the two consumers' turns are).
+    Trace {
+        /// B,H,Sq,Sk,D (or B,H,S,D)
+        #[arg(long, value_parser = Shape::parse)]
+        shape: Shape,
+        /// Causal masking.
+        #[arg(long)]
+        causal: bool,
+        /// Key/value heads a batch, for grouped-query attention (must divide H).
+        #[arg(long)]
+        kv_heads: Option<usize>,
+        /// Also write every stamp here as CSV: block, warp, cycle, mark.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
 }
 
 /// Where `sdpa` keeps compiled kernels between runs: $LAB_CUBIN_CACHE (`off` for nowhere), else
@@ -204,7 +221,42 @@ pub fn execute(args: Args) -> Result<()> {
             &sections,
             scheme.scheme(),
         ),
+        Cmd::Trace {
+            shape,
+            causal,
+            kv_heads,
+            csv,
+        } => trace(
+            shape
+                .with_kv_heads(kv_heads.unwrap_or(shape.h))?
+                .with_causal(causal),
+            csv,
+        ),
     }
+}
+
+fn trace(s: Shape, csv: Option<PathBuf>) -> Result<()> {
+    let gpu = lab::Gpu::get().context("sdpa trace needs a CUDA GPU")?;
+    let raw = fixtures::Raw::generate(s, 1000, Dist::Normal);
+    let mut d = OnDevice::prepare(gpu, &raw, Scheme::default(), OutDtype::F16)?;
+    drop(raw);
+    let lines = crate::trace::record(gpu, &mut d, s.d, 5)?;
+    if let Some(path) = csv {
+        let mut text = String::from("block,warp,cycle,mark\n");
+        for l in &lines {
+            for (t, m) in &l.marks {
+                text += &format!("{},{},{t},{m:?}\n", l.block, l.warp);
+            }
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!(
+        "stage7 {} timeline ({} blocks traced):\n{}",
+        shape_text(&s),
+        crate::trace::TRACE_BLOCKS,
+        crate::trace::summarize(&lines)?
+    );
+    Ok(())
 }
 
 /// A progress bar on stderr (drawn only when stderr is a terminal), or a spinner when `len` is None.

@@ -9,6 +9,7 @@ pub mod cli;
 mod prep;
 mod run;
 mod stages;
+pub mod trace;
 
 pub use fixtures::OutDtype;
 pub use prep::{

@@ -2,7 +2,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use composed::{OnDevice, OutDtype, Stage, bc, run_as};
 use fixtures::{
@@ -733,6 +733,17 @@ fn main() {
         }
         Ok(())
     });
+    t.compile("trace::stage7_traced_build_keeps_its_budget", || {
+        // The timeline's marks (a pointer and a count in registers, a store a mark) must not change the kind of
+        // code traced: no spills, no serialised wgmma, stage 7's own budget.
+        for d in composed::DIMS {
+            let spec = composed::trace::traced_kernel(d)?;
+            let (cubin, r) = spec.compile(lab::Arch::Sm90a)?;
+            let v = spec.violations(&cubin, &r)?;
+            ensure!(v.is_empty(), "traced stage7_d{d}: {}", v.join("; "));
+        }
+        Ok(())
+    });
     t.compile("hopper_gemms_run_on_qgmma_and_loads_on_tma", || {
         // Q·Kᵀ is D/32 QGMMA a tile and P·V bc/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
         // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
@@ -1207,6 +1218,60 @@ fn main() {
                     "the {mutant} mutant wrote every unit as the kernel does"
                 );
                 eprintln!("mutant caught: {mutant} leaves units unwritten");
+                Ok(())
+            },
+        );
+    }
+    for shape in [
+        Shape::cross(2, 3, 600, 450, 128),
+        Shape::cross(1, 2, 300, 1000, 64),
+    ] {
+        t.gpu(
+            &format!(
+                "trace::stage7_d{}_timeline_is_whole_and_changes_nothing",
+                shape.d
+            ),
+            move |gpu| {
+                // `sdpa trace`'s build of stage 7 (clock64 marks) writes the same O and LSE, bit for bit, and its
+                // two blocks' consumer warps mark whole turns: every unit a first turn and a last, a softmax in
+                // every turn but the last, and per consumer warp T + 1 turns for a unit of T key tiles.
+                let qz = quantize_per_head(&normal(shape, 73));
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.use_blocks(Some(2));
+                d.launch(gpu, Stage::S7)?;
+                let plain = d.download(gpu)?;
+                let lines = composed::trace::record(gpu, &mut d, shape.d, 1)?;
+                ensure!(
+                    bit_identical(&d.download(gpu)?, &plain),
+                    "{shape:?}: the traced kernel's O / LSE differ"
+                );
+                let units = shape.heads() * shape.sq.div_ceil(128);
+                let tiles = shape.sk.div_ceil(Stage::S7.bc(shape.d));
+                for warp in 0..8 {
+                    let (mut u, mut turns) = (0, 0);
+                    for l in lines.iter().filter(|l| l.warp == warp) {
+                        let t = composed::trace::turns(l).context("marks out of order")?;
+                        ensure!(
+                            t.iter().all(|x| x.softmax.is_some() != x.last),
+                            "warp {warp}: a softmax in a last turn, or none in another"
+                        );
+                        let firsts = t.iter().filter(|x| x.first).count();
+                        ensure!(firsts == t.iter().filter(|x| x.last).count());
+                        u += firsts;
+                        turns += t.len();
+                    }
+                    ensure!(
+                        u == units && turns == units * (tiles + 1),
+                        "warp {warp}: {u} units and {turns} turns traced, want {units} and {}",
+                        units * (tiles + 1)
+                    );
+                }
+                let s = composed::trace::summarize(&lines)?;
+                ensure!(
+                    s.period > 0.0 && s.softmax > 0.0 && s.softmax < s.period,
+                    "{s}"
+                );
+                eprintln!("{shape:?}: {s}");
                 Ok(())
             },
         );
