@@ -7,7 +7,15 @@ namespace sdpa {
 // Timeline marks for `sdpa trace` (composed::trace), which builds stage 7 with SDPA_TRACE_MARKS defined and its own
 // Marks (clock64 stamps into a buffer, lane 0 of each consumer warp of a few blocks); here they are no-ops, and
 // stage 7's SASS is the same with them as without (its snapshot).
-enum Mark { kMarkTurn = 1, kMarkIssued = 2, kMarkSoftmax = 3, kMarkSoftmaxEnd = 4, kMarkUnit = 5, kMarkEpilogueEnd = 6 };
+enum Mark {
+  kMarkTurn = 1,
+  kMarkIssued = 2,
+  kMarkSoftmax = 3,
+  kMarkSoftmaxEnd = 4,
+  kMarkUnit = 5,
+  kMarkEpilogueEnd = 6,
+  kMarkLastCommit = 7,  // a unit's last P·V committed, before consumer 1 asks for the next unit
+};
 #ifndef SDPA_TRACE_MARKS
 struct Marks {
   __device__ void operator()(Mark) const {}
@@ -176,6 +184,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   wgmma::fence();
   wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt(), true);
   wgmma::commit();
+  mark(kMarkLastCommit);
   if (wg == 0 || next()) roles::arrive(2 - wg, 256);
   mark(kMarkIssued);
   osm::step_end(sum, alpha, st);

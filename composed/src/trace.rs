@@ -16,6 +16,8 @@ pub enum Mark {
     SoftmaxEnd = 4,
     Unit = 5,
     EpilogueEnd = 6,
+    /// A unit's last P·V committed (its last turn), before consumer 1 asks the producer for the next unit.
+    LastCommit = 7,
 }
 
 impl Mark {
@@ -27,6 +29,7 @@ impl Mark {
             4 => Mark::SoftmaxEnd,
             5 => Mark::Unit,
             6 => Mark::EpilogueEnd,
+            7 => Mark::LastCommit,
             _ => return None,
         })
     }
@@ -137,6 +140,10 @@ pub fn parse(words: &[u64]) -> Vec<WarpLine> {
 pub struct Turn {
     pub granted: u64,
     pub issued: u64,
+    /// A last turn's P·V committed (before the handover, which consumer 1 makes once it knows the next unit).
+    pub committed: Option<u64>,
+    /// A last turn's epilogue end.
+    pub epilogue_end: Option<u64>,
     pub softmax: Option<(u64, u64)>,
     pub first: bool,
     pub last: bool,
@@ -164,7 +171,12 @@ pub fn turns(line: &WarpLine) -> Option<Vec<Turn>> {
                 out.last_mut()?.softmax = Some((t, e));
             }
             Mark::SoftmaxEnd => return None,
-            Mark::EpilogueEnd => out.last_mut()?.last = true,
+            Mark::EpilogueEnd => {
+                let x = out.last_mut()?;
+                x.last = true;
+                x.epilogue_end = Some(t);
+            }
+            Mark::LastCommit => out.last_mut()?.committed = Some(t),
         }
     }
     Some(out)
@@ -199,6 +211,11 @@ pub struct Summary {
     pub boundary: f64,
     /// Consumer 1's grant after consumer 0's, over the period (0.5: evenly interleaved).
     pub phase: f64,
+    /// Per consumer (0, 1), in a unit's last turn: grant to the last P·V's commit, commit to handover (consumer
+    /// 1 first learns whether the block has a next unit), handover to the epilogue's end (P·V's wait, epilogue).
+    pub last_commit: [f64; 2],
+    pub last_ask: [f64; 2],
+    pub last_epilogue: [f64; 2],
 }
 
 pub fn summarize(lines: &[WarpLine]) -> Result<Summary> {
@@ -262,6 +279,19 @@ pub fn summarize(lines: &[WarpLine]) -> Result<Summary> {
         }
     }
     s.phase = median(phase);
+    for c in 0..2 {
+        let last: Vec<Turn> = per_warp
+            .iter()
+            .filter(|(_, w, _)| (*w >= 4) == (c == 1))
+            .flat_map(|(_, _, t)| t.iter().copied().filter(|x| x.last))
+            .collect();
+        let part = |f: &dyn Fn(&Turn) -> Option<u64>| {
+            median(last.iter().filter_map(f).map(|v| v as f64).collect())
+        };
+        s.last_commit[c] = part(&|x| x.committed.map(|m| m.saturating_sub(x.granted)));
+        s.last_ask[c] = part(&|x| x.committed.map(|m| x.issued.saturating_sub(m)));
+        s.last_epilogue[c] = part(&|x| x.epilogue_end.map(|e| e.saturating_sub(x.issued)));
+    }
     Ok(s)
 }
 
@@ -297,11 +327,19 @@ impl std::fmt::Display for Summary {
             "| last turn's grant to the next unit's first | {:.0} |",
             self.boundary
         )?;
-        write!(
+        writeln!(
             f,
             "| consumer 1's grant after consumer 0's (of a period) | {:.2} |",
             self.phase
-        )
+        )?;
+        for c in 0..2 {
+            writeln!(
+                f,
+                "| consumer {c}'s last turn: grant to P·V commit / commit to handover / handover to epilogue end | {:.0} / {:.0} / {:.0} |",
+                self.last_commit[c], self.last_ask[c], self.last_epilogue[c]
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -1222,60 +1222,60 @@ fn main() {
             },
         );
     }
-    for shape in [
-        Shape::cross(2, 3, 600, 450, 128),
-        Shape::cross(1, 2, 300, 1000, 64),
-    ] {
-        t.gpu(
-            &format!(
-                "trace::stage7_d{}_timeline_is_whole_and_changes_nothing",
-                shape.d
-            ),
-            move |gpu| {
-                // `sdpa trace`'s build of stage 7 (clock64 marks) writes the same O and LSE, bit for bit, and its
-                // two blocks' consumer warps mark whole turns: every unit a first turn and a last, a softmax in
-                // every turn but the last, and per consumer warp T + 1 turns for a unit of T key tiles.
-                let qz = quantize_per_head(&normal(shape, 73));
-                let mut d = OnDevice::upload(gpu, &qz)?;
-                d.use_blocks(Some(2));
-                d.launch(gpu, Stage::S7)?;
-                let plain = d.download(gpu)?;
-                let lines = composed::trace::record(gpu, &mut d, shape.d, 1)?;
-                ensure!(
-                    bit_identical(&d.download(gpu)?, &plain),
-                    "{shape:?}: the traced kernel's O / LSE differ"
-                );
-                let units = shape.heads() * shape.sq.div_ceil(128);
-                let tiles = shape.sk.div_ceil(Stage::S7.bc(shape.d));
-                for warp in 0..8 {
-                    let (mut u, mut turns) = (0, 0);
-                    for l in lines.iter().filter(|l| l.warp == warp) {
-                        let t = composed::trace::turns(l).context("marks out of order")?;
-                        ensure!(
-                            t.iter().all(|x| x.softmax.is_some() != x.last),
-                            "warp {warp}: a softmax in a last turn, or none in another"
-                        );
-                        let firsts = t.iter().filter(|x| x.first).count();
-                        ensure!(firsts == t.iter().filter(|x| x.last).count());
-                        u += firsts;
-                        turns += t.len();
-                    }
+    // One test for both head dimensions: their kernels share a module, and so its trace buffer.
+    t.gpu(
+        "trace::stage7_timeline_is_whole_and_changes_nothing",
+        |gpu| {
+            for shape in [
+                Shape::cross(2, 3, 600, 450, 128),
+                Shape::cross(1, 2, 300, 1000, 64),
+            ] {
+                {
+                    // `sdpa trace`'s build of stage 7 (clock64 marks) writes the same O and LSE, bit for bit, and its
+                    // two blocks' consumer warps mark whole turns: every unit a first turn and a last, a softmax in
+                    // every turn but the last, and per consumer warp T + 1 turns for a unit of T key tiles.
+                    let qz = quantize_per_head(&normal(shape, 73));
+                    let mut d = OnDevice::upload(gpu, &qz)?;
+                    d.use_blocks(Some(2));
+                    d.launch(gpu, Stage::S7)?;
+                    let plain = d.download(gpu)?;
+                    let lines = composed::trace::record(gpu, &mut d, shape.d, 1)?;
                     ensure!(
-                        u == units && turns == units * (tiles + 1),
-                        "warp {warp}: {u} units and {turns} turns traced, want {units} and {}",
-                        units * (tiles + 1)
+                        bit_identical(&d.download(gpu)?, &plain),
+                        "{shape:?}: the traced kernel's O / LSE differ"
                     );
+                    let units = shape.heads() * shape.sq.div_ceil(128);
+                    let tiles = shape.sk.div_ceil(Stage::S7.bc(shape.d));
+                    for warp in 0..8 {
+                        let (mut u, mut turns) = (0, 0);
+                        for l in lines.iter().filter(|l| l.warp == warp) {
+                            let t = composed::trace::turns(l).context("marks out of order")?;
+                            ensure!(
+                                t.iter().all(|x| x.softmax.is_some() != x.last),
+                                "warp {warp}: a softmax in a last turn, or none in another"
+                            );
+                            let firsts = t.iter().filter(|x| x.first).count();
+                            ensure!(firsts == t.iter().filter(|x| x.last).count());
+                            u += firsts;
+                            turns += t.len();
+                        }
+                        ensure!(
+                            u == units && turns == units * (tiles + 1),
+                            "warp {warp}: {u} units and {turns} turns traced, want {units} and {}",
+                            units * (tiles + 1)
+                        );
+                    }
+                    let s = composed::trace::summarize(&lines)?;
+                    ensure!(
+                        s.period > 0.0 && s.softmax > 0.0 && s.softmax < s.period,
+                        "{s}"
+                    );
+                    eprintln!("{shape:?}: {s}");
                 }
-                let s = composed::trace::summarize(&lines)?;
-                ensure!(
-                    s.period > 0.0 && s.softmax > 0.0 && s.softmax < s.period,
-                    "{s}"
-                );
-                eprintln!("{shape:?}: {s}");
-                Ok(())
-            },
-        );
-    }
+            }
+            Ok(())
+        },
+    );
     t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
         let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
         refused_by_the_others(gpu, shape, Stage::gqa, "has no grouped-query attention")
