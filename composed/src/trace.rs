@@ -356,6 +356,38 @@ mod tests {
     }
 
     #[test]
+    fn marks_match_the_kernels_enum() {
+        // pingpong_attention.cuh's `enum Mark` and this one are the two ends of one format.
+        let code = crate::HEADERS
+            .iter()
+            .find(|h| h.name == "pingpong_attention.cuh")
+            .expect("the header")
+            .code;
+        let all = [
+            ("kMarkTurn", Mark::Turn),
+            ("kMarkIssued", Mark::Issued),
+            ("kMarkSoftmax", Mark::Softmax),
+            ("kMarkSoftmaxEnd", Mark::SoftmaxEnd),
+            ("kMarkUnit", Mark::Unit),
+            ("kMarkEpilogueEnd", Mark::EpilogueEnd),
+            ("kMarkLastCommit", Mark::LastCommit),
+        ];
+        for (name, m) in all {
+            let want = format!("{name} = {},", m as u64);
+            assert!(
+                code.contains(&want),
+                "pingpong_attention.cuh lacks `{want}`"
+            );
+            assert_eq!(Mark::from_bits(m as u64), Some(m));
+        }
+        assert_eq!(
+            code.matches("  kMark").count(),
+            all.len(),
+            "a mark this side does not know"
+        );
+    }
+
+    #[test]
     fn turns_follow_the_kernels_marks() {
         use Mark::*;
         // A unit of two key tiles: three turns (first, middle, last), then the epilogue.
