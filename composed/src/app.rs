@@ -132,8 +132,9 @@ pub enum Cmd {
         scheme: SchemeArgs,
     },
     /// Stage 7's consumer warps on a timeline: clock64 at each turn's grant and handover, each softmax's start and
-    /// end, and each unit's start and epilogue, in the first blocks of one launch; summarised (a turn's parts, a
-    /// unit's cost beyond its key tiles, how far apart the two consumers' turns are).
+    /// end, and each unit's start, last P·V commit and epilogue end, in the first blocks of one launch; summarised
+    /// (a turn's parts, a unit's cost beyond its key tiles, how far apart the two consumers' turns are, the last
+    /// turn's parts).
     Trace {
         /// B,H,Sq,Sk,D (or B,H,S,D)
         #[arg(long, value_parser = Shape::parse)]

@@ -36,11 +36,13 @@ impl Mark {
 }
 
 /// Stage 7's source with the marks on: lane 0 of each consumer warp of the first TRACE_BLOCKS blocks writes
-/// clock64 (its low 4 bits the mark) to `sdpa_trace`, TRACE_CAP stamps a warp.
-fn prelude() -> String {
-    format!(
-        r#"#define SDPA_TRACE_MARKS
-#include "tma_attention.cuh"
+/// clock64 (its low 4 bits the mark) to `sdpa_trace`, TRACE_CAP stamps a warp. Made once a process: kernel
+/// sources are `'static`.
+fn prelude() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        format!(
+            r#"#define SDPA_TRACE_MARKS
 __device__ unsigned long long sdpa_trace[{blocks} * 8 * {cap}];
 namespace sdpa {{
 struct Marks {{
@@ -57,17 +59,17 @@ struct Marks {{
 }};
 }}  // namespace sdpa
 #include "pingpong_attention.cuh""#,
-        blocks = TRACE_BLOCKS,
-        cap = TRACE_CAP
-    )
+            blocks = TRACE_BLOCKS,
+            cap = TRACE_CAP
+        )
+    })
 }
 
 /// Stage 7 at head dimension `d` with its timeline marks on.
 pub fn traced_kernel(d: usize) -> Result<lab::KernelSpec> {
-    let text: &'static str = Box::leak(prelude().into_boxed_str());
     Stage::S7
         .kernel(d)
-        .mutated_source("#include \"pingpong_attention.cuh\"", text)
+        .mutated_source("#include \"pingpong_attention.cuh\"", prelude())
 }
 
 /// One consumer warp's stamps: (cycle, mark), in order.
@@ -78,8 +80,8 @@ pub struct WarpLine {
     pub marks: Vec<(u64, Mark)>,
 }
 
-/// Launches `d`'s problem once with the traced kernel (after `warmup` untraced-buffer launches of it) and reads the
-/// consumer warps' timelines back.
+/// Launches `d`'s problem once with the traced kernel (after `warmup` launches of it, whose stamps are cleared)
+/// and reads the consumer warps' timelines back.
 pub fn record(
     gpu: &lab::Gpu,
     d: &mut OnDevice,
