@@ -77,6 +77,52 @@ struct RingCursor {
   __device__ void release_prev2() const { tma::arrive_at(empty0 + 8 * s2); }
 };
 
+// One 64-column panel P of a consumer's O through its staging panel `so` and a TMA store (epilogue_staged).
+template <class T, int D, int P>
+__device__ __forceinline__ void store_o_panel(const float (&o)[D / 2], float vs, int bh, int row0, int wg,
+                                              const tma::Map* mo, unsigned char* so) {
+  const bool issuer = threadIdx.x % 128 == 0;
+  if (issuer) tma::store_wait_read<0>();  // the panel before has been read out of `so`
+  roles::sync(3 + wg, 128);
+  relayout::stage_panel<T, D, P>(o, vs, so);
+  wgmma::proxy_fence();
+  roles::sync(3 + wg, 128);
+  if (issuer) {
+    tma::store_4d(mo, so, 64 * P, row0, bh, 0);
+    tma::store_commit();
+  }
+  if constexpr (P + 1 < D / 64) store_o_panel<T, D, P + 1>(o, vs, bh, row0, wg, mo, so);
+}
+
+// Consumer warpgroup wg's epilogue for its 64 rows from row0, O as 16-bit rows through shared memory and TMA
+// stores (`mo`: O's map, boxes of 64 rows × 64 columns with a 128-byte swizzle; rows past Sq are not written):
+// per 64-column panel, each thread writes its pairs into the consumer's 8 KiB staging panel `so`
+// (relayout::stage_panel: no bank conflicts) and one thread stores it, asynchronously; the next panel waits until
+// the TMA has read it out (two staging panels a consumer do not fit beside the ring at D = 128). Direct global
+// stores of the accumulator's pairs (epilogue: 32 4-byte stores a thread at D = 128, each warp's touching 8 rows)
+// cost stage 7 7% at (4, 16, 4096, 128) (docs/ladder.md, twelfth pass). f32 O keeps the direct stores.
+template <int D>
+__device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                                const osm::RowState& st, float scale, int bh, int row0, int wg,
+                                                const tma::Map* mo, unsigned char* so) {
+  using OL = frag::WgmmaD<D>;
+  float lse[2];
+  osm::finish<OL, kFp8POffset>(o, st, scale, lse);
+  const float vs = p.v_scale[bh / p.group];
+  switch (p.o_dtype) {
+    case kF32:
+      relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D, D,
+                                     p.sq - row0);
+      break;
+    case kBf16:
+      store_o_panel<__nv_bfloat16, D, 0>(o[0].x, vs, bh, row0, wg, mo, so);
+      break;
+    default:
+      store_o_panel<__half, D, 0>(o[0].x, vs, bh, row0, wg, mo, so);
+  }
+  store_lse(p, lse, bh, row0);
+}
+
 // Consumer warpgroup wg's part of unit w (the block's n-th; `at`: the ring at its first key tile, left at its
 // last); `next()`: whether the block has a unit after this one (then its last turn hands over), asked by consumer
 // 1 only, after its last GEMM issue (a block learns its next unit from the producer as it goes). The unit's last
@@ -84,7 +130,7 @@ struct RingCursor {
 // (4, 16, 4096, 64).
 template <int D, int BC, class Block, class Ring, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at,
-                                             Next&& next, Marks& mark) {
+                                             Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so) {
   mark(kMarkUnit);
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
@@ -192,7 +238,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   wgmma::fence_operand(o[0].x);
   __syncwarp();
   if (roles::lane() == 0) at.release();
-  epilogue<D>(p, o, st, scale, bh, q0 + 64 * wg);
+  epilogue_staged<D>(p, o, st, scale, bh, q0 + 64 * wg, wg, mo, so);
   mark(kMarkEpilogueEnd);
 }
 
@@ -213,7 +259,8 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // them), so a unit's Q and first key tiles land under the unit before, and the turns hand over across units. The
 // last block done with the counter sets it back to zero for the next launch.
 template <int D, int STAGES, int BC>
-__device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
+__device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
+                                   const tma::Map* mo) {
   using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ QBarriers<2> qbars;
@@ -245,10 +292,13 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     const int wg = roles::warpgroup() - 1;
     RingCursor<Block> at(blk);
     Marks mark;
+    // O's staging panels (epilogue_staged), 64 rows × 128 bytes a consumer, after the ring.
+    unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;
     for (int w = blockIdx.x, n = 0; w < p.work; w = tickets ? blk.unit(++n) : p.work) {
-      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; }, mark);
+      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; }, mark, mo, so);
       at.advance();
     }
+    if (threadIdx.x % 128 == 0) tma::store_wait<0>();  // O's last stores written before the block's shared memory goes
   }
 }
 

@@ -4,8 +4,8 @@
 #define STAGE7(D, BC, ST)                                                                                     \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       stage7_d##D(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,     \
-                  const __grid_constant__ tma::Map mvt) {                                                       \
-    sdpa::pingpong_attention<D, ST, BC>(p, &mq, &mk, &mvt);                                                  \
+                  const __grid_constant__ tma::Map mvt, const __grid_constant__ tma::Map mo) {                  \
+    sdpa::pingpong_attention<D, ST, BC>(p, &mq, &mk, &mvt, &mo);                                             \
   }
 // Keys a tile and ring stages: Stage::bc and Stage::ring_stages on the host, which size the tensor maps' boxes and
 // the shared memory from them (224-key tiles, FlashAttention-3's FP8 choice at D = 128, fit three stages). Blocks

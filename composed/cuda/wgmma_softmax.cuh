@@ -81,6 +81,18 @@ __device__ __forceinline__ void softmax_defer_l(frag::Regs<frag::WgmmaD<BC>> (&s
   osm::sum_cells<SL, 0, SL::kElems>(s[0].x, sum);
 }
 
+// The LSE of a warpgroup's 64 rows from row0 (osm::finish's, two rows a lane), one lane a quad: as `epilogue`
+// writes it, which keeps its own copy (stages 5 and 6's SASS moved with a shared one).
+__device__ __forceinline__ void store_lse(const Params& p, const float (&lse)[2], int bh, int row0) {
+  const int t = threadIdx.x % 128;
+  if ((t & 3) == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + frag::wgmma_d_row(t, 2 * h);
+      if (r < p.sq) p.lse[(long long)bh * p.sq + r] = lse[h];
+    }
+}
+
 // One warpgroup's 64 rows from row0: O normalised and scaled by V's scale in the caller's dtype, and the LSE.
 template <int D>
 __device__ __forceinline__ void epilogue(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],

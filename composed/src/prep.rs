@@ -261,14 +261,17 @@ pub(crate) fn launch_transpose_v(
 /// 64 rows and K `bc` keys of D bytes (64- or 128-byte swizzle); Vᵀ D rows of 128 keys (128-byte swizzle)
 /// when `bc` is 128, else D rows of 64 keys (64-byte swizzle), `bc` / 64 boxes a tile (`TmaBlock::kSwVt`).
 /// Without `vt` (a stage that loads Vᵀ as tile images by bulk copy, `Stage::vt_image`) K's map fills the third
-/// slot, which that kernel does not read.
+/// slot, which that kernel does not read. The fourth is O's for a TMA store (`Stage::tma_store`): `o`, a
+/// 16-bit [B·H, Sq, D] tensor, in boxes of 64 rows × 64 columns (128 bytes, 128-byte swizzle); without `o` (f32
+/// O, written directly) Q's map fills it.
 pub(crate) fn tma_maps(
     s: &fixtures::Shape,
     bc: usize,
     q: u64,
     k: u64,
     vt: Option<u64>,
-) -> Result<[tma_ring::TensorMap; 3]> {
+    o: Option<u64>,
+) -> Result<[tma_ring::TensorMap; 4]> {
     use frag_layout::Swizzle;
     use tma_ring::{Elem, MapSpec};
     let sw = if s.d == 64 {
@@ -286,8 +289,9 @@ pub(crate) fn tma_maps(
     let (heads, kv_heads) = (s.heads() as u64, s.kv_heads() as u64);
     let (d, sq, sk) = (s.d as u64, s.sq as u64, s.sk as u64);
     let km = MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, bc as u32, sw).encode(k)?;
+    let qm = MapSpec::heads(Elem::U8, [1, heads, sq, d], false, 64, sw).encode(q)?;
     Ok([
-        MapSpec::heads(Elem::U8, [1, heads, sq, d], false, 64, sw).encode(q)?,
+        qm,
         km,
         match vt {
             Some(vt) => MapSpec::heads(
@@ -299,6 +303,12 @@ pub(crate) fn tma_maps(
             )
             .encode(vt)?,
             None => km,
+        },
+        match o {
+            Some(o) => {
+                MapSpec::heads(Elem::U16, [1, heads, sq, d], false, 64, Swizzle::B128).encode(o)?
+            }
+            None => qm,
         },
     ])
 }

@@ -486,12 +486,14 @@ impl OnDevice {
             }
             _ => (0, None),
         };
-        // Vᵀ as tile images comes by bulk copy (Params::vt_tiles), not through the third map.
+        // Vᵀ as tile images comes by bulk copy (Params::vt_tiles), not through the third map; f32 O is written
+        // directly, not through the fourth.
+        let o_map = (stage.tma_store() && self.out_dtype() != OutDtype::F32).then_some(o);
         let maps = match (&self.vt, stage.tma()) {
-            _ if stage.vt_image(s.d) => Some(crate::prep::tma_maps(&s, bc, q, kk, None)?),
+            _ if stage.vt_image(s.d) => Some(crate::prep::tma_maps(&s, bc, q, kk, None, o_map)?),
             (Some(vt), true) => {
                 let (vt, _gvt) = vt.device_ptr(st);
-                Some(crate::prep::tma_maps(&s, bc, q, kk, Some(vt))?)
+                Some(crate::prep::tma_maps(&s, bc, q, kk, Some(vt), o_map)?)
             }
             _ => None,
         };
@@ -534,9 +536,12 @@ impl OnDevice {
         b.arg(&p);
         if let Some(m) = &maps {
             b.arg(&m[0]).arg(&m[1]).arg(&m[2]);
+            if stage.tma_store() {
+                b.arg(&m[3]);
+            }
         }
-        // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt]) with the grid and block it was written for; every
-        // pointer holds the [B, H, S, D] extents validate() checked, each map describes its tensor (tma_maps).
+        // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt[, o]]) with the grid and block it was written for;
+        // every pointer holds the [B, H, S, D] extents validate() checked, each map describes its tensor (tma_maps).
         unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
         Ok(())
     }

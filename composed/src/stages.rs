@@ -259,7 +259,15 @@ impl Stage {
     /// each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
         let q_bufs = if self.persistent() { 2 } else { 1 };
-        1024 + q_bufs * 128 * d + self.ring_stages(d) * 2 * self.bc(d) * d
+        // O's staging panels (64 rows × 128 bytes a consumer) for the TMA stores of a stage that has them.
+        let o_staging = if self.tma_store() { 2 * 64 * 128 } else { 0 };
+        1024 + q_bufs * 128 * d + self.ring_stages(d) * 2 * self.bc(d) * d + o_staging
+    }
+
+    /// Whether the TMA stage writes O (bf16, f16) through shared memory and a TMA store: its kernel takes O's
+    /// tensor map after Vᵀ's (`pingpong_attention.cuh`'s `epilogue_staged`).
+    pub fn tma_store(self) -> bool {
+        self == Stage::S7
     }
 
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).

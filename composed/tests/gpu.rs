@@ -747,7 +747,7 @@ fn main() {
     t.compile("hopper_gemms_run_on_qgmma_and_loads_on_tma", || {
         // Q·Kᵀ is D/32 QGMMA a tile and P·V bc/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
         // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
-        // three scales (LDG).
+        // three scales (LDG); stage 7 stores O with UTMASTG.
         for stage in [Stage::S5, Stage::S6, Stage::S7] {
             for d in composed::DIMS {
                 let spec = stage.kernel(d);
@@ -772,6 +772,15 @@ fn main() {
                         h.get("UTMALDG"),
                         h.get("LDGSTS"),
                         h.get("LDG")
+                    );
+                }
+                if stage.tma_store() {
+                    // O (bf16, f16) leaves by TMA stores, a 64-column panel each; only f32 O and the LSE by STG.
+                    ensure!(
+                        h.get("UTMASTG").is_some_and(|&n| n >= 1),
+                        "{}: UTMASTG {:?}",
+                        spec.name,
+                        h.get("UTMASTG")
                     );
                 }
             }

@@ -313,4 +313,23 @@ __device__ __forceinline__ void store_rows(const float (&acc)[N / 2], float scal
   }
 }
 
+// Columns 64·P .. 64·P + 63 of 64 rows of an f32 accumulator (frag::wgmma_d, N columns: cells 32·P .. 32·P +
+// 31 of each thread) times `scale` as 16-bit T (bf16, f16) into a shared-memory panel of 64 rows × 128 bytes
+// laid out as a TMA box with a 128-byte swizzle: row r's 16-byte chunk c at r · 128 + (c ^ r % 8) · 16
+// (staged_byte). A warp's store of one register pair then writes 8 rows × 16 bytes into 32 distinct banks.
+// `panel` 1024-byte aligned.
+__host__ __device__ constexpr unsigned staged_byte(int row, int col_byte) {
+  return unsigned(row * 128 + ((col_byte / 16) ^ (row % 8)) * 16 + col_byte % 16);
+}
+template <class T, int N, int P>
+__device__ __forceinline__ void stage_panel(const float (&acc)[N / 2], float scale, unsigned char* panel) {
+  static_assert(sizeof(T) == 2 && N % 64 == 0 && P < N / 64, "16-bit elements, a whole 64-column panel");
+  const int t = threadIdx.x & 127;
+#pragma unroll
+  for (int i = 32 * P; i < 32 * P + 32; i += 2) {
+    const int row = frag::wgmma_d_row(t, i), col = frag::wgmma_d_col(t, i) - 64 * P;
+    store2(reinterpret_cast<T*>(panel + staged_byte(row, 2 * col)), acc[i] * scale, acc[i + 1] * scale);
+  }
+}
+
 }  // namespace relayout

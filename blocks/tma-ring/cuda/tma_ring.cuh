@@ -9,6 +9,7 @@
 // complete, so the first STAGES tiles go out at once.
 // The tile a load_tile() writes is the canonical K-major wgmma tile of wgmma.cuh (k_major): one TMA box per
 // swizzle-width panel, so a TMA map and a wgmma descriptor are made from one wgmma::Swizzle.
+// Stores go the other way (store_4d, a bulk-async group per thread: store_commit, store_wait_read, store_wait).
 // In a cluster (sm_90a): load_4d_multicast / bulk_load_multicast land one load in several CTAs' shared memory,
 // arrive_cluster_at releases a slot to another CTA's producer, cluster_sync orders barrier set-up and exit.
 #pragma once
@@ -87,6 +88,30 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem(dst)),
                "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(smem(bar))
                : "memory");
+}
+
+// ---- stores: shared memory to global memory through a map ----
+// One box of a 4-D map from shared memory `src` (the box's image, swizzle included; 128-byte aligned, 1024 with a
+// 128-byte swizzle), into this thread's bulk-async group; elements past the tensor's extent are not written. The
+// ordinary stores that wrote `src` must be fenced into the async proxy (wgmma::proxy_fence, by each writing
+// thread) and ordered before this by a barrier.
+__device__ __forceinline__ void store_4d(const Map* map, const void* src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(smem(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+// Closes this thread's bulk-async group of stores.
+__device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of this thread's store groups still read their shared memory (which may then be written again).
+template <int N>
+__device__ __forceinline__ void store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Until at most N of this thread's store groups are still in flight (their writes done): before the block exits.
+template <int N>
+__device__ __forceinline__ void store_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // ---- a cluster of CTAs: one load, several CTAs' shared memory ----
