@@ -85,6 +85,28 @@ extern "C" __global__ void __launch_bounds__(128) store_n64_f32(const float* in,
   store<float, 64>(in, scale, out, valid_rows);
 }
 
+// out: the 8 KiB shared-memory panel P of in [64][N] f32 (through frag::wgmma_d) as stage_panel writes it, bytes
+// as they sit in shared memory (the image a TMA store with a 128-byte swizzle reads).
+template <class T, int N, int P>
+__device__ void stage(const float* in, float scale, unsigned char* out) {
+  __shared__ __align__(1024) unsigned char panel[64 * 128];
+  const int t = threadIdx.x;
+  for (int i = t; i < 64 * 128 / 4; i += 128) reinterpret_cast<unsigned*>(panel)[i] = 0xFFFFFFFFu;
+  __syncthreads();
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = in[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)];
+  relayout::stage_panel<T, N, P>(acc, scale, panel);
+  __syncthreads();
+  for (int i = t; i < 64 * 128 / 4; i += 128) reinterpret_cast<unsigned*>(out)[i] = reinterpret_cast<unsigned*>(panel)[i];
+}
+extern "C" __global__ void __launch_bounds__(128) stage_n128_p1_bf16(const float* in, float scale, unsigned char* out) {
+  stage<__nv_bfloat16, 128, 1>(in, scale, out);
+}
+extern "C" __global__ void __launch_bounds__(128) stage_n64_p0_f16(const float* in, float scale, unsigned char* out) {
+  stage<__half, 64, 0>(in, scale, out);
+}
+
 // O[64][D] = P[64][KEYS] V[KEYS][D]: P (f32, as a Q.K^T accumulator) through acc_to_a_e4m3, V (E4M3 rows, as a
 // TMA tile would hold them: canonical [KEYS][D] tile) through transpose_tile into the K-major B operand, one
 // wgmma per 32 keys, O through store_rows. Every step is a block of this lab; the product is exact for the

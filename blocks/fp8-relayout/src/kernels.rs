@@ -125,6 +125,18 @@ pub const TRANSPOSES_LEAN: [(
 pub const STORE_BF16: KernelSpec = k("store_n128_bf16", &[]);
 pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
 pub const STORE_F32: KernelSpec = k("store_n64_f32", &[]);
+/// (n, panel, kernel): relayout::stage_panel's shared-memory image of panel `panel` of a 64 × n accumulator.
+pub const STAGE_PANEL: [(usize, usize, KernelSpec); 2] = [
+    (128, 1, staged("stage_n128_p1_bf16")),
+    (64, 0, staged("stage_n64_p0_f16")),
+];
+/// A stage_panel test kernel: its 8 KiB panel is static shared memory.
+const fn staged(name: &'static str) -> KernelSpec {
+    KernelSpec {
+        budget: Budget::new(168, 8192),
+        ..k(name, &["STS"])
+    }
+}
 /// (keys, d, kernel): O = P·V through every relayout and the FP8 wgmma, in order and in the local key order.
 pub const PV: [(usize, usize, KernelSpec); 4] = [
     (128, 64, k("pv_k128_d64_f16", &["QGMMA"])),
@@ -140,6 +152,7 @@ pub fn all() -> Vec<KernelSpec> {
     v.push(TRANSPOSE_LOCAL.4);
     v.extend(TRANSPOSES_LEAN.iter().map(|x| x.4));
     v.extend([STORE_BF16, STORE_F16, STORE_F32]);
+    v.extend(STAGE_PANEL.iter().map(|x| x.2));
     v.extend(PV.iter().map(|x| x.2));
     v
 }

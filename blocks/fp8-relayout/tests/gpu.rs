@@ -212,6 +212,32 @@ fn store_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, valid: i32, seed: u64) -> 
     Ok(wrong)
 }
 
+/// Bytes of `spec`'s staged panel (stage_panel through `stage`) that differ from staged_panel's.
+fn stage_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, panel: usize, seed: u64) -> Result<usize> {
+    let mut inp = Inputs::seeded(seed);
+    let x = inp.normal(64 * n, 0.0, 3.0);
+    let scale = 0.37f32;
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let dx = s.clone_htod(&x)?;
+    let mut o = s.clone_htod(&vec![0u8; 64 * 128])?;
+    // SAFETY: stage(const float* in[64][n], float scale, u8* out[8192]), 128 threads.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dx)
+            .arg(&scale)
+            .arg(&mut o)
+            .launch(WG)?
+    };
+    let got = s.clone_dtoh(&o)?;
+    let want = if spec.name.ends_with("bf16") {
+        staged_panel(&x, n, panel, scale, |v| bf16::from_f32(v).to_bits())
+    } else {
+        staged_panel(&x, n, panel, scale, |v| f16::from_f32(v).to_bits())
+    };
+    Ok(got.iter().zip(&want).filter(|(a, b)| a != b).count())
+}
+
 fn main() {
     let mut t = Suite::new();
     t.kernels(&kernels());
@@ -387,6 +413,32 @@ fn main() {
             pv_wrong(gpu, keys, d, &bad, 0)? > 0,
             "V keys out of P's order went unnoticed"
         );
+        Ok(())
+    });
+    for (n, panel, spec) in STAGE_PANEL {
+        t.gpu(&format!("stage_panel::{}", spec.name), move |gpu| {
+            // Every byte of the 8 KiB image, as a TMA box with the 128-byte swizzle holds it.
+            for seed in 0..2 {
+                let bad = stage_diff(gpu, &spec, n, panel, seed)?;
+                ensure!(
+                    bad == 0,
+                    "seed {seed}: {bad} bytes of the staged panel differ"
+                );
+            }
+            Ok(())
+        });
+    }
+    t.gpu("mutant::stage_panel_unswizzled", |gpu| {
+        // The 16-byte chunks left in place (no XOR with the row): each row's chunks land where another's belong.
+        let (n, panel, spec) = STAGE_PANEL[0];
+        let bad = spec.mutated(
+            "fp8_relayout.cuh",
+            "((col_byte / 16) ^ (row % 8))",
+            "(col_byte / 16)",
+        )?;
+        let wrong = stage_diff(gpu, &bad, n, panel, 0)?;
+        ensure!(wrong > 0, "an unswizzled staging panel went unnoticed");
+        eprintln!("unswizzled panel: {wrong} bytes differ");
         Ok(())
     });
     t.gpu("mutant::store_row_mask_off_by_one", |gpu| {

@@ -154,3 +154,19 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1)
   tma::cluster_sync();
 }
 #endif
+
+// tma::store_4d of one box the other way: 128 threads write `img` (the box as it sits in shared memory, swizzle
+// included) into shared memory with ordinary stores, fence it into the async proxy, and thread 0 stores it at
+// (c0, c1, c2, 0) of `map`'s tensor and waits for the writes. What stage 7's epilogue does with a panel of O.
+extern "C" __global__ void __launch_bounds__(128) store_box(const __grid_constant__ tma::Map map, const unsigned* img,
+                                                           int words, int c0, int c1, int c2) {
+  __shared__ __align__(1024) unsigned box[8192 / 4];
+  for (int i = threadIdx.x; i < words; i += 128) box[i] = img[i];
+  wgmma::proxy_fence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    tma::store_4d(&map, box, c0, c1, c2, 0);
+    tma::store_commit();
+    tma::store_wait<0>();
+  }
+}

@@ -107,6 +107,17 @@ pub const CLUSTER_RING: KernelSpec = KernelSpec {
     sass: &["UBLKCP"],
 };
 
+/// tma::store_4d of one box (up to 8 KiB) from shared memory: `store_box(map, img, words, c0, c1, c2)`, 128
+/// threads.
+pub const STORE_BOX: KernelSpec = KernelSpec {
+    block: "tma-ring",
+    name: "store_box",
+    source: &SOURCE,
+    budget: Budget::new(128, 8192),
+    archs: &[Arch::Sm90],
+    sass: &["UTMASTG"],
+};
+
 pub fn kernel(shape: &Shape) -> KernelSpec {
     KernelSpec::find(KERNELS, &shape.kernel())
 }

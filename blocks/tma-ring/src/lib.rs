@@ -2,14 +2,16 @@
 //! warpgroups, with the warp-specialisation helpers (setmaxnreg per role, named barriers) it runs under.
 //!
 //! `cuda/tma_ring.cuh` is the device API (mbarriers, `cp.async.bulk.tensor`, `Ring`, `Tile`); `cuda/warp_roles.cuh`
-//! the role helpers. [`MapSpec`] builds the host's tensor map with each of the driver's rules checked by name.
+//! the role helpers; `store_4d` takes a box the other way, shared memory to global. [`MapSpec`] builds the host's tensor map with each of the driver's rules checked by name.
 //! [`check`] runs the ring's protocol through the mbarrier parity rule under any interleaving; [`Shape::tile_byte`]
 //! is where each byte of a tile lands (the canonical wgmma tile of frag-layout's model).
 mod kernels;
 mod map;
 mod model;
 
-pub use kernels::{BULK_RING, CLUSTER_RING, HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE, kernel};
+pub use kernels::{
+    BULK_RING, CLUSTER_RING, HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE, STORE_BOX, kernel,
+};
 pub use map::{Elem, MapSpec, TensorMap};
 pub use model::{Mbarrier, Shape, check, phase, source_byte, stage};
 
@@ -19,5 +21,6 @@ pub fn kernels() -> Vec<lab::KernelSpec> {
     v.push(ROLES_CLAIM);
     v.push(BULK_RING);
     v.push(CLUSTER_RING);
+    v.push(STORE_BOX);
     v
 }

@@ -1,5 +1,6 @@
 // tma-ring's test binary: every byte of every tile of every ring shape, both tensor layouts, tails, and mutants.
 use anyhow::{Result, ensure};
+use frag_layout::Swizzle;
 use lab::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use lab::{Arch, Gpu, KernelSpec, Suite};
 use tma_ring::*;
@@ -254,6 +255,23 @@ fn main() {
         );
         Ok(())
     });
+    t.gpu("store_box::one_box_with_rows_past_the_end", |gpu| {
+        let wrong = store_box_wrong(gpu, Swizzle::B128)?;
+        ensure!(
+            wrong.is_empty(),
+            "{} elements wrong: {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(8)]
+        );
+        Ok(())
+    });
+    t.gpu("store_box::mutant_map_swizzle_is_caught", |gpu| {
+        // A map without the swizzle the image was written with: chunks land in other columns.
+        let wrong = store_box_wrong(gpu, Swizzle::None)?;
+        ensure!(!wrong.is_empty(), "an unswizzled map went unnoticed");
+        eprintln!("unswizzled map: {} elements wrong", wrong.len());
+        Ok(())
+    });
     t.model("the_kernel_table_covers_every_shape", || {
         for s in SHAPES {
             kernel(s);
@@ -331,6 +349,79 @@ fn main() {
 }
 
 /// The bytes the ring tests load: tile after tile of a pattern no two nearby tiles share.
+/// One 64 × 64 box of 16-bit values, v(r, c) = 64·r + c + 1, written as the 128-byte-swizzled image of
+/// frag-layout's canonical tile and stored by `store_box` at columns 64.., rows 64.. of head 1 of a [1, 2, 100,
+/// 128] u16 tensor (a map swizzled `sw`), whose buffer runs 64 rows past the tensor: every element of the buffer
+/// checked (the box's 36 rows inside the tensor; the rest, past Sq included, still the 0xFFFF fill).
+fn store_box_wrong(gpu: &Gpu, sw: Swizzle) -> Result<Vec<String>> {
+    let (heads, s, d) = (2usize, 100usize, 128usize);
+    let mut img = vec![0u8; 64 * 128];
+    for r in 0..64 {
+        for c in 0..64 {
+            let v = (64 * r + c + 1) as u16;
+            for (b, byte) in v.to_le_bytes().into_iter().enumerate() {
+                let kb = 2 * c + b;
+                let at = frag_layout::Desc::k_major(Swizzle::B128, 64, 128, (kb / 32) as u32)
+                    .byte_of(r as u32, (kb % 32) as u32);
+                img[at as usize] = byte;
+            }
+        }
+    }
+    let words: Vec<u32> = img
+        .chunks(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect();
+    let st = &gpu.stream;
+    let k = gpu.load(&STORE_BOX)?;
+    let len = heads * s * d + 64 * d;
+    let out = st.clone_htod(&vec![0xFFFFu16; len])?;
+    let dimg = st.clone_htod(&words)?;
+    let map = {
+        let (addr, _g) = out.device_ptr(st);
+        MapSpec::heads(
+            Elem::U16,
+            [1, heads as u64, s as u64, d as u64],
+            false,
+            64,
+            sw,
+        )
+        .encode(addr)?
+    };
+    let (n, c0, c1, c2) = (words.len() as i32, 64i32, 64i32, 1i32);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: store_box(Map, const u32* img[n], int n, int c0, int c1, int c2), 128 threads; the map describes
+    // `out`'s first heads · s · d elements.
+    unsafe {
+        st.launch_builder(&k.func)
+            .arg(&map)
+            .arg(&dimg)
+            .arg(&n)
+            .arg(&c0)
+            .arg(&c1)
+            .arg(&c2)
+            .launch(cfg)?
+    };
+    let got = st.clone_dtoh(&out)?;
+    let mut wrong = Vec::new();
+    for (i, &g) in got.iter().enumerate() {
+        let (h, r, c) = (i / (s * d), i / d % s, i % d);
+        let inside = i < heads * s * d && h == 1 && r >= 64 && c >= 64;
+        let want = if inside {
+            (64 * (r - 64) + (c - 64) + 1) as u16
+        } else {
+            0xFFFF
+        };
+        if g != want {
+            wrong.push(format!("[{i}] = {g:#x}, want {want:#x}"));
+        }
+    }
+    Ok(wrong)
+}
+
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 131 % 251) as u8).collect()
 }
