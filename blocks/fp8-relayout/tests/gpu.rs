@@ -12,6 +12,37 @@ const WG: LaunchConfig = LaunchConfig {
     shared_mem_bytes: 0,
 };
 
+/// One warpgroup of `spec(const float* in, float scale, T* out)`: `out` starts as `init` (its length the kernel's
+/// output) and comes back.
+fn in_scale_out<
+    T: lab::cudarc::driver::DeviceRepr
+        + lab::cudarc::driver::ValidAsZeroBits
+        + Clone
+        + Default
+        + Unpin,
+>(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    x: &[f32],
+    scale: f32,
+    init: Vec<T>,
+) -> Result<Vec<T>> {
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let dx = s.clone_htod(x)?;
+    let mut out = s.clone_htod(&init)?;
+    // SAFETY: the caller names a kernel (const float* in, float scale, T* out) of one warpgroup whose output is
+    // `init.len()` Ts and whose input `x` holds what it reads.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dx)
+            .arg(&scale)
+            .arg(&mut out)
+            .launch(WG)?
+    };
+    Ok(s.clone_dtoh(&out)?)
+}
+
 /// Values that reach every E4M3 rounding case once scaled: zeros of both signs, subnormals, halfway points,
 /// the saturation edge and far beyond it, and random normals.
 fn tile(n: usize, seed: u64) -> Vec<f32> {
@@ -49,19 +80,8 @@ fn acc_to_a_diff(
     order: KeyOrder,
 ) -> Result<Vec<String>> {
     let p = tile(n, seed);
-    let s = &gpu.stream;
-    let k = gpu.load(spec)?;
-    let dp = s.clone_htod(&p)?;
-    let mut out = s.clone_htod(&vec![0xDEAD_BEEFu32; 128 * n / 32 * 4])?;
-    // SAFETY: acc_to_a(const float* in[64][n], float scale, unsigned* out[128][n/32][4]); one warpgroup.
-    unsafe {
-        s.launch_builder(&k.func)
-            .arg(&dp)
-            .arg(&scale)
-            .arg(&mut out)
-            .launch(WG)?
-    };
-    let got = s.clone_dtoh(&out)?;
+    // acc_to_a(const float* in[64][n], float scale, unsigned* out[128][n/32][4]).
+    let got = in_scale_out(gpu, spec, &p, scale, vec![0xDEAD_BEEFu32; 128 * n / 32 * 4])?;
     let want = a_words_in(&p, n, scale, order);
     let steps = n / 32;
     Ok(got
@@ -217,19 +237,8 @@ fn stage_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, panel: usize, seed: u64) -
     let mut inp = Inputs::seeded(seed);
     let x = inp.normal(64 * n, 0.0, 3.0);
     let scale = 0.37f32;
-    let s = &gpu.stream;
-    let k = gpu.load(spec)?;
-    let dx = s.clone_htod(&x)?;
-    let mut o = s.clone_htod(&vec![0u8; 64 * 128])?;
-    // SAFETY: stage(const float* in[64][n], float scale, u8* out[8192]), 128 threads.
-    unsafe {
-        s.launch_builder(&k.func)
-            .arg(&dx)
-            .arg(&scale)
-            .arg(&mut o)
-            .launch(WG)?
-    };
-    let got = s.clone_dtoh(&o)?;
+    // stage(const float* in[64][n], float scale, u8* out[8192]).
+    let got = in_scale_out(gpu, spec, &x, scale, vec![0u8; 64 * 128])?;
     let want = if spec.name.ends_with("bf16") {
         staged_panel(&x, n, panel, scale, |v| bf16::from_f32(v).to_bits())
     } else {
