@@ -1231,6 +1231,29 @@ fn main() {
             },
         );
     }
+    t.gpu("o_store::stage7::mutant_panel_column_is_caught", |gpu| {
+        // Every panel of O stored at column 0 (the TMA store's column coordinate lost): at D = 128 the second
+        // panel overwrites the first and columns 64..127 stay as poisoned; at D = 64 (one panel) nothing changes.
+        let shape = Shape::cross(1, 2, 300, 500, 128);
+        let qz = quantize_per_head(&normal(shape, 71));
+        let mut d = OnDevice::upload(gpu, &qz)?;
+        d.launch(gpu, Stage::S7)?;
+        let good = d.download(gpu)?;
+        d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+            "pingpong_attention.cuh",
+            "tma::store_4d(mo, so, 64 * P, row0, bh, 0)",
+            "tma::store_4d(mo, so, 0, row0, bh, 0)",
+        )?));
+        d.poison_outputs(gpu)?;
+        d.launch(gpu, Stage::S7)?;
+        let caught = match d.download(gpu) {
+            Ok(bad) => !bit_identical(&good, &bad),
+            Err(e) => format!("{e:#}").contains("never written by the kernel"),
+        };
+        ensure!(caught, "O's panels all stored at column 0 went unnoticed");
+        eprintln!("mutant caught: O's second panel stored over its first");
+        Ok(())
+    });
     // One test for both head dimensions: their kernels share a module, and so its trace buffer.
     t.gpu(
         "trace::stage7_timeline_is_whole_and_changes_nothing",
