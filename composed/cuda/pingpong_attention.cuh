@@ -79,7 +79,7 @@ struct RingCursor {
 
 // One 64-column panel P of a consumer's O through its staging panel `so` and a TMA store (epilogue_staged).
 template <class T, int D, int P>
-__device__ __forceinline__ void store_o_panel(const float (&o)[D / 2], float vs, int bh, int row0, int wg,
+__device__ __forceinline__ void store_o_panel(const float (&o)[D / 2], const float (&vs)[2], int bh, int row0, int wg,
                                               const tma::Map* mo, unsigned char* so) {
   const bool issuer = threadIdx.x % 128 == 0;
   if (issuer) tma::store_wait_read<0>();  // the panel before has been read out of `so`
@@ -100,27 +100,28 @@ __device__ __forceinline__ void store_o_panel(const float (&o)[D / 2], float vs,
 // (relayout::stage_panel: no bank conflicts) and one thread stores it, asynchronously; the next panel waits until
 // the TMA has read it out (two staging panels a consumer do not fit beside the ring at D = 128). Direct global
 // stores of the accumulator's pairs (epilogue: 32 4-byte stores a thread at D = 128, each warp's touching 8 rows)
-// cost stage 7 7% at (4, 16, 4096, 128) (docs/ladder.md, twelfth pass). f32 O keeps the direct stores.
+// cost stage 7 7% at (4, 16, 4096, 128) (docs/ladder.md, twelfth pass). f32 O keeps the direct stores. `inv`: the
+// rows' 1/l (osm::finish_rows, with the LSE, before the last P·V's wait), applied with V's scale as O is staged.
 template <int D>
 __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
-                                                const osm::RowState& st, float scale, int bh, int row0, int wg,
+                                                const float (&inv)[2], float vs, int bh, int row0, int wg,
                                                 const tma::Map* mo, unsigned char* so) {
-  using OL = frag::WgmmaD<D>;
-  float lse[2];
-  osm::finish<OL, kFp8POffset>(o, st, scale, lse);
-  const float vs = p.v_scale[bh / p.group];
+  const float f[2] = {inv[0] * vs, inv[1] * vs};
   switch (p.o_dtype) {
-    case kF32:
+    case kF32: {
+      // store_rows scales every row alike: 1/l first, as osm::finish does, then V's scale.
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[0].x[i] *= inv[frag::acc_half(i)];
       relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D, D,
                                      p.sq - row0);
       break;
+    }
     case kBf16:
-      store_o_panel<__nv_bfloat16, D, 0>(o[0].x, vs, bh, row0, wg, mo, so);
+      store_o_panel<__nv_bfloat16, D, 0>(o[0].x, f, bh, row0, wg, mo, so);
       break;
     default:
-      store_o_panel<__half, D, 0>(o[0].x, vs, bh, row0, wg, mo, so);
+      store_o_panel<__half, D, 0>(o[0].x, f, bh, row0, wg, mo, so);
   }
-  store_lse(p, lse, bh, row0);
 }
 
 // Consumer warpgroup wg's part of unit w (the block's n-th; `at`: the ring at its first key tile, left at its
@@ -234,11 +235,16 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   if (wg == 0 || next()) roles::arrive(2 - wg, 256);
   mark(kMarkIssued);
   osm::step_end(sum, alpha, st);
+  // The rows' 1/l and LSE, and the LSE's stores, while the last P·V runs; O waits for it.
+  float inv[2], lse[2];
+  osm::finish_rows<kFp8POffset>(st, scale, inv, lse);
+  store_lse(p, lse, bh, q0 + 64 * wg);
+  const float vs = p.v_scale[kv];
   wgmma::wait<0>();
   wgmma::fence_operand(o[0].x);
   __syncwarp();
   if (roles::lane() == 0) at.release();
-  epilogue_staged<D>(p, o, st, scale, bh, q0 + 64 * wg, wg, mo, so);
+  epilogue_staged<D>(p, o, inv, vs, bh, q0 + 64 * wg, wg, mo, so);
   mark(kMarkEpilogueEnd);
 }
 

@@ -86,7 +86,8 @@ extern "C" __global__ void __launch_bounds__(128) store_n64_f32(const float* in,
 }
 
 // out: the 8 KiB shared-memory panel P of in [64][N] f32 (through frag::wgmma_d) as stage_panel writes it, bytes
-// as they sit in shared memory (the image a TMA store with a 128-byte swizzle reads).
+// as they sit in shared memory (the image a TMA store with a 128-byte swizzle reads); rows 8..15 of every 16 at
+// half the scale.
 template <class T, int N, int P>
 __device__ void stage(const float* in, float scale, unsigned char* out) {
   __shared__ __align__(1024) unsigned char panel[64 * 128];
@@ -96,7 +97,8 @@ __device__ void stage(const float* in, float scale, unsigned char* out) {
   float acc[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = in[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)];
-  relayout::stage_panel<T, N, P>(acc, scale, panel);
+  const float rows[2] = {scale, 0.5f * scale};  // a factor per row half (rows r and r + 8 of a quad)
+  relayout::stage_panel<T, N, P>(acc, rows, panel);
   __syncthreads();
   for (int i = t; i < 64 * 128 / 4; i += 128) reinterpret_cast<unsigned*>(out)[i] = reinterpret_cast<unsigned*>(panel)[i];
 }

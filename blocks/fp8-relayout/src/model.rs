@@ -178,19 +178,20 @@ fn conflicts_with(
 }
 
 /// The 8 KiB shared-memory image `stage_panel<T, n, panel>` must write for a 64 × n f32 tile `x` (row-major):
-/// columns 64·panel .. 64·panel + 63 times `scale` as 16-bit words (`to16`: bf16 or f16 bits), in the canonical
-/// wgmma tile of 64 rows × 128 bytes with the 128-byte swizzle (the image a TMA box with that swizzle holds).
+/// columns 64·panel .. 64·panel + 63 times the row's factor (`scale[h]` for rows 16w + 8h .. 16w + 8h + 7, the
+/// accumulator's row halves) as 16-bit words (`to16`: bf16 or f16 bits), in the canonical wgmma tile of 64 rows ×
+/// 128 bytes with the 128-byte swizzle (the image a TMA box with that swizzle holds).
 pub fn staged_panel(
     x: &[f32],
     n: usize,
     panel: usize,
-    scale: f32,
+    scale: [f32; 2],
     to16: impl Fn(f32) -> u16,
 ) -> Vec<u8> {
     let mut out = vec![0u8; 64 * 128];
     for r in 0..64 {
         for c in 0..64 {
-            let v = to16(x[r * n + 64 * panel + c] * scale).to_le_bytes();
+            let v = to16(x[r * n + 64 * panel + c] * scale[r % 16 / 8]).to_le_bytes();
             for (b, byte) in v.into_iter().enumerate() {
                 let kb = 2 * c + b;
                 let at = Desc::k_major(Swizzle::B128, 64, 128, (kb / 32) as u32)

@@ -240,9 +240,13 @@ fn stage_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, panel: usize, seed: u64) -
     // stage(const float* in[64][n], float scale, u8* out[8192]).
     let got = in_scale_out(gpu, spec, &x, scale, vec![0u8; 64 * 128])?;
     let want = if spec.name.ends_with("bf16") {
-        staged_panel(&x, n, panel, scale, |v| bf16::from_f32(v).to_bits())
+        staged_panel(&x, n, panel, [scale, 0.5 * scale], |v| {
+            bf16::from_f32(v).to_bits()
+        })
     } else {
-        staged_panel(&x, n, panel, scale, |v| f16::from_f32(v).to_bits())
+        staged_panel(&x, n, panel, [scale, 0.5 * scale], |v| {
+            f16::from_f32(v).to_bits()
+        })
     };
     Ok(got.iter().zip(&want).filter(|(a, b)| a != b).count())
 }

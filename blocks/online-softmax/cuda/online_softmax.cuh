@@ -201,10 +201,10 @@ __device__ __forceinline__ void rescale(Frag (&o)[NO], const float (&alpha)[2]) 
     for (int i = 0; i < L::kElems; ++i) o[f].x[i] *= alpha[frag::acc_half(i)];
 }
 
-// O = O / l (0 where l = 0) and the rows' LSE (less the 2^P_OFFSET that step<L, P_OFFSET> put into l).
-template <class L, int P_OFFSET = 0, int NO, class Frag>
-__device__ __forceinline__ void finish(Frag (&o)[NO], const RowState& st, float scale, float (&lse)[2]) {
-  float inv[2];
+// The rows' 1/l (0 where l = 0) and LSE (less the 2^P_OFFSET that step<L, P_OFFSET> put into l): finish without
+// touching O, for a caller that scales O later (or while O's last GEMM still runs).
+template <int P_OFFSET = 0>
+__device__ __forceinline__ void finish_rows(const RowState& st, float scale, float (&inv)[2], float (&lse)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     inv[h] = st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f;
@@ -214,6 +214,13 @@ __device__ __forceinline__ void finish(Frag (&o)[NO], const RowState& st, float 
       lse[h] = st.l[h] > 0.0f ? st.m[h] * scale + (logf(st.l[h]) - float(P_OFFSET) * 0.6931471805599453f) : wr::neg_inf();
     }
   }
+}
+
+// O = O / l (0 where l = 0) and the rows' LSE (less the 2^P_OFFSET that step<L, P_OFFSET> put into l).
+template <class L, int P_OFFSET = 0, int NO, class Frag>
+__device__ __forceinline__ void finish(Frag (&o)[NO], const RowState& st, float scale, float (&lse)[2]) {
+  float inv[2];
+  finish_rows<P_OFFSET>(st, scale, inv, lse);
 #pragma unroll
   for (int f = 0; f < NO; ++f)
 #pragma unroll
