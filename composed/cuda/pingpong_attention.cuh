@@ -77,21 +77,22 @@ struct RingCursor {
   __device__ void release_prev2() const { tma::arrive_at(empty0 + 8 * s2); }
 };
 
-// One 64-column panel P of a consumer's O through its staging panel `so` and a TMA store (epilogue_staged).
+// One 64-column panel P of a consumer's O, times its rows' factors `f`, through its staging panel `so` and a TMA
+// store (epilogue_staged).
 template <class T, int D, int P>
-__device__ __forceinline__ void store_o_panel(const float (&o)[D / 2], const float (&vs)[2], int bh, int row0, int wg,
+__device__ __forceinline__ void store_o_panel(const float (&o)[D / 2], const float (&f)[2], int bh, int row0, int wg,
                                               const tma::Map* mo, unsigned char* so) {
   const bool issuer = threadIdx.x % 128 == 0;
   if (issuer) tma::store_wait_read<0>();  // the panel before has been read out of `so`
   roles::sync(3 + wg, 128);
-  relayout::stage_panel<T, D, P>(o, vs, so);
+  relayout::stage_panel<T, D, P>(o, f, so);
   wgmma::proxy_fence();
   roles::sync(3 + wg, 128);
   if (issuer) {
     tma::store_4d(mo, so, 64 * P, row0, bh, 0);
     tma::store_commit();
   }
-  if constexpr (P + 1 < D / 64) store_o_panel<T, D, P + 1>(o, vs, bh, row0, wg, mo, so);
+  if constexpr (P + 1 < D / 64) store_o_panel<T, D, P + 1>(o, f, bh, row0, wg, mo, so);
 }
 
 // Consumer warpgroup wg's epilogue for its 64 rows from row0, O as 16-bit rows through shared memory and TMA
@@ -110,8 +111,7 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
   switch (p.o_dtype) {
     case kF32: {
       // store_rows scales every row alike: 1/l first, as osm::finish does, then V's scale.
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[0].x[i] *= inv[frag::acc_half(i)];
+      osm::rescale<frag::WgmmaD<D>>(o, inv);
       relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D, D,
                                      p.sq - row0);
       break;

@@ -322,7 +322,7 @@ __host__ __device__ constexpr unsigned staged_byte(int row, int col_byte) {
   return unsigned(row * 128 + ((col_byte / 16) ^ (row % 8)) * 16 + col_byte % 16);
 }
 // scale[h]: the factor of the thread's rows of half h (frag::acc_half: rows r and r + 8 of its quad), so that a
-// softmax's 1/l can ride along with V's scale; the one-factor form scales every row alike.
+// softmax's 1/l can ride along with V's scale.
 template <class T, int N, int P>
 __device__ __forceinline__ void stage_panel(const float (&acc)[N / 2], const float (&scale)[2], unsigned char* panel) {
   static_assert(sizeof(T) == 2 && N % 64 == 0 && P < N / 64, "16-bit elements, a whole 64-column panel");
@@ -333,11 +333,6 @@ __device__ __forceinline__ void stage_panel(const float (&acc)[N / 2], const flo
     const float f = scale[frag::acc_half(i)];
     store2(reinterpret_cast<T*>(panel + staged_byte(row, 2 * col)), acc[i] * f, acc[i + 1] * f);
   }
-}
-template <class T, int N, int P>
-__device__ __forceinline__ void stage_panel(const float (&acc)[N / 2], float scale, unsigned char* panel) {
-  const float both[2] = {scale, scale};
-  stage_panel<T, N, P>(acc, both, panel);
 }
 
 }  // namespace relayout
