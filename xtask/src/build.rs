@@ -36,7 +36,13 @@ fn package_name(manifest: &Path) -> Result<String> {
 
 /// `cargo test --no-run` for the whole workspace under `profile`, and the executables it made.
 pub fn test_binaries(sh: &Shell, profile: &str) -> Result<Vec<TestBinary>> {
-    let json = cmd!(sh, "cargo test --workspace --all-targets --no-run --profile {profile} --message-format=json-render-diagnostics")
+    test_binaries_of(sh, profile, &["--workspace", "--all-targets"])
+}
+
+/// `cargo test --no-run` of what `select` names (`-p composed --test gpu`, …) under `profile`, and the
+/// executables it made.
+pub fn test_binaries_of(sh: &Shell, profile: &str, select: &[&str]) -> Result<Vec<TestBinary>> {
+    let json = cmd!(sh, "cargo test {select...} --no-run --profile {profile} --message-format=json-render-diagnostics")
         .read()
         .context("building the test binaries")?;
     let mut bins = Vec::new();

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use xshell::{Shell, cmd};
 
-use crate::build::{device_words, test_binaries, today, workspace_root};
+use crate::build::{device_words, test_binaries, test_binaries_of, today, workspace_root};
 use crate::runner::{self, TestBinary};
 
 /// The device tool carries at most 64 MiB, source tree included.
@@ -24,12 +24,21 @@ export LAB_NO_INSTALL=1
 exec "$here/xtask" run-bundle "$here" "$out"
 "#;
 
-pub fn build(dir: Option<PathBuf>) -> Result<()> {
+pub fn build(dir: Option<PathBuf>, only: &[String], attempts: &[String]) -> Result<()> {
     let sh = Shell::new()?;
     let root = workspace_root();
     sh.change_dir(&root);
     let dir = dir.unwrap_or_else(|| root.join(".bundle"));
-    let bins = test_binaries(&sh, "bundle")?;
+    let bins = if only.is_empty() {
+        test_binaries(&sh, "bundle")?
+    } else {
+        let mut select = Vec::new();
+        for p in only {
+            select.extend(["-p", p.as_str()]);
+        }
+        select.push("--all-targets");
+        test_binaries_of(&sh, "bundle", &select)?
+    };
     cmd!(
         sh,
         "cargo build --quiet -p xtask -p composed --bins --profile bundle"
@@ -54,6 +63,9 @@ pub fn build(dir: Option<PathBuf>) -> Result<()> {
         dir.join("manifest.json"),
         serde_json::to_string_pretty(&manifest)?,
     )?;
+    for rev in attempts {
+        build_attempt(&sh, &root, &dir, rev)?;
+    }
     std::fs::write(dir.join("run"), RUN_SCRIPT)?;
     #[cfg(unix)]
     {
@@ -71,6 +83,90 @@ pub fn build(dir: Option<PathBuf>) -> Result<()> {
     ensure!(
         size <= MAX_BYTES,
         "bundle is {size} bytes, over the {MAX_BYTES}-byte limit that leaves room for the tree"
+    );
+    Ok(())
+}
+
+/// The name an attempt's files go under: the revision with '/' as '-'.
+pub fn attempt_name(rev: &str) -> String {
+    rev.replace('/', "-")
+}
+
+/// The blocks whose files differ between the tree's HEAD and `rev`: their GPU tests travel with the attempt.
+fn changed_blocks(sh: &Shell, rev: &str) -> Result<Vec<String>> {
+    let files = cmd!(sh, "git diff --name-only HEAD {rev}").read()?;
+    let mut blocks: Vec<String> = files
+        .lines()
+        .filter_map(|f| {
+            f.strip_prefix("blocks/")?
+                .split('/')
+                .next()
+                .map(str::to_string)
+        })
+        .collect();
+    blocks.sort();
+    blocks.dedup();
+    Ok(blocks)
+}
+
+/// `rev` checked out in a worktree under target/, its `sdpa` and GPU tests built (one target directory for
+/// every attempt, so dependencies build once) and copied into DIR/attempts/NAME/ with the commit's name.
+fn build_attempt(sh: &Shell, root: &Path, dir: &Path, rev: &str) -> Result<()> {
+    let name = attempt_name(rev);
+    let spec = format!("{rev}^{{commit}}");
+    let commit = cmd!(sh, "git rev-parse --verify {spec}")
+        .read()
+        .with_context(|| format!("--attempt {rev}: not a revision of this repository"))?;
+    let tree = root.join("target/attempts/tree").join(&name);
+    let target = root.join("target/attempts/build");
+    let _ = cmd!(sh, "git worktree remove --force {tree}")
+        .quiet()
+        .ignore_status()
+        .run();
+    cmd!(sh, "git worktree add --quiet --detach {tree} {commit}").run()?;
+    let built = (|| -> Result<Vec<(PathBuf, String)>> {
+        let wsh = Shell::new()?;
+        wsh.change_dir(&tree);
+        cmd!(
+            wsh,
+            "cargo build --quiet -p composed --bins --profile bundle --target-dir {target}"
+        )
+        .run()?;
+        let mut select = vec![
+            "-p".to_string(),
+            "composed".to_string(),
+            "--test".to_string(),
+            "gpu".to_string(),
+        ];
+        let blocks = changed_blocks(sh, &commit)?;
+        for b in &blocks {
+            select.extend(["-p".to_string(), b.clone()]);
+        }
+        let select: Vec<&str> = select.iter().map(String::as_str).collect();
+        let _env = wsh.push_env("CARGO_TARGET_DIR", &target);
+        let mut files = vec![(target.join("bundle/sdpa"), "sdpa".to_string())];
+        for b in test_binaries_of(&wsh, "bundle", &select)? {
+            if b.package == "composed" || (blocks.contains(&b.package) && b.target == "gpu") {
+                files.push((b.path, format!("{}--{}", b.package, b.target)));
+            }
+        }
+        Ok(files)
+    })();
+    let _ = cmd!(sh, "git worktree remove --force {tree}")
+        .quiet()
+        .ignore_status()
+        .run();
+    let out = dir.join("attempts").join(&name);
+    std::fs::create_dir_all(&out)?;
+    for (from, to) in built? {
+        std::fs::copy(&from, out.join(&to))
+            .with_context(|| format!("copying {}", from.display()))?;
+    }
+    std::fs::write(out.join("commit"), format!("{rev} {commit}\n"))?;
+    println!(
+        "attempt {rev} ({}): {}",
+        &commit[..commit.len().min(10)],
+        out.display()
     );
     Ok(())
 }

@@ -1,4 +1,5 @@
 //! The lab's task runner: a thin dispatcher, one module per task.
+mod ab;
 mod accuracy;
 mod build;
 mod ci;
@@ -47,7 +48,18 @@ enum Task {
         check: bool,
     },
     /// Pack every test binary and a runner into DIR (default .bundle), to run where there is no Rust.
-    GpuBundle { dir: Option<PathBuf> },
+    GpuBundle {
+        dir: Option<PathBuf>,
+        /// Only these packages' tests (repeatable; default: every package's). With attempts, `--only composed`
+        /// keeps the bundle under the device tool's limit.
+        #[arg(long = "only", value_name = "PACKAGE")]
+        only: Vec<String>,
+        /// A git revision (a branch with a change to measure) built beside the tree: its `sdpa` and the GPU
+        /// tests of composed and of each block it changes go into DIR/attempts/NAME/ (NAME: the revision, '/' as
+        /// '-'), for `xtask ab` and its own tests in the same device call (repeatable).
+        #[arg(long = "attempt", value_name = "REV")]
+        attempts: Vec<String>,
+    },
     /// What CI runs: fmt, clippy, all tests with snapshots in check mode, and `ptxas --check`.
     Ci,
     /// Time every stage and PyTorch's SDPA on the GPU machine: Markdown table and SVG chart into OUT.
@@ -72,6 +84,28 @@ enum Task {
         /// Seeds a (shape, family): single-seed differences of a few percent are noise.
         #[arg(long, default_value_t = 3)]
         seeds: u64,
+    },
+    /// On the GPU machine: `sdpa` binaries (a change and what it changes, built here) timed against each other
+    /// in alternating processes, every other round in the reverse order: ab.md (each round's p50 against the first
+    /// binary's) and ab.txt into OUT.
+    Ab {
+        /// NAME=PATH of an `sdpa` binary (repeatable, at least two; the first is the reference).
+        #[arg(long = "bin", value_name = "NAME=PATH", value_parser = ab::parse_bin, required = true)]
+        bins: Vec<ab::Bin>,
+        /// `sdpa bench` arguments after the stage, e.g. "--shape 4,16,4096,128 --causal" (repeatable).
+        #[arg(
+            long = "case",
+            value_name = "ARGS",
+            required = true,
+            allow_hyphen_values = true
+        )]
+        cases: Vec<String>,
+        #[arg(long, default_value = "stage7")]
+        stage: String,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        #[arg(long, default_value = "target/ab")]
+        out: PathBuf,
     },
     /// On the GPU machine: one stage at one shape under Nsight Compute (ncu), summarised: throughputs,
     /// occupancy, the tensor pipe, the top warp stalls.
@@ -118,7 +152,11 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::TestBlocks { release } => test_blocks::run(release, &[]),
         Task::Ptxas { archs, check } => ptxas::run(&archs, check),
-        Task::GpuBundle { dir } => gpu_bundle::build(dir).map(|()| true),
+        Task::GpuBundle {
+            dir,
+            only,
+            attempts,
+        } => gpu_bundle::build(dir, &only, &attempts).map(|()| true),
         Task::Ci => ci::run(),
         Task::Ladder { out, iters } => ladder::run(&out, iters),
         Task::Accuracy {
@@ -127,6 +165,13 @@ fn main() -> ExitCode {
             shapes,
             seeds,
         } => accuracy::run(&out, &work, &shapes, seeds),
+        Task::Ab {
+            bins,
+            cases,
+            stage,
+            rounds,
+            out,
+        } => ab::run(&bins, &cases, &stage, rounds, &out),
         Task::Profile { stage, shape } => profile::run(&stage, &shape),
         Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
         Task::Sass {

@@ -86,6 +86,8 @@ pub struct Verdict {
     pub hazards: usize,
     pub unlisted: Vec<String>,
     pub ok: bool,
+    /// False where the binary is not in this bundle (`gpu-bundle --only`): not run, and said so.
+    pub ran: bool,
 }
 
 /// The hazards the ledger (docs/blocks/tma-ring-racecheck.md) accepts: the first column of each table row
@@ -113,6 +115,20 @@ pub fn run(bin_dir: &Path, root: &Path, log: &mut String) -> Result<Vec<Verdict>
     for (bin, filter, tools) in RUNS {
         for tool in *tools {
             let what = format!("{tool} on {bin} {filter}");
+            if !bin_dir.join(bin).is_file() {
+                log.push_str(&format!(
+                    "\n===== {what} =====\nnot run: {bin} is not in this bundle\n"
+                ));
+                out.push(Verdict {
+                    what,
+                    errors: 0,
+                    hazards: 0,
+                    unlisted: Vec::new(),
+                    ok: true,
+                    ran: false,
+                });
+                continue;
+            }
             let o = Command::new("compute-sanitizer")
                 .args(["--tool", tool, "--error-exitcode", "3"])
                 .arg(bin_dir.join(bin))
@@ -146,6 +162,7 @@ pub fn run(bin_dir: &Path, root: &Path, log: &mut String) -> Result<Vec<Verdict>
                 hazards,
                 unlisted,
                 ok,
+                ran: true,
             });
         }
     }
@@ -158,6 +175,13 @@ pub fn table(v: &[Verdict]) -> String {
         "\n### compute-sanitizer\n\n| run | errors | racecheck hazards | hazards not in the ledger | verdict |\n|---|---|---|---|---|\n",
     );
     for x in v {
+        if !x.ran {
+            s.push_str(&format!(
+                "| {} | | | | NOT RUN (binary not in this bundle) |\n",
+                x.what
+            ));
+            continue;
+        }
         s.push_str(&format!(
             "| {} | {} | {} | {} | {} |\n",
             x.what,

@@ -271,6 +271,20 @@ impl Inputs {
     }
 }
 
+/// The median (the mean of the middle two for an even count; NaN for none): of timings, clocks, ratios.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

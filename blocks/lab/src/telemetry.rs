@@ -16,6 +16,7 @@ use nvml_wrapper::{Device, Nvml};
 use serde::Serialize;
 
 use crate::Gpu;
+use crate::numerics::median;
 
 /// One reading of the device.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -41,16 +42,6 @@ pub struct Telemetry {
     pub power_capped: f64,
     /// Share with a thermal or hardware slowdown.
     pub slowdown: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 impl Telemetry {
