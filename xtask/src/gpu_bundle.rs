@@ -121,8 +121,12 @@ fn build_attempt(sh: &Shell, root: &Path, dir: &Path, rev: &str) -> Result<()> {
     let target = root.join("target/attempts/build");
     let _ = cmd!(sh, "git worktree remove --force {tree}")
         .quiet()
+        .ignore_stderr()
         .ignore_status()
         .run();
+    // A worktree left by an interrupted build goes first (above), registered or not.
+    let _ = std::fs::remove_dir_all(&tree);
+    cmd!(sh, "git worktree prune").run()?;
     cmd!(sh, "git worktree add --quiet --detach {tree} {commit}").run()?;
     let built = (|| -> Result<Vec<(PathBuf, String)>> {
         let wsh = Shell::new()?;
@@ -154,6 +158,7 @@ fn build_attempt(sh: &Shell, root: &Path, dir: &Path, rev: &str) -> Result<()> {
     })();
     let _ = cmd!(sh, "git worktree remove --force {tree}")
         .quiet()
+        .ignore_stderr()
         .ignore_status()
         .run();
     let out = dir.join("attempts").join(&name);
