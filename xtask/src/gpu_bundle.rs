@@ -119,9 +119,11 @@ pub fn attempt_name(rev: &str) -> String {
     rev.replace('/', "-")
 }
 
-/// The blocks whose files differ between the tree's HEAD and `rev`: their GPU tests travel with the attempt.
+/// The blocks `rev` changes since it left the tree's HEAD (what HEAD changed since is not the attempt's): their GPU
+/// tests travel with the attempt.
 fn changed_blocks(sh: &Shell, rev: &str) -> Result<Vec<String>> {
-    let files = cmd!(sh, "git diff --name-only HEAD {rev}").read()?;
+    let range = format!("HEAD...{rev}");
+    let files = cmd!(sh, "git diff --name-only {range}").read()?;
     let mut blocks: Vec<String> = files
         .lines()
         .filter_map(|f| {
@@ -158,23 +160,17 @@ fn build_attempt(sh: &Shell, root: &Path, dir: &Path, rev: &str) -> Result<()> {
     let built = (|| -> Result<Vec<(PathBuf, String)>> {
         let wsh = Shell::new()?;
         wsh.change_dir(&tree);
+        let _env = wsh.push_env("CARGO_TARGET_DIR", &target);
         cmd!(
             wsh,
-            "cargo build --quiet -p composed --bins --profile bundle --target-dir {target}"
+            "cargo build --quiet -p composed --bins --profile bundle"
         )
         .run()?;
-        let mut select = vec![
-            "-p".to_string(),
-            "composed".to_string(),
-            "--test".to_string(),
-            "gpu".to_string(),
-        ];
         let blocks = changed_blocks(sh, &commit)?;
+        let mut select = vec!["-p", "composed", "--test", "gpu"];
         for b in &blocks {
-            select.extend(["-p".to_string(), b.clone()]);
+            select.extend(["-p", b.as_str()]);
         }
-        let select: Vec<&str> = select.iter().map(String::as_str).collect();
-        let _env = wsh.push_env("CARGO_TARGET_DIR", &target);
         let mut files = vec![(target.join("bundle/sdpa"), "sdpa".to_string())];
         for b in test_binaries_of(&wsh, "bundle", &select)? {
             if b.package == "composed" || (blocks.contains(&b.package) && b.target == "gpu") {

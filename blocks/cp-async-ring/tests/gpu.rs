@@ -148,8 +148,8 @@ fn main() {
         // 64 rows of 128 bytes placed as frag-layout's (probed) 128-byte-swizzled K-major tile.
         let shape = Shape::new(2, 64, 128, 1);
         let place = |i: usize, b: usize| {
-            frag_layout::Desc::k_major(frag_layout::Swizzle::B128, 64, 128, (b / 32) as u32)
-                .byte_of(i as u32, (b % 32) as u32) as usize
+            frag_layout::Desc::tile_byte(frag_layout::Swizzle::B128, 64, 128, i as u32, b as u32)
+                as usize
         };
         let mut bytes = 0;
         for layout in [Layout::Bhsd, Layout::Bshd] {

@@ -136,7 +136,7 @@ fn conflicts_with(
     block: impl Fn(u32, u32) -> (u32, u32, u32),
 ) -> u32 {
     let byte = |sw: Swizzle, tile_rows: u32, k_bytes: u32, r: u32, b: u32| {
-        Desc::k_major(sw, tile_rows, k_bytes.next_multiple_of(32), b / 32).byte_of(r, b % 32)
+        Desc::tile_byte(sw, tile_rows, k_bytes.next_multiple_of(32), r, b)
     };
     let extra = |addrs: Vec<u32>| -> u32 {
         let mut per_bank: std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>> =
@@ -194,8 +194,7 @@ pub fn staged_panel(
             let v = to16(x[r * n + 64 * panel + c] * scale[r % 16 / 8]).to_le_bytes();
             for (b, byte) in v.into_iter().enumerate() {
                 let kb = 2 * c + b;
-                let at = Desc::k_major(Swizzle::B128, 64, 128, (kb / 32) as u32)
-                    .byte_of(r as u32, (kb % 32) as u32);
+                let at = Desc::tile_byte(Swizzle::B128, 64, 128, r as u32, kb as u32);
                 out[at as usize] = byte;
             }
         }

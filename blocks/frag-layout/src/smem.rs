@@ -122,6 +122,12 @@ impl Desc {
         }
     }
 
+    /// Where byte `kb` (any K) of row `row` of the canonical tile of `k_major(swizzle, rows, k_bytes, _)` sits,
+    /// from its aligned base: where ordinary stores must write it (the device's `wgmma::tile_byte`).
+    pub fn tile_byte(swizzle: Swizzle, rows: u32, k_bytes: u32, row: u32, kb: u32) -> u32 {
+        Desc::k_major(swizzle, rows, k_bytes, kb / 32).byte_of(row, kb % 32)
+    }
+
     /// Bytes of shared memory the canonical tile of `k_major(swizzle, rows, k_bytes, _)` occupies.
     pub fn tile_bytes(swizzle: Swizzle, rows: u32, k_bytes: u32) -> u32 {
         match swizzle {

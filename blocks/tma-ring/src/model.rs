@@ -134,13 +134,13 @@ impl Shape {
     }
     /// Where byte `kb` of row `row` of a tile sits in its stage: the canonical wgmma K-major tile.
     pub fn tile_byte(&self, row: usize, kb: usize) -> usize {
-        Desc::k_major(
+        Desc::tile_byte(
             self.swizzle,
             self.rows as u32,
             self.d_bytes as u32,
-            (kb / 32) as u32,
-        )
-        .byte_of(row as u32, (kb % 32) as u32) as usize
+            row as u32,
+            kb as u32,
+        ) as usize
     }
 }
 

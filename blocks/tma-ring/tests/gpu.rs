@@ -348,7 +348,6 @@ fn main() {
     t.run()
 }
 
-/// The bytes the ring tests load: tile after tile of a pattern no two nearby tiles share.
 /// One 64 × 64 box of 16-bit values, v(r, c) = 64·r + c + 1, written as the 128-byte-swizzled image of
 /// frag-layout's canonical tile and stored by `store_box` at columns 64.., rows 64.. of head 1 of a [1, 2, 100,
 /// 128] u16 tensor (a map swizzled `sw`), whose buffer runs 64 rows past the tensor: every element of the buffer
@@ -361,8 +360,7 @@ fn store_box_wrong(gpu: &Gpu, sw: Swizzle) -> Result<Vec<String>> {
             let v = (64 * r + c + 1) as u16;
             for (b, byte) in v.to_le_bytes().into_iter().enumerate() {
                 let kb = 2 * c + b;
-                let at = frag_layout::Desc::k_major(Swizzle::B128, 64, 128, (kb / 32) as u32)
-                    .byte_of(r as u32, (kb % 32) as u32);
+                let at = frag_layout::Desc::tile_byte(Swizzle::B128, 64, 128, r as u32, kb as u32);
                 img[at as usize] = byte;
             }
         }
@@ -422,6 +420,7 @@ fn store_box_wrong(gpu: &Gpu, sw: Swizzle) -> Result<Vec<String>> {
     Ok(wrong)
 }
 
+/// The bytes the ring tests load: tile after tile of a pattern no two nearby tiles share.
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 131 % 251) as u8).collect()
 }
