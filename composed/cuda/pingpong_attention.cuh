@@ -203,7 +203,8 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     // O's rescale by α(t − 1) while Q·Kᵀ(t) runs, before P·V(t − 1) adds to it. The wait never waits (one
     // group in flight); without it ptxas serialises the wgmmas (C7515: O written inside Q·Kᵀ's stage).
     wgmma::wait<1>();
-    osm::rescale<OL>(o, alpha);
+    // α = 1 exactly where a row's max did not grow: a warp none of whose 16 rows grew skips the 64 FMULs.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) osm::rescale<OL>(o, alpha);
     wgmma::fence();
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt_prev(), true);
     wgmma::commit();
