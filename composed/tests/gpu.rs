@@ -1254,6 +1254,54 @@ fn main() {
         eprintln!("mutant caught: O's second panel stored over its first");
         Ok(())
     });
+    t.gpu(
+        "rescale::stage7::skipping_changes_no_bit_and_mutants_are_caught",
+        |gpu| {
+            // A warp skips O's rescale only when every row's α is 1 exactly, so the skip must give the same bits as
+            // rescaling always; a vote that skips when one row held (all instead of any), or that sees one of a
+            // lane's two rows, must change O.
+            let shape = Shape::cross(1, 4, 700, 1000, 128);
+            let qz = quantize_per_head(&normal(shape, 73));
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.launch(gpu, Stage::S7)?;
+            let good = d.download(gpu)?;
+            let vote = "__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)";
+            for (what, to, same) in [
+                ("rescale always", "true", true),
+                (
+                    "all rows must grow",
+                    "__all_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)",
+                    false,
+                ),
+                (
+                    "the first row only",
+                    "__any_sync(0xffffffffu, alpha[0] != 1.0f)",
+                    false,
+                ),
+            ] {
+                d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+                    "pingpong_attention.cuh",
+                    vote,
+                    to,
+                )?));
+                d.launch(gpu, Stage::S7)?;
+                let got = d.download(gpu)?;
+                if same {
+                    ensure!(
+                        bit_identical(&good, &got),
+                        "skipping the rescale changed O or the LSE against `{what}`"
+                    );
+                } else {
+                    ensure!(
+                        !bit_identical(&good, &got),
+                        "the mutant `{what}` gave the same O and LSE"
+                    );
+                    eprintln!("mutant caught: the rescale vote with {what}");
+                }
+            }
+            Ok(())
+        },
+    );
     // One test for both head dimensions: their kernels share a module, and so its trace buffer.
     t.gpu(
         "trace::stage7_timeline_is_whole_and_changes_nothing",
