@@ -115,6 +115,10 @@ enum Task {
         /// B,H,Sq,Sk,D (or B,H,S,D)
         #[arg(long)]
         shape: String,
+        /// Profile a reference at the same shape too and print it beside the stage: `cudnn-fp8` (cuDNN's FP8
+        /// SDPA; Sq = Sk; needs the nvidia-cudnn-frontend wheel on PYTHONPATH).
+        #[arg(long)]
+        against: Option<String>,
     },
     /// Print every fragment layout the lab knows (sm_90 entries are the ones the device probes check).
     Layouts {
@@ -172,7 +176,11 @@ fn main() -> ExitCode {
             rounds,
             out,
         } => ab::run(&bins, &cases, &stage, rounds, &out),
-        Task::Profile { stage, shape } => profile::run(&stage, &shape),
+        Task::Profile {
+            stage,
+            shape,
+            against,
+        } => profile::run(&stage, &shape, against.as_deref()),
         Task::Layouts { json, svg } => layouts::run(json, svg.as_deref()),
         Task::Sass {
             kernel,
