@@ -143,6 +143,11 @@ enum Task {
         /// With --control: summarise only instructions at addresses START..END (hex, as the listing prints them).
         #[arg(long, value_name = "START..END", requires = "control")]
         range: Option<String>,
+        /// Print the hot loop's schedule instead: one mnemonic a line (registers left out) after a line with its
+        /// size, stall cycles and fingerprint. Saved from two builds and diffed, it tells whether a change also
+        /// moved ptxas's schedule of the loop (a draw worth 1–3% at stage 7; docs/ladder.md, sixteenth pass).
+        #[arg(long = "loop", conflicts_with = "control")]
+        hot_loop: bool,
     },
     /// Find (or install) NVRTC and the CUDA headers, and say which ones the lab uses.
     Toolchain,
@@ -187,7 +192,14 @@ fn main() -> ExitCode {
             arch,
             control,
             range,
-        } => ptxas::sass(&kernel, arch.as_deref(), control, range.as_deref()),
+            hot_loop,
+        } => ptxas::sass(
+            &kernel,
+            arch.as_deref(),
+            control,
+            range.as_deref(),
+            hot_loop,
+        ),
         Task::Toolchain => lab::toolchain().map(|tc| {
             println!(
                 "CUDA headers: {}\nNVRTC: {}\nfrom: {}",

@@ -81,9 +81,15 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
     Ok(failures == 0)
 }
 
-/// `cargo xtask sass KERNEL [--control [--range A..B]]`: the kernel's disassembly on stdout, or with each
-/// instruction's control code and the stall cycles per opcode.
-pub fn sass(kernel: &str, arch: Option<&str>, control: bool, range: Option<&str>) -> Result<bool> {
+/// `cargo xtask sass KERNEL [--control [--range A..B] | --loop]`: the kernel's disassembly on stdout, or with each
+/// instruction's control code and the stall cycles per opcode, or its hot loop's schedule.
+pub fn sass(
+    kernel: &str,
+    arch: Option<&str>,
+    control: bool,
+    range: Option<&str>,
+    hot_loop: bool,
+) -> Result<bool> {
     let specs = all_kernels();
     let Some(spec) = specs.iter().find(|s| s.name == kernel) else {
         let names: Vec<&str> = specs.iter().map(|s| s.name).collect();
@@ -94,6 +100,23 @@ pub fn sass(kernel: &str, arch: Option<&str>, control: bool, range: Option<&str>
         None => spec.archs[0],
     };
     let (cubin, _) = spec.compile(arch)?;
+    if hot_loop {
+        let (h, ops) = lab::sass::hot_loop(&cubin, kernel)?
+            .ok_or_else(|| anyhow::anyhow!("{kernel}: no loop with tensor-core instructions"))?;
+        println!(
+            "{kernel} ({arch}) hot loop {:#x}..={:#x}: {} instructions, {} tensor-core, {} stall cycles, schedule {:016x}",
+            h.start,
+            h.end,
+            h.instructions,
+            h.mma,
+            h.stall_cycles,
+            lab::sass::schedule_fingerprint(&ops)
+        );
+        for op in ops {
+            println!("{op}");
+        }
+        return Ok(true);
+    }
     if !control {
         print!("{}", lab::sass::listing(&cubin, kernel)?);
         return Ok(true);

@@ -65,6 +65,11 @@ pub fn controlled(cubin: &Cubin, kernel: &str) -> Result<Vec<Controlled>> {
     Ok(v)
 }
 
+/// One kernel's hot loop and its schedule (`hot_loop_schedule`; `cargo xtask sass --loop`), or None.
+pub fn hot_loop(cubin: &Cubin, kernel: &str) -> Result<Option<(HotLoop, Vec<String>)>> {
+    Ok(hot_loop_schedule(&disassemble(cubin, kernel, &["-hex"])?))
+}
+
 fn disassemble(cubin: &Cubin, kernel: &str, args: &[&str]) -> Result<String> {
     let dir = std::env::temp_dir().join(format!("lab-sass-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -259,6 +264,45 @@ pub fn parse_hot_loop(listing: &str) -> Option<HotLoop> {
         .min_by_key(|h| (h.instructions, h.start))
 }
 
+/// The hot loop's schedule: its instructions' mnemonics with their modifiers and guards (`@P0 BRA`, `FMNMX.NAN`,
+/// `QGMMA.64x224x32.F32.E4M3.E4M3`), registers and operands left out, in address order. Two builds whose loops
+/// ptxas scheduled alike give the same sequence whatever registers they got; ptxas reschedules a tight loop for
+/// changes anywhere in the kernel (docs/ladder.md, sixteenth pass: six unread parameters moved 81 of stage 7's
+/// 1023 loop instructions and cost 0.9% of its cycles), so comparing sequences tells a change from a new schedule.
+pub fn hot_loop_schedule(listing: &str) -> Option<(HotLoop, Vec<String>)> {
+    let h = parse_hot_loop(listing)?;
+    let ops = parse_controlled(listing)
+        .iter()
+        .filter(|i| (h.start..=h.end).contains(&i.address))
+        .map(|i| {
+            let t = i.text.trim();
+            let (guard, rest) = match t.strip_prefix('@') {
+                Some(r) => {
+                    let (g, rest) = r.split_once(' ').unwrap_or((r, ""));
+                    (format!("@{g} "), rest.trim_start())
+                }
+                None => (String::new(), t),
+            };
+            let mnemonic = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or("")
+                .trim_end_matches(';');
+            format!("{guard}{mnemonic}")
+        })
+        .collect();
+    Some((h, ops))
+}
+
+/// FNV-1a (64-bit) of a schedule, one line per instruction: a short name for it in reports.
+pub fn schedule_fingerprint(ops: &[String]) -> u64 {
+    ops.iter()
+        .flat_map(|o| o.bytes().chain(std::iter::once(b'\n')))
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
 /// The scheduling metadata ptxas puts in the top 23 bits of every 128-bit instruction (sm_70 and later; the
 /// layout as Jia et al. measured it on Volta, "Dissecting the NVIDIA Volta GPU Architecture via
 /// Microbenchmarking", 2018, and as it decodes consistently on sm_90 listings): from bit 105 up, stall cycles
@@ -445,6 +489,53 @@ mod tests {
             (0x20, 0x50, 4, 1, 14)
         );
         assert_eq!(parse_hot_loop(&ins(0x10, "BRA `(.L_x_9)", 1)), None);
+    }
+
+    #[test]
+    fn the_hot_loop_schedule_ignores_registers_and_sees_order() {
+        let w = |stall: u64| format!("/* 0x{:016x} */", stall << 41);
+        let ins =
+            |a: u32, t: &str| format!("        /*{a:04x}*/ {t} ;  /* 0x0 */\n        {}\n", w(1));
+        let listing = |body: [&str; 3]| {
+            [
+                ".L_x_1:\n".to_string(),
+                ins(0x20, body[0]),
+                ins(0x30, body[1]),
+                ins(0x40, body[2]),
+                ins(0x50, "@P0 BRA `(.L_x_1)"),
+            ]
+            .concat()
+        };
+        let a = listing([
+            "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ",
+            "FMNMX.NAN R1, R2, R3, !PT",
+            "FADD R1, R1, R2",
+        ]);
+        let (h, ops) = hot_loop_schedule(&a).expect("a loop");
+        assert_eq!((h.start, h.end), (0x20, 0x50));
+        assert_eq!(
+            ops,
+            [
+                "QGMMA.64x128x32.F32.E4M3.E4M3",
+                "FMNMX.NAN",
+                "FADD",
+                "@P0 BRA"
+            ]
+        );
+        // Other registers, the same schedule; two instructions swapped, another.
+        let renamed = listing([
+            "QGMMA.64x128x32.F32.E4M3.E4M3 R40, gdesc[UR8], RZ",
+            "FMNMX.NAN R7, R5, R9, !PT",
+            "FADD R7, R7, R5",
+        ]);
+        let swapped = listing([
+            "QGMMA.64x128x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ",
+            "FADD R1, R1, R2",
+            "FMNMX.NAN R1, R2, R3, !PT",
+        ]);
+        let fp = |l: &str| schedule_fingerprint(&hot_loop_schedule(l).expect("a loop").1);
+        assert_eq!(fp(&a), fp(&renamed));
+        assert_ne!(fp(&a), fp(&swapped));
     }
 
     #[test]
