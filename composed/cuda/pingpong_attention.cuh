@@ -32,15 +32,40 @@ __device__ __forceinline__ int key_tiles(const Params& p, int q0) {
   return max(1, (visible + BC - 1) / BC);
 }
 
-// The producer's part of unit w (the block's n-th, its key tiles ring tiles r0, …): Q, then K and Vᵀ.
+// Stage 7's split tail (the host's SplitPlan), as the host lays it out in memory after the schedule's counter and
+// done count (the kernel's parameters stay as they were: two fields more in Params moved ptxas's schedule of the hot
+// loop, docs/ladder.md, sixteenth pass): the first unit split off, the pieces (one a block after its whole units),
+// then per piece its parts and per split unit its parts' virtual units. Read by the producer (a table: walking a
+// piece's parts with divisions moved the consumers' loop) and the merge kernel.
+struct SplitTable {
+  const int* s;
+  __device__ explicit SplitTable(const Params& p) : s(p.sched) {}
+  __device__ int split() const { return s[2]; }
+  __device__ int pieces() const { return s[3]; }
+  // Piece q's parts are parts first(q) .. first(q + 1) − 1, each (unit, first key tile, key tiles, virtual unit or −1:
+  // run whole).
+  __device__ int first(int q) const { return s[8 + q]; }
+  __device__ int4 part(int i) const { return reinterpret_cast<const int4*>(s + s[4])[i]; }
+  // Split unit split() + r: its parts' count (0: run whole) and virtual units, in piece order.
+  __device__ const int* merged(int r) const { return s + s[5] + 8 * r; }
+};
+
+// A block's share of one unit: unit u's key tiles k0 .. k0 + kt − 1 (kt < 0: all of them, key_tiles), its O and LSE
+// to virtual unit dst (dst < 0: its own rows).
+struct Seg {
+  int u, k0, kt, dst;
+};
+
+// The producer's part of unit s.u (the block's n-th unit or part of one, its key tiles ring tiles r0, …): Q, then
+// K and Vᵀ.
 template <class Block, int BC>
 __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, const tma::Map* mq, const tma::Map* mk,
-                                            const tma::Map* mvt, int w, int n, int r0) {
-  const TileCoord u = unit_coord(p, w);
-  const int tiles = key_tiles<BC>(p, u.qt * kUnitRows);
-  blk.produce_q(mq, n, u.bh, u.qt * kUnitRows, w);
+                                            const tma::Map* mvt, Seg s, int n, int r0) {
+  const TileCoord u = unit_coord(p, s.u);
+  const int tiles = s.kt < 0 ? key_tiles<BC>(p, u.qt * kUnitRows) : s.kt;
+  blk.produce_q(mq, n, u.bh, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst);
   const int kv = u.bh / p.group;
-  blk.produce_kv(mk, mvt, p.vt_tiles + (long long)kv * ((p.sk + BC - 1) / BC) * Block::kTile, kv, r0, tiles);
+  blk.produce_kv(mk, mvt, p.vt_tiles + (long long)kv * ((p.sk + BC - 1) / BC) * Block::kTile, kv, r0, tiles, s.k0);
   return tiles;
 }
 
@@ -131,20 +156,23 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
 // (4, 16, 4096, 64).
 template <int D, int BC, class Block, class Ring, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at,
-                                             Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so) {
+                                             Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so, int k0,
+                                             int kt, int dest) {
   mark(kMarkUnit);
+  if (roles::thread_in_group() == 0) blk.qb->dest[wg] = dest;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
   const TileCoord u = unit_coord(p, w);
-  const int bh = u.bh, kv = bh / p.group, q0 = u.qt * kUnitRows, tiles = key_tiles<BC>(p, q0);
+  // kt >= 0: a split tail's part, key tiles k0 .. k0 + kt − 1, its limits moved instead of its columns (never causal).
+  const int bh = u.bh, kv = bh / p.group, q0 = u.qt * kUnitRows, tiles = kt < 0 ? key_tiles<BC>(p, q0) : kt;
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
   int limit[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
-    limit[h] = p.causal ? min(p.sk, max(0, row + p.sk - p.sq + 1)) : p.sk;
+    limit[h] = p.causal ? min(p.sk, max(0, row + p.sk - p.sq + 1)) : p.sk - k0 * BC;
   }
   osm::RowState st;
   osm::init(st);
@@ -239,13 +267,17 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   // The rows' 1/l and LSE, and the LSE's stores, while the last P·V runs; O waits for it.
   float inv[2], lse[2];
   osm::finish_rows<kFp8POffset>(st, scale, inv, lse);
-  store_lse(p, lse, bh, q0 + 64 * wg);
+  // A split tail's part writes its O and LSE, as a unit would, to virtual unit dst past the real ones (in O's and the
+  // LSE's buffers and O's map), for the merge kernel; dst read back from shared memory, not kept in a register.
+  const int dst = blk.qb->dest[wg];
+  const int obh = dst < 0 ? bh : dst / p.q_tiles, orow = (dst < 0 ? q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
+  store_lse(p, lse, obh, orow);
   const float vs = p.v_scale[kv];
   wgmma::wait<0>();
   wgmma::fence_operand(o[0].x);
   __syncwarp();
   if (roles::lane() == 0) at.release();
-  epilogue_staged<D>(p, o, inv, vs, bh, q0 + 64 * wg, wg, mo, so);
+  epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
   mark(kMarkEpilogueEnd);
 }
 
@@ -281,9 +313,23 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     if (threadIdx.x == 0) {
       Block::prefetch(mq, mk, mvt);
       int r0 = 0, n = 0;
-      for (int w = blockIdx.x; w < p.work; ++n) {
-        r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, w, n, r0);
-        w = tickets ? int(gridDim.x) + atomicAdd(p.sched, 1) : p.work;
+      // Whole units below `split`, then pieces (the split tail: the plan in p.sched, read only where blocks take
+      // more than one unit). A split tail's work is dealt, not taken from the counter: each block its split / G
+      // whole units, then its piece; taken greedily, the whole units' ends were ragged by up to a unit.
+      // Whole units below `split`; past it the split tail's parts, piece after piece (the table's order). A split
+      // tail's work is dealt, not taken from the counter: each block its split / G whole units, then its piece's
+      // parts; taken greedily, the whole units' ends were ragged by up to a unit.
+      const SplitTable tab(p);
+      const int split = tickets ? tab.split() : p.work, pieces = tickets ? tab.pieces() : 0;
+      const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
+      for (int w = blockIdx.x; w < split || w < end; ++n) {
+        const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
+        r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0);
+        if (pieces > 0) {
+          w = w >= split ? w + 1 : w + int(gridDim.x) < split ? w + int(gridDim.x) : mine;
+        } else {
+          w = tickets ? int(gridDim.x) + atomicAdd(p.sched, 1) : p.work;
+        }
       }
       if (tickets) {
         blk.end_units(n, p.work);
@@ -302,10 +348,97 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     // O's staging panels (epilogue_staged), 64 rows × 128 bytes a consumer, after the ring.
     unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;
     for (int w = blockIdx.x, n = 0; w < p.work; w = tickets ? blk.unit(++n) : p.work) {
-      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; }, mark, mo, so);
+      // A block's first unit is whole (the host splits only past a first wave); later ones say so in their slot.
+      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; }, mark, mo, so,
+                          n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1);
       at.advance();
     }
     if (threadIdx.x % 128 == 0) tma::store_wait<0>();  // O's last stores written before the block's shared memory goes
+  }
+}
+
+// Parts of a split unit at most (the host's SplitPlan, whose test checks it).
+constexpr int kMaxParts = 4;
+
+// Eight consecutive elements of O as written (T), widened, and back.
+template <class T>
+__device__ __forceinline__ void load8(const T* at, float (&x)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(at)), b = __ldcg(reinterpret_cast<const float4*>(at) + 1);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(at));
+    const T* h = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = float(h[i]);
+  }
+}
+template <class T>
+__device__ __forceinline__ void store8(T* at, const float (&x)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; i += 2) relayout::store2(at + i, x[i], x[i + 1]);
+}
+
+// Columns 8c .. 8c + 7 of row `row` of head bh (and, for c = 0, the row's LSE) merged from n parts' O and LSE at
+// virtual units dsts (each a whole unit's over its key tiles), in piece order: FlashAttention's split-KV combine,
+// O = Σ_j e^(LSE_j − LSE) O_j, LSE = log Σ_j e^(LSE_j). Every load is issued before the first is used.
+template <class T, int D>
+__device__ __forceinline__ void merge_row(const Params& p, const int* dsts, int n, int bh, int row, int c) {
+  T* o = static_cast<T*>(p.o);
+  long long at[kMaxParts];
+  float lse[kMaxParts], v[kMaxParts][8], m = wr::neg_inf();
+#pragma unroll
+  for (int j = 0; j < kMaxParts; ++j)
+    if (j < n) {
+      at[j] = (long long)(dsts[j] / p.q_tiles) * p.sq + dsts[j] % p.q_tiles * kUnitRows + row % kUnitRows;
+      lse[j] = __ldcg(p.lse + at[j]);
+      load8(o + at[j] * D + 8 * c, v[j]);
+    }
+#pragma unroll
+  for (int j = 0; j < kMaxParts; ++j)
+    if (j < n) m = fmaxf(m, lse[j]);
+  float w[kMaxParts], sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxParts; ++j)
+    if (j < n) {
+      w[j] = m == wr::neg_inf() ? 0.0f : __expf(lse[j] - m);
+      sum += w[j];
+    }
+  const long long out = (long long)bh * p.sq + row;
+  if (c == 0) p.lse[out] = sum > 0.0f ? m + __logf(sum) : wr::neg_inf();
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  float x[8] = {};
+#pragma unroll
+  for (int j = 0; j < kMaxParts; ++j)
+    if (j < n)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] += w[j] * v[j][i];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] *= inv;
+  store8(o + out * D + 8 * c, x);
+}
+
+// Stage 7's split tail, merged after the attention kernel: block (r, y) merges rows y · 128 / (D / 8) … of split unit
+// split + r, a thread 8 columns.
+template <int D>
+__device__ void merge_split_tail(const Params& p) {
+  const SplitTable tab(p);
+  const int* m = tab.merged(int(blockIdx.x));
+  const TileCoord tc = unit_coord(p, tab.split() + int(blockIdx.x));
+  // A warp over consecutive 16-byte chunks of rows (coalesced): D / 8 chunks a row, 128 / (D / 8) rows a block.
+  constexpr int kChunks = D / 8, kRows = 128 / kChunks;
+  const int c = int(threadIdx.x) % kChunks;
+  const int row = tc.qt * kUnitRows + int(blockIdx.y) * kRows + int(threadIdx.x) / kChunks;
+  if (m[0] == 0 || row >= p.sq) return;
+  switch (p.o_dtype) {
+    case kF32:
+      merge_row<float, D>(p, m + 1, m[0], tc.bh, row, c);
+      break;
+    case kBf16:
+      merge_row<__nv_bfloat16, D>(p, m + 1, m[0], tc.bh, row, c);
+      break;
+    default:
+      merge_row<__half, D>(p, m + 1, m[0], tc.bh, row, c);
   }
 }
 

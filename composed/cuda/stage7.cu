@@ -13,3 +13,11 @@
 // from a counter (causal ones longest first), +9–10% causal and +1–3% otherwise (tenth pass).
 STAGE7(64, 128, 4)
 STAGE7(128, 224, 3)
+
+// The split tail's merge (sdpa::merge_split_tail), launched after stage7_dD where the host split the tail.
+#define STAGE7_MERGE(D)                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128) stage7_merge_d##D(sdpa::Params p) {                           \
+    sdpa::merge_split_tail<D>(p);                                                                                  \
+  }
+STAGE7_MERGE(64)
+STAGE7_MERGE(128)

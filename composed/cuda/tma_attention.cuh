@@ -9,13 +9,21 @@ namespace sdpa {
 // Q's mbarriers, one pair a Q buffer: full[b] completes as the producer's Q load lands; empty[b] when every
 // consumer warp has read the buffer for the last time (stage 7's persistent loop refills it for a later unit).
 // unit[b]: which work unit the buffer's Q is of (persistent blocks, which learn their units as they go), or a
-// number >= Params::work for "no more": written by the producer before it arrives on full[b], read by consumers
-// after their wait on it (the arrive releases, the wait acquires).
+// number >= Params::work for "no more"; k0[b], kt[b], dst[b]: a split tail's part of the unit (stage 7, the host's
+// SplitPlan): its key tiles k0 .. k0 + kt − 1 and the virtual unit its O and LSE go to (kt, dst < 0: the whole unit,
+// to its own rows). Written by the producer before it
+// arrives on full[b], read by consumers after their wait on it (the arrive releases, the wait acquires).
 template <int QBUFS>
 struct QBarriers {
   unsigned long long full[QBUFS];
   unsigned long long empty[QBUFS];
   int unit[QBUFS];
+  int k0[QBUFS];
+  int kt[QBUFS];
+  int dst[QBUFS];
+  // Each consumer warpgroup's current unit's dst, kept here across the unit's loop: held in a register there, it
+  // moved ptxas's schedule of the loop (docs/ladder.md, sixteenth pass).
+  int dest[2];
 };
 
 // The shared memory and barriers both TMA stages use: QBUFS Q buffers (128 rows each), then STAGES K tiles and
@@ -73,6 +81,10 @@ struct TmaBlock {
     wait_q(n);
     return qb->unit[n % QBUFS];
   }
+  // Its key tiles, read after unit(n).
+  __device__ int k0(int n) const { return qb->k0[n % QBUFS]; }
+  __device__ int kt(int n) const { return qb->kt[n % QBUFS]; }
+  __device__ int dst(int n) const { return qb->dst[n % QBUFS]; }
   __device__ void release_q(int n) const { tma::arrive(&qb->empty[n % QBUFS]); }
   __device__ static void prefetch(const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt) {
     tma::prefetch(mq);
@@ -87,11 +99,17 @@ struct TmaBlock {
   // Persistent blocks (QBUFS > 1) also name the unit, w, in the buffer's slot, from their second unit on (the
   // first is blockIdx.x: a slot written before Q's arrival and read after its wait cost ~0.2 µs of a one-unit
   // block's ~8.5 at the mission shape).
-  __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0, int w = 0) const {
+  __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0, int w = 0, int k0 = 0, int kt = -1,
+                            int dst = -1) const {
     const int b = n % QBUFS;
     if (QBUFS > 1) {
       tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
-      if (n > 0) qb->unit[b] = w;
+      if (n > 0) {
+        qb->unit[b] = w;
+        qb->k0[b] = k0;
+        qb->kt[b] = kt;
+        qb->dst[b] = dst;
+      }
     }
     tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
     for (int w = 0; w < consumers; ++w) tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D, 0, q0 + 64 * w, bh, 0);
@@ -104,12 +122,12 @@ struct TmaBlock {
     qb->unit[b] = w;
     tma::arrive(&qb->full[b]);
   }
-  // K and Vᵀ of key/value head kv, key tiles 0 .. tiles − 1, as ring tiles r0 ... (kVtImage: Vᵀ's tile t is the
-  // kTile bytes at vt_head + t · kTile, and mvt is not read).
+  // K and Vᵀ of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ... (kVtImage: Vᵀ's tile t is
+  // the kTile bytes at vt_head + t · kTile, and mvt is not read).
   __device__ void produce_kv(const tma::Map* mk, const tma::Map* mvt, const unsigned char* vt_head, int kv, int r0,
-                             int tiles) const {
-    for (int t = 0; t < tiles; ++t) {
-      const int r = r0 + t;
+                             int tiles, int k0 = 0) const {
+    for (int t = k0; t < k0 + tiles; ++t) {
+      const int r = r0 + t - k0;
       ring.acquire(r, 2 * kTile);
       tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile, 0, t * BC, kv, 0);
       if constexpr (kVtImage) {

@@ -17,7 +17,8 @@ pub use prep::{
     transpose_v_with, vt_keys, vt_tiles_bytes, vt_tiles_model, vt_tiles_with,
 };
 pub use run::{
-    OnDevice, SECTION_KV_BYTES, grid, run, run_as, schedule_section, validate, validate_shape,
+    OnDevice, SECTION_KV_BYTES, SplitPlan, grid, run, run_as, schedule_section, validate,
+    validate_shape,
 };
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,

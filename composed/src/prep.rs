@@ -271,6 +271,7 @@ pub(crate) fn tma_maps(
     k: u64,
     vt: Option<u64>,
     o: Option<u64>,
+    o_extra: usize,
 ) -> Result<[tma_ring::TensorMap; 4]> {
     use frag_layout::Swizzle;
     use tma_ring::{Elem, MapSpec};
@@ -306,7 +307,15 @@ pub(crate) fn tma_maps(
         },
         match o {
             Some(o) => {
-                MapSpec::heads(Elem::U16, [1, heads, sq, d], false, 64, Swizzle::B128).encode(o)?
+                // O's heads and, past them, the virtual heads a split tail's parts write (`SplitPlan`).
+                MapSpec::heads(
+                    Elem::U16,
+                    [1, heads + o_extra as u64, sq, d],
+                    false,
+                    64,
+                    Swizzle::B128,
+                )
+                .encode(o)?
             }
             None => qm,
         },

@@ -139,6 +139,163 @@ pub fn grid(
     Ok((s.heads() as u32, tiles as u32, 1))
 }
 
+/// Stage 7's split tail (`sdpa::SplitTable`, in the schedule's buffer): with G blocks sharing equal units, the
+/// busiest block runs ⌈U / G⌉ of them where the average is U / G — at (4, 16, 4096, 128), 2048 units on 132 SMs, 16
+/// against 15.5 (ncu: 1984 units cost what 2048 do, 1920 6.4% less; docs/ladder.md, sixteenth pass). So the last R
+/// units (R = U mod G, or U mod G + G where that is at most G / 2, so that no piece is under half a unit) are cut, as
+/// one run of R · T key tiles, into G pieces of near-equal length; each block runs its G-strided whole units, then
+/// its piece. A part of a unit writes its O and LSE, as a unit would, to a virtual unit past the real ones, and
+/// `stage7_merge_dD` combines each split unit's (O, LSE) pairs. Not for causal units (longest first already
+/// balances them), nor where a unit is one key tile, Sq is under a full query tile, or the blocks would not first
+/// run a whole wave of whole units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// Work units, (head, query tile) pairs.
+    pub units: usize,
+    /// The first unit of the split tail (`units`: no split).
+    pub split: usize,
+    /// Pieces the tail is cut into (0: no split), one a block.
+    pub pieces: usize,
+    /// Key tiles a unit.
+    pub unit_tiles: usize,
+}
+
+impl SplitPlan {
+    /// The plan of a launch of `stage` on `s` with blocks of `rows` query rows and a grid of `blocks` (`grid`'s x):
+    /// none but for stage 7, which is persistent.
+    pub fn of(stage: Stage, s: &fixtures::Shape, rows: usize, blocks: usize) -> SplitPlan {
+        let units = s.heads() * s.sq.div_ceil(rows);
+        if stage.persistent() {
+            SplitPlan::new(
+                units,
+                blocks,
+                s.sk.div_ceil(stage.bc(s.d)),
+                s.causal,
+                s.sq / rows,
+            )
+        } else {
+            SplitPlan::new(units, units, 1, s.causal, 0)
+        }
+    }
+
+    /// `q_full`: full query tiles a head (a part's virtual unit is one of them; none: no split).
+    pub fn new(
+        units: usize,
+        blocks: usize,
+        unit_tiles: usize,
+        causal: bool,
+        q_full: usize,
+    ) -> SplitPlan {
+        let none = SplitPlan {
+            units,
+            split: units,
+            pieces: 0,
+            unit_tiles,
+        };
+        if causal
+            || unit_tiles < 2
+            || units <= blocks
+            || units.is_multiple_of(blocks)
+            || q_full == 0
+        {
+            return none;
+        }
+        let mut tail = units % blocks;
+        if 2 * tail <= blocks {
+            tail += blocks;
+        }
+        // A block's first unit is whole (the consumers read no slot for it): at least a wave of whole units.
+        if units - tail < blocks {
+            return none;
+        }
+        SplitPlan {
+            units,
+            split: units - tail,
+            pieces: blocks,
+            unit_tiles,
+        }
+    }
+    /// Key tiles of the split tail.
+    pub fn tail_tiles(&self) -> usize {
+        (self.units - self.split) * self.unit_tiles
+    }
+    /// Work items: the whole units, then the pieces.
+    pub fn work(&self) -> usize {
+        self.split + self.pieces
+    }
+    /// Tail tiles piece `q` starts at (`pieces`: the tail's end), as `sdpa::tail_bound`.
+    pub fn bound(&self, q: usize) -> usize {
+        q * self.tail_tiles() / self.pieces
+    }
+    /// The parts of piece `q`: (unit, first key tile, end key tile), as the producer walks them.
+    pub fn parts(&self, q: usize) -> Vec<(usize, usize, usize)> {
+        let (mut t, end) = (self.bound(q), self.bound(q + 1));
+        let mut out = vec![];
+        while t < end {
+            let (u, k0) = (self.split + t / self.unit_tiles, t % self.unit_tiles);
+            let k1 = self.unit_tiles.min(k0 + end - t);
+            out.push((u, k0, k1));
+            t += k1 - k0;
+        }
+        out
+    }
+    /// Virtual units a part writes its O and LSE to (`sdpa::SplitTable`): slot k (2q for piece q's part that starts
+    /// in its unit, 2q + 1 for the one that reaches it from the unit before) is full query tile k % `q_full` of
+    /// virtual head B·H + k / `q_full` (full tiles only: the TMA store clips rows past Sq).
+    pub fn virtual_heads(&self, q_full: usize) -> usize {
+        (2 * self.pieces).div_ceil(q_full.max(1))
+    }
+    /// `sdpa::Params::sched` as `sdpa::SplitTable` reads it: the counter and done count (zero), split, pieces, the
+    /// offsets of the parts and of the merge lists; each piece's first part (G + 1 of them); the parts as (unit, k0,
+    /// key tiles or −1, virtual unit or −1); per split unit its parts' count (0: run whole) and virtual units.
+    /// `q_tiles` query tiles a head, `q_full` of them full.
+    pub fn table(&self, q_tiles: usize, q_full: usize) -> Vec<i32> {
+        let i = |x: usize| x as i32;
+        let mut first = vec![];
+        let mut parts: Vec<[i32; 4]> = vec![];
+        let mut merged = vec![vec![]; self.units - self.split];
+        for q in 0..self.pieces {
+            first.push(i(parts.len()));
+            for (u, k0, k1) in self.parts(q) {
+                if k1 - k0 == self.unit_tiles {
+                    parts.push([i(u), 0, -1, -1]);
+                    continue;
+                }
+                let u0 = (u - self.split) * self.unit_tiles;
+                let k = 2 * q + usize::from(self.bound(q) < u0);
+                let v = self.units.next_multiple_of(q_tiles) + (k / q_full) * q_tiles + k % q_full;
+                parts.push([i(u), i(k0), i(k1 - k0), i(v)]);
+                merged[u - self.split].push(i(v));
+            }
+        }
+        first.push(i(parts.len()));
+        let parts_at = (8 + first.len()).next_multiple_of(4);
+        let merged_at = parts_at + 4 * parts.len();
+        let mut t = vec![
+            0,
+            0,
+            i(self.split),
+            i(self.pieces),
+            i(parts_at),
+            i(merged_at),
+            0,
+            0,
+        ];
+        t.extend(&first);
+        t.resize(parts_at, 0);
+        t.extend(parts.iter().flatten());
+        for m in merged {
+            let mut row = [0i32; 8];
+            if m.len() > 1 {
+                row[0] = i(m.len());
+                row[1..=m.len()].copy_from_slice(&m);
+            }
+            t.extend(row);
+        }
+        t
+    }
+}
+
 /// K and V bytes a schedule section of causal stage 7 may hold (`sdpa::unit_coord`): a third of the H100's 50 MB L2,
 /// so that the section's K and V stay there beside the section before's, whose last units are still running. 4 to
 /// 16 MiB measured level there, 32 MiB 6.5% slower (docs/ladder.md, tenth pass).
@@ -229,6 +386,8 @@ pub struct OnDevice {
     /// zero by every launch that ends. One per problem: its launches are ordered on a stream anyway (they write
     /// the same O).
     sched: CudaSlice<i32>,
+    /// The split plan `sched`'s header holds (`SplitPlan::header`), written when a launch's plan differs.
+    plan: Option<SplitPlan>,
     /// Heads a section of causal stage 7's schedule instead of `schedule_section`'s (`sdpa bench --section`).
     section: Option<usize>,
 }
@@ -349,6 +508,7 @@ impl OnDevice {
             blocks: None,
             vt_each_launch: false,
             sched: st.alloc_zeros::<i32>(2)?,
+            plan: None,
             section: None,
         })
     }
@@ -385,6 +545,13 @@ impl OnDevice {
     /// includes the work its layout of V costs: cuDNN's FP8 SDPA reads V as it is (`docs/ladder.md`).
     pub fn time_vt_prep(&mut self, on: bool) {
         self.vt_each_launch = on;
+    }
+
+    /// How a launch of `stage` on this problem splits its tail (`SplitPlan`), with the block count set now.
+    pub fn split_plan(&self, gpu: &Gpu, stage: Stage) -> Result<SplitPlan> {
+        let rows = stage.rows_for(&self.shape, gpu.sms);
+        let grid_dim = grid(stage, &self.shape, rows, gpu.sms, self.blocks)?;
+        Ok(SplitPlan::of(stage, &self.shape, rows, grid_dim.0 as usize))
     }
 
     /// Queues one launch of `stage` on the device's stream.
@@ -428,6 +595,37 @@ impl OnDevice {
                     spec.name
                 )
             })?;
+        // Checked first: it bounds the work units and query tiles the parameters carry as i32.
+        let grid_dim = grid(stage, &s, rows, gpu.sms, self.blocks)?;
+        let plan = SplitPlan::of(stage, &s, rows, grid_dim.0 as usize);
+        let units = plan.units;
+        ensure!(
+            plan.tail_tiles() <= i32::MAX as usize,
+            "a split tail of {} key tiles: more than 2^31 − 1",
+            plan.tail_tiles()
+        );
+        // The schedule's counters and the plan's table: grown and rewritten only when the plan changes
+        // (outside the timing's graph capture, whose launches repeat the warm-up's plan).
+        if self.plan != Some(plan) {
+            let table = plan.table(s.sq.div_ceil(rows), s.sq / rows);
+            if self.sched.len() < table.len() {
+                self.sched = st.alloc_zeros::<i32>(table.len())?;
+            }
+            st.memcpy_htod(&table, &mut self.sched.slice_mut(0..table.len()))?;
+            // O and the LSE with the parts' virtual heads after the real ones (poisoned, as upload leaves them).
+            let rows_needed = (s.heads() + plan.virtual_heads(s.sq / rows)) * s.sq;
+            if self.lse.len() < rows_needed {
+                self.lse = st.clone_htod(&poisoned::<f32>(rows_needed))?;
+                self.o = match self.o {
+                    OBuf::F16(_) => OBuf::F16(st.clone_htod(&poisoned::<f16>(rows_needed * s.d))?),
+                    OBuf::Bf16(_) => {
+                        OBuf::Bf16(st.clone_htod(&poisoned::<bf16>(rows_needed * s.d))?)
+                    }
+                    OBuf::F32(_) => OBuf::F32(st.clone_htod(&poisoned::<f32>(rows_needed * s.d))?),
+                };
+            }
+            self.plan = Some(plan);
+        }
         let (q, _gq) = self.q.device_ptr(st);
         let (kk, _gk) = self.k.device_ptr(st);
         let (v, _gv) = self.v.device_ptr(st);
@@ -440,7 +638,6 @@ impl OnDevice {
             OBuf::F32(b) => b.device_ptr(st),
         };
         let (lse, _gl) = self.lse.device_ptr(st);
-        let (sched, _gs) = self.sched.device_ptr(st);
         let bc = stage.bc(s.d);
         if stage.vt_image(s.d) {
             match &mut self.vt_img {
@@ -489,16 +686,27 @@ impl OnDevice {
         // Vᵀ as tile images comes by bulk copy (Params::vt_tiles), not through the third map; f32 O is written
         // directly, not through the fourth.
         let o_map = (stage.tma_store() && self.out_dtype() != OutDtype::F32).then_some(o);
+        // O's map reaches the split tail's virtual heads too.
+        let o_extra = plan.virtual_heads(s.sq / rows);
         let maps = match (&self.vt, stage.tma()) {
-            _ if stage.vt_image(s.d) => Some(crate::prep::tma_maps(&s, bc, q, kk, None, o_map)?),
+            _ if stage.vt_image(s.d) => {
+                Some(crate::prep::tma_maps(&s, bc, q, kk, None, o_map, o_extra)?)
+            }
             (Some(vt), true) => {
                 let (vt, _gvt) = vt.device_ptr(st);
-                Some(crate::prep::tma_maps(&s, bc, q, kk, Some(vt), o_map)?)
+                Some(crate::prep::tma_maps(
+                    &s,
+                    bc,
+                    q,
+                    kk,
+                    Some(vt),
+                    o_map,
+                    o_extra,
+                )?)
             }
             _ => None,
         };
-        // Checked first: it bounds the work units and query tiles the parameters carry as i32.
-        let grid_dim = grid(stage, &s, rows, gpu.sms, self.blocks)?;
+        let (sched, _gs) = self.sched.device_ptr(st);
         let section = self.section.unwrap_or_else(|| schedule_section(&s));
         ensure!(
             (1..=s.heads()).contains(&section),
@@ -522,7 +730,7 @@ impl OnDevice {
             group: s.group() as i32,
             q_rows: rows as i32,
             q_tiles: s.sq.div_ceil(rows) as i32,
-            work: (s.heads() * s.sq.div_ceil(rows)) as i32,
+            work: units as i32,
             section: section as i32,
             vt_tiles,
             sched,
@@ -543,6 +751,24 @@ impl OnDevice {
         // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt[, o]]) with the grid and block it was written for;
         // every pointer holds the [B, H, S, D] extents validate() checked, each map describes its tensor (tma_maps).
         unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
+        if plan.pieces > 0 {
+            // The split tail's parts merged into O and the LSE: a block a split unit and 8 columns, a thread a row.
+            // From the source the stage ran (a variant's too: `sdpa bench --variant`, the tests' mutants).
+            let merge = gpu.load(&lab::KernelSpec {
+                source: spec.source,
+                ..lab::KernelSpec::find(crate::stages::KERNELS, &format!("stage7_merge_d{}", s.d))
+            })?;
+            let cfg = LaunchConfig {
+                grid_dim: ((plan.units - plan.split) as u32, (s.d / 8) as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = st.launch_builder(&merge.func);
+            b.arg(&p);
+            // SAFETY: stage7_merge_dD(sdpa::Params) after the stage 7 launch that wrote the parts, on the same
+            // stream; its grid is (split units, D / 8) blocks of 128 threads, as merge_split_tail reads it.
+            unsafe { b.launch(cfg) }.context("launching stage 7's split-tail merge")?;
+        }
         Ok(())
     }
 
@@ -682,7 +908,147 @@ pub fn run_as(gpu: &Gpu, stage: Stage, qz: &Quantized, out: OutDtype) -> Result<
 
 #[cfg(test)]
 mod tests {
-    use super::row_runs;
+    use super::{SplitPlan, row_runs};
+
+    /// `sdpa::tail_piece`: the piece of tail tile `t`.
+    fn device_piece(p: &SplitPlan, t: usize) -> usize {
+        ((t + 1) * p.pieces - 1) / p.tail_tiles()
+    }
+
+    /// `sdpa::Parts::slot`'s index: piece q's slot for the unit whose first tail tile is u0.
+    fn device_slot(p: &SplitPlan, q: usize, u0: usize) -> usize {
+        2 * q + usize::from(p.bound(q) < u0)
+    }
+
+    #[test]
+    fn split_plans_cover_the_tail_once_in_balanced_pieces() {
+        let mut split = 0;
+        for units in 1..=160 {
+            for blocks in 1..=40 {
+                for tiles in 1..=12 {
+                    let p = SplitPlan::new(units, blocks, tiles, false, 4);
+                    assert_eq!(p, SplitPlan::new(units, blocks, tiles, false, 4));
+                    let tail = units % blocks
+                        + if 2 * (units % blocks) <= blocks {
+                            blocks
+                        } else {
+                            0
+                        };
+                    if tiles < 2
+                        || units <= blocks
+                        || units.is_multiple_of(blocks)
+                        || units < tail + blocks
+                    {
+                        assert_eq!((p.split, p.pieces, p.work()), (units, 0, units), "{p:?}");
+                        continue;
+                    }
+                    assert!(
+                        p.split >= blocks,
+                        "{p:?}: a block's first unit must be whole"
+                    );
+                    split += 1;
+                    let tail = units - p.split;
+                    assert!(
+                        2 * tail > blocks && tail < 2 * blocks && tail % blocks == units % blocks,
+                        "{p:?}"
+                    );
+                    assert_eq!((p.pieces, p.work()), (blocks, p.split + blocks), "{p:?}");
+                    // The parts, piece by piece, are the tail's tiles in order, each in one unit; a piece is at least
+                    // half a unit's tiles, rounded down, and at most 1.5 units' rounded up.
+                    let (mut next, mut slots) = (0, std::collections::HashSet::new());
+                    for q in 0..p.pieces {
+                        let len = p.bound(q + 1) - p.bound(q);
+                        assert!(
+                            len >= tiles / 2 && 2 * len <= 3 * tiles + 2,
+                            "{p:?}: piece {q} of {len}"
+                        );
+                        for (u, k0, k1) in p.parts(q) {
+                            assert!(k0 < k1 && k1 <= tiles && u < units, "{p:?}");
+                            let t = (u - p.split) * tiles + k0;
+                            assert_eq!(t, next, "{p:?}: piece {q}");
+                            next = t + k1 - k0;
+                            for t in t..next {
+                                assert_eq!(device_piece(&p, t), q, "{p:?}: tile {t}");
+                            }
+                            // A part short of its unit has a slot no other part has.
+                            if k1 - k0 < tiles {
+                                assert!(
+                                    slots.insert(device_slot(&p, q, (u - p.split) * tiles)),
+                                    "{p:?}"
+                                );
+                            }
+                        }
+                    }
+                    assert_eq!(next, p.tail_tiles(), "{p:?}");
+                    // The table the kernel reads: every part once, piece after piece; each split unit's merge list its
+                    // parts' virtual units, distinct, in full query tiles of the virtual heads.
+                    let (q_tiles, q_full) = (5, 4);
+                    let t = p.table(q_tiles, q_full);
+                    let (parts_at, merged_at) = (t[4] as usize, t[5] as usize);
+                    assert_eq!((t[2], t[3]), (p.split as i32, p.pieces as i32));
+                    let mut seen = std::collections::HashSet::new();
+                    for q in 0..p.pieces {
+                        let (a, b) = (t[8 + q] as usize, t[9 + q] as usize);
+                        let want = p.parts(q);
+                        assert_eq!(b - a, want.len(), "{p:?}");
+                        for (e, &(u, k0, k1)) in
+                            t[parts_at + 4 * a..parts_at + 4 * b].chunks(4).zip(&want)
+                        {
+                            assert_eq!(e[0] as usize, u);
+                            if e[3] >= 0 {
+                                assert!(seen.insert(e[3]) && (e[3] as usize) >= units, "{p:?}");
+                                assert!(((e[3] as usize) % q_tiles) < q_full);
+                                assert_eq!((e[1] as usize, e[2] as usize), (k0, k1 - k0));
+                            } else {
+                                assert_eq!((k0, k1), (0, tiles));
+                            }
+                        }
+                    }
+                    for r in 0..tail {
+                        let m = &t[merged_at + 8 * r..merged_at + 8 * r + 8];
+                        assert!(
+                            m[0] == 0 || (2..=4).contains(&m[0]),
+                            "{p:?}: unit {r} merges {m:?}"
+                        );
+                        assert!(m[1..=m[0] as usize].iter().all(|v| seen.contains(v)));
+                    }
+                    assert_eq!(
+                        seen.len(),
+                        (0..tail)
+                            .map(|r| t[merged_at + 8 * r] as usize)
+                            .sum::<usize>()
+                    );
+                    // sdpa::kMaxParts: the merge kernel takes at most 4 parts of a unit.
+                    for u in 0..tail {
+                        let parts =
+                            device_piece(&p, (u + 1) * tiles - 1) - device_piece(&p, u * tiles) + 1;
+                        assert!(parts <= 4, "{p:?}: unit {u} in {parts} parts");
+                    }
+                    assert!(slots.iter().all(|&k| k < 2 * p.pieces));
+                }
+            }
+        }
+        assert!(split > 5_000, "{split} plans split");
+        // Causal units are left to the counter's longest-first order.
+        assert_eq!(SplitPlan::new(2048, 132, 19, true, 32).pieces, 0);
+    }
+
+    #[test]
+    fn the_h100_plan_at_4_16_4096_128() {
+        // 2048 units of 19 key tiles on 132 SMs: 15 whole units a block, then 68 units' 1292 tiles in 132 pieces.
+        let p = SplitPlan::new(2048, 132, 19, false, 32);
+        assert_eq!(
+            (p.split, p.pieces, p.tail_tiles(), p.work()),
+            (1980, 132, 1292, 2112)
+        );
+        let lens: Vec<_> = (0..132).map(|q| p.bound(q + 1) - p.bound(q)).collect();
+        assert_eq!(
+            (lens.iter().min(), lens.iter().max()),
+            (Some(&9), Some(&10))
+        );
+        // GQA 32/8 at S = 4096: 4096 units, 4 past 31 waves, so the tail takes a wave more (136 units).
+        assert_eq!(SplitPlan::new(4096, 132, 19, false, 32).split, 4096 - 136);
+    }
 
     #[test]
     fn rows_come_back_in_runs_of_consecutive_indices() {

@@ -337,14 +337,28 @@ const fn k90a(name: &'static str, source: &'static Source) -> KernelSpec {
 const fn k90a_tma(name: &'static str, source: &'static Source) -> KernelSpec {
     // 384 threads under __launch_bounds__(384, 1): ptxas's report is the entry cap, 168; past setmaxnreg the
     // producer runs on 40 registers and the consumers on 232 (128·40 + 256·232 = 64512 of 65536). Spills: 0.
-    // Static shared memory: the ring's and Q's mbarriers (80 bytes for 4 stages).
+    // Static shared memory: the ring's and Q's mbarriers (80 bytes for 4 stages) and the Q buffers' slots (stage 7's
+    // unit, part and destination a buffer, and each consumer's destination: 40 bytes).
     KernelSpec {
         block: "composed",
         name,
         source,
-        budget: Budget::new(168, 128),
+        budget: Budget::new(168, 160),
         archs: &[Arch::Sm90a],
         sass: &["QGMMA", "UTMALDG", "SYNCS"],
+    }
+}
+
+/// Stage 7's split-tail merge (`sdpa::merge_split_tail`, in stage 7's source): 128 threads, a row each, plain loads
+/// and stores.
+const fn k90a_merge(name: &'static str) -> KernelSpec {
+    KernelSpec {
+        block: "composed",
+        name,
+        source: &STAGE7,
+        budget: Budget::new(64, 0),
+        archs: &[Arch::Sm90a],
+        sass: &[],
     }
 }
 
@@ -365,4 +379,6 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma("stage6_d128", &STAGE6),
     k90a_tma("stage7_d64", &STAGE7),
     k90a_tma("stage7_d128", &STAGE7),
+    k90a_merge("stage7_merge_d64"),
+    k90a_merge("stage7_merge_d128"),
 ];

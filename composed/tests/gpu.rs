@@ -355,6 +355,37 @@ fn persistent_shapes() -> Vec<(String, Shape)> {
     ])
 }
 
+/// Stage 7's split-tail cases: (name, shape, blocks, O's dtype), each a plan that splits (the test checks), at both
+/// head dimensions, Sk a multiple of the key tile and not, pieces of under and over a unit, grouped-query heads.
+fn split_cases() -> Vec<(String, Shape, usize, OutDtype)> {
+    [
+        (Shape::new(1, 4, 1000, 128), 5, OutDtype::F16),
+        (Shape::cross(2, 3, 600, 900, 128), 4, OutDtype::Bf16),
+        (Shape::cross(1, 3, 520, 448, 128), 7, OutDtype::F32),
+        (Shape::cross(1, 2, 1000, 2000, 64), 3, OutDtype::F16),
+        (Shape::cross(2, 2, 300, 1024, 64), 5, OutDtype::F32),
+        (
+            Shape::new(1, 8, 700, 128).with_kv_heads(2).expect("8 / 2"),
+            5,
+            OutDtype::F16,
+        ),
+    ]
+    .into_iter()
+    .map(|(s, blocks, out)| {
+        let name = format!(
+            "{}x{}q{}kv_{}x{}x{}_{blocks}blocks_{out:?}",
+            s.b,
+            s.h,
+            s.kv_heads(),
+            s.sq,
+            s.sk,
+            s.d
+        );
+        (name, s, blocks, out)
+    })
+    .collect()
+}
+
 /// (shape, K/V heads, causal) cases, named BxHqHKVkv_SqxSkxD[_causal].
 fn grouped(cases: Vec<(Shape, usize, bool)>) -> Vec<(String, Shape)> {
     cases
@@ -1124,18 +1155,35 @@ fn main() {
                 eprintln!("stage7 persistent {name}, one unit a block: {e} | emulation max_abs={e_emu:.3e}")
             })?;
             // Twice at each block count, the outputs poisoned before each launch: a unit the counter skipped (or a
-            // counter left nonzero by the launch before) leaves poison, which the download refuses.
-            let sections = [None, Some(1), Some(3.min(shape.heads())), None, None];
-            for (blocks, section) in [Some(1), Some(2), Some(5), None, None].into_iter().zip(sections) {
+            // counter left nonzero by the launch before) leaves poison, which the download refuses. Where the host
+            // splits the tail (SplitPlan: some units' key tiles shared by two or three blocks, merged after), the
+            // merged units are other bits: those launches by the rule, and bit-identical to each other.
+            let sections = [None, Some(1), Some(3.min(shape.heads())), None, Some(2.min(shape.heads())), None, None];
+            let mut split: Option<(Option<usize>, Attention<f32>)> = None;
+            for (blocks, section) in [Some(1), Some(2), Some(5), Some(3), Some(3), None, None].into_iter().zip(sections) {
                 d.use_blocks(blocks);
                 d.use_section(section);
                 d.poison_outputs(gpu)?;
                 d.launch(gpu, stage)?;
                 let got = d.download(gpu)?;
-                ensure!(
-                    bit_identical(&got, &one),
-                    "{name}: {blocks:?} blocks (sections of {section:?} heads) give other O / LSE than one unit a block"
-                );
+                let plan = d.split_plan(gpu, stage)?;
+                if plan.pieces == 0 {
+                    ensure!(
+                        bit_identical(&got, &one),
+                        "{name}: {blocks:?} blocks (sections of {section:?} heads) give other O / LSE than one unit a block"
+                    );
+                    continue;
+                }
+                ensure!(!shape.causal, "{name}: a causal tail split ({plan:?})");
+                rule(stage, &qz, &reference(&qz), &emulation_of(stage, &qz, OutDtype::F16), &got, &name, |e, e_emu| {
+                    eprintln!("stage7 persistent {name}, {blocks:?} blocks, split {plan:?}: {e} | emulation max_abs={e_emu:.3e}")
+                })?;
+                if let Some((b, before)) = &split
+                    && *b == blocks
+                {
+                    ensure!(bit_identical(&got, before), "{name}: two launches of one split plan give other bits");
+                }
+                split = Some((blocks, got));
             }
             Ok(())
         });
@@ -1161,6 +1209,92 @@ fn main() {
             }
             Ok(())
         });
+    }
+    for (name, shape, blocks, out) in split_cases() {
+        t.gpu(&format!("split::stage7::{name}"), move |gpu| {
+            // The split tail (SplitPlan): the units past `split` cut into one piece a block, each part's O, m and l
+            // written apart and merged by stage7_merge_dD. By the rule against the f64 reference at every output
+            // dtype (the merge writes O itself), bit-identical across launches, and the plan must split.
+            let qz = quantize_per_head(&normal(shape, 73));
+            let mut d = OnDevice::upload_as(gpu, &qz, out)?;
+            d.use_blocks(Some(blocks));
+            let plan = d.split_plan(gpu, Stage::S7)?;
+            ensure!(
+                plan.pieces > 0,
+                "{name}: no split at {blocks} blocks ({plan:?})"
+            );
+            d.launch(gpu, Stage::S7)?;
+            let got = d.download(gpu)?;
+            rule(
+                Stage::S7,
+                &qz,
+                &reference(&qz),
+                &emulation_of(Stage::S7, &qz, out),
+                &got,
+                &name,
+                |e, e_emu| {
+                    eprintln!("stage7 split {name} ({plan:?}): {e} | emulation max_abs={e_emu:.3e}")
+                },
+            )?;
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, Stage::S7)?;
+            ensure!(
+                bit_identical(&d.download(gpu)?, &got),
+                "{name}: a second launch gives other bits"
+            );
+            Ok(())
+        });
+    }
+    for (mutant, from, to) in [
+        // Every part merged with weight 1: the parts' rows kept against their own maxima.
+        (
+            "unweighted_merge",
+            "w[j] = m == wr::neg_inf() ? 0.0f : __expf(lse[j] - m);",
+            "w[j] = 1.0f;",
+        ),
+        // A part's O and LSE written over its unit's own head, not its virtual one.
+        (
+            "parts_to_own_head",
+            "const int obh = dst < 0 ? bh : dst / p.q_tiles",
+            "const int obh = bh",
+        ),
+        // A part's keys masked as if it started at key tile 0: the unit's last, partial tile unmasked.
+        ("part_columns_from_zero", ": p.sk - k0 * BC;", ": p.sk;"),
+    ] {
+        t.gpu(
+            &format!("split::stage7::mutant_{mutant}_is_caught"),
+            move |gpu| {
+                let shape = Shape::new(1, 4, 1000, 128);
+                let qz = quantize_per_head(&normal(shape, 79));
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.use_blocks(Some(5));
+                ensure!(
+                    d.split_plan(gpu, Stage::S7)?.pieces > 0,
+                    "no split to mutate"
+                );
+                d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+                    "pingpong_attention.cuh",
+                    from,
+                    to,
+                )?));
+                d.launch(gpu, Stage::S7)?;
+                let bad = d.download(gpu)?;
+                let emu = emulation_of(Stage::S7, &qz, OutDtype::F16);
+                match rule(
+                    Stage::S7,
+                    &qz,
+                    &reference(&qz),
+                    &emu,
+                    &bad,
+                    mutant,
+                    |_, _| {},
+                ) {
+                    Err(e) => eprintln!("mutant `{mutant}` caught: {e:#}"),
+                    Ok(()) => anyhow::bail!("the mutant `{mutant}` passed the rule"),
+                }
+                Ok(())
+            },
+        );
     }
     t.gpu(
         "persistent::stage7::mutant_reading_one_q_buffer_is_caught",
