@@ -11,8 +11,8 @@ namespace sdpa {
 // unit[b]: which work unit the buffer's Q is of (persistent blocks, which learn their units as they go), or a
 // number >= Params::work for "no more"; k0[b], kt[b], dst[b]: a split tail's part of the unit (stage 7, the host's
 // SplitPlan): its key tiles k0 .. k0 + kt − 1 and the virtual unit its O and LSE go to (kt, dst < 0: the whole unit,
-// to its own rows). Written by the producer before it
-// arrives on full[b], read by consumers after their wait on it (the arrive releases, the wait acquires).
+// to its own rows). Written by the producer before it arrives on full[b], read by consumers after their wait on it
+// (the arrive releases, the wait acquires).
 template <int QBUFS>
 struct QBarriers {
   unsigned long long full[QBUFS];
@@ -81,7 +81,7 @@ struct TmaBlock {
     wait_q(n);
     return qb->unit[n % QBUFS];
   }
-  // Its key tiles, read after unit(n).
+  // Its part of the unit (key tiles, destination; QBarriers), read after unit(n).
   __device__ int k0(int n) const { return qb->k0[n % QBUFS]; }
   __device__ int kt(int n) const { return qb->kt[n % QBUFS]; }
   __device__ int dst(int n) const { return qb->dst[n % QBUFS]; }
