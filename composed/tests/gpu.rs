@@ -374,12 +374,7 @@ fn split_cases() -> Vec<(String, Shape, usize, OutDtype)> {
     .map(|(s, blocks, out)| {
         let name = format!(
             "{}x{}q{}kv_{}x{}x{}_{blocks}blocks_{out:?}",
-            s.b,
-            s.h,
-            s.kv_heads(),
-            s.sq,
-            s.sk,
-            s.d
+            s.b, s.h, s.hkv, s.sq, s.sk, s.d
         );
         (name, s, blocks, out)
     })

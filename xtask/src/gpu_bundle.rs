@@ -228,15 +228,26 @@ pub fn run(bundle: &Path, out: &Path) -> Result<bool> {
     let results = runner::run_all(&bins, &[], &mut log)?;
     let title = format!("gpu-bundle: {}, {}", device_words(), today());
     let (mut summary, mut ok) = runner::summarize(&results, &title);
+    let tests_s = t0.elapsed().as_secs_f64();
+    // The tests' outputs go out before the sanitizer starts: a run cut short by a time limit still reports them.
+    let pending =
+        format!("{summary}\ncompute-sanitizer: still running (the tests took {tests_s:.1} s)\n");
+    runner::write_outputs(out, &root, &results, &pending, &log)?;
     // compute-sanitizer over the asynchronous-copy tests, where the toolkit has it (the GPU machine does).
     if Command::new("compute-sanitizer")
         .arg("--version")
         .output()
         .is_ok()
     {
+        let t1 = Instant::now();
         let v = crate::sanitize::run(&bundle.join("bin"), &root, &mut log)?;
         ok &= v.iter().all(|x| x.ok);
         summary.push_str(&crate::sanitize::table(&v));
+        summary.push_str(&format!(
+            "the tests took {tests_s:.1} s, the sanitizer runs {:.1} s ({} at a time)\n",
+            t1.elapsed().as_secs_f64(),
+            crate::sanitize::jobs()
+        ));
     } else {
         summary.push_str("\ncompute-sanitizer: not found on this machine, NOT run\n");
     }

@@ -1,6 +1,9 @@
 // compute-sanitizer over the GPU tests that move data asynchronously, on the GPU machine, with the racecheck ledger.
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 
@@ -76,6 +79,19 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::persistent::stage7::1x4q2kv_700x1000x128_causal",
         &["memcheck", "racecheck", "synccheck"],
     ),
+    (
+        // The split tail: parts written to virtual heads past B·H, then the merge kernel reading them (D = 128,
+        // grouped-query heads).
+        "composed--gpu",
+        "gpu::split::stage7::1x8q2kv_700x700x128_5blocks_F16",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
+        // The same at D = 64, Sk not a multiple of the key tile, O in f32.
+        "composed--gpu",
+        "gpu::split::stage7::2x2q2kv_300x1024x64_5blocks_F32",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.
@@ -101,6 +117,14 @@ fn ledger(root: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Tests passed by the libtest runs in `text`: "test result: ok. N passed; …" only (a failed run counts none).
+fn passed(text: &str) -> usize {
+    text.lines()
+        .filter_map(|l| l.split("test result: ok.").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
+        .sum()
+}
+
 fn count_after(text: &str, key: &str) -> usize {
     text.lines()
         .filter_map(|l| l.split(key).nth(1))
@@ -108,65 +132,115 @@ fn count_after(text: &str, key: &str) -> usize {
         .sum()
 }
 
-/// Runs every (binary, filter, tool) of RUNS from `bin_dir`; each log goes into `log`.
+/// How many sanitizer runs go at once: each is one process with its own context on the one GPU, and mostly CPU-bound
+/// (the tools' host-side bookkeeping), so a few share the machine well; `LAB_SANITIZER_JOBS` overrides.
+pub fn jobs() -> usize {
+    std::env::var("LAB_SANITIZER_JOBS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| (n.get() / 4).clamp(1, 6))
+                .unwrap_or(1)
+        })
+}
+
+/// One run's verdict from its output and exit status; `accepted` is the racecheck ledger.
+fn verdict(what: String, text: &str, status: Option<i32>, accepted: &[String]) -> Verdict {
+    let errors = count_after(text, "ERROR SUMMARY:");
+    let hazards = count_after(text, "RACECHECK SUMMARY:");
+    // A hazard line names the kernel it was found in; each must have a ledger entry.
+    let unlisted: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("Race reported") || l.contains("Hazard"))
+        .filter(|l| !accepted.iter().any(|k| l.contains(k.as_str())))
+        .map(|l| l.trim().to_string())
+        .collect();
+    // A filter that matches no test (a renamed test) would run nothing and pass: at least one must have passed.
+    let tests_ok = passed(text) > 0 && status != Some(3);
+    let ok =
+        tests_ok && errors == 0 && unlisted.is_empty() && (hazards == 0 || !accepted.is_empty());
+    Verdict {
+        what,
+        errors,
+        hazards,
+        unlisted,
+        ok,
+        ran: true,
+    }
+}
+
+/// Runs every (binary, filter, tool) of RUNS from `bin_dir`, `jobs()` at a time; verdicts and logs come back in
+/// RUNS's order whatever order the runs end in.
 pub fn run(bin_dir: &Path, root: &Path, log: &mut String) -> Result<Vec<Verdict>> {
     let accepted = ledger(root);
-    let mut out = Vec::new();
-    for (bin, filter, tools) in RUNS {
-        for tool in *tools {
-            let what = format!("{tool} on {bin} {filter}");
-            if !bin_dir.join(bin).is_file() {
-                log.push_str(&format!(
-                    "\n===== {what} =====\nnot run: {bin} is not in this bundle\n"
-                ));
-                out.push(Verdict {
-                    what,
-                    errors: 0,
-                    hazards: 0,
-                    unlisted: Vec::new(),
-                    ok: true,
-                    ran: false,
-                });
-                continue;
-            }
-            let o = Command::new("compute-sanitizer")
-                .args(["--tool", tool, "--error-exitcode", "3"])
-                .arg(bin_dir.join(bin))
-                .args([filter, "--test-threads", "1"])
-                .env("LAB_REQUIRE_GPU", "1")
-                .output()
-                .with_context(|| format!("running compute-sanitizer ({what})"))?;
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-            log.push_str(&format!("\n===== {what} =====\n{text}"));
-            let errors = count_after(&text, "ERROR SUMMARY:");
-            let hazards = count_after(&text, "RACECHECK SUMMARY:");
-            // A hazard line names the kernel it was found in; each must have a ledger entry.
-            let unlisted: Vec<String> = text
-                .lines()
-                .filter(|l| l.contains("Race reported") || l.contains("Hazard"))
-                .filter(|l| !accepted.iter().any(|k| l.contains(k.as_str())))
-                .map(|l| l.trim().to_string())
-                .collect();
-            let tests_ok = text.contains("test result: ok") && o.status.code() != Some(3);
-            let ok = tests_ok
-                && errors == 0
-                && unlisted.is_empty()
-                && (hazards == 0 || !accepted.is_empty());
-            out.push(Verdict {
-                what,
-                errors,
-                hazards,
-                unlisted,
-                ok,
-                ran: true,
+    let todo: Vec<(&str, &str, &str)> = RUNS
+        .iter()
+        .flat_map(|(bin, filter, tools)| tools.iter().map(move |t| (*bin, *filter, *t)))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Result<(Verdict, String)>>>> =
+        Mutex::new(todo.iter().map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..jobs().min(todo.len()) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(bin, filter, tool)) = todo.get(i) else {
+                        break;
+                    };
+                    let r = one(bin_dir, bin, filter, tool, &accepted);
+                    done.lock().expect("a sanitizer thread panicked")[i] = Some(r);
+                }
             });
         }
+    });
+    let mut out = Vec::new();
+    for r in done.into_inner().expect("a sanitizer thread panicked") {
+        let (v, text) = r.expect("every run is taken by a thread")?;
+        log.push_str(&format!("\n===== {} =====\n{text}", v.what));
+        out.push(v);
     }
     Ok(out)
+}
+
+/// One (binary, filter, tool) run: its verdict and its output.
+fn one(
+    bin_dir: &Path,
+    bin: &str,
+    filter: &str,
+    tool: &str,
+    accepted: &[String],
+) -> Result<(Verdict, String)> {
+    let what = format!("{tool} on {bin} {filter}");
+    if !bin_dir.join(bin).is_file() {
+        let v = Verdict {
+            what,
+            errors: 0,
+            hazards: 0,
+            unlisted: Vec::new(),
+            ok: true,
+            ran: false,
+        };
+        return Ok((v, format!("not run: {bin} is not in this bundle\n")));
+    }
+    let t0 = Instant::now();
+    let o = Command::new("compute-sanitizer")
+        .args(["--tool", tool, "--error-exitcode", "3"])
+        .arg(bin_dir.join(bin))
+        .args([filter, "--test-threads", "1"])
+        .env("LAB_REQUIRE_GPU", "1")
+        .output()
+        .with_context(|| format!("running compute-sanitizer ({what})"))?;
+    let text = format!(
+        "({:.1} s, {})\n{}{}",
+        t0.elapsed().as_secs_f64(),
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok((verdict(what, &text, o.status.code(), accepted), text))
 }
 
 /// The summary's section.
@@ -203,5 +277,38 @@ mod tests {
         let t = "========= ERROR SUMMARY: 2 errors\n========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)\n";
         assert_eq!(count_after(t, "ERROR SUMMARY:"), 2);
         assert_eq!(count_after(t, "RACECHECK SUMMARY:"), 3);
+    }
+
+    #[test]
+    fn a_run_that_ran_no_test_fails() {
+        let clean = "========= ERROR SUMMARY: 0 errors\n";
+        let ran = format!(
+            "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 478 filtered out\n{clean}"
+        );
+        let none = format!(
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 479 filtered out\n{clean}"
+        );
+        let failed = format!("test result: FAILED. 0 passed; 1 failed; 0 ignored\n{clean}");
+        assert!(verdict("ran".into(), &ran, Some(0), &[]).ok);
+        assert!(!verdict("none".into(), &none, Some(0), &[]).ok);
+        assert!(!verdict("failed".into(), &failed, Some(101), &[]).ok);
+        assert!(!verdict("exit 3".into(), &ran, Some(3), &[]).ok);
+        let hazard = format!(
+            "{ran}========= RACECHECK SUMMARY: 1 hazard displayed\n========= Race reported in k\n"
+        );
+        assert!(!verdict("hazard".into(), &hazard, Some(0), &[]).ok);
+        assert!(verdict("ledger".into(), &hazard, Some(0), &["k".to_string()]).ok);
+    }
+
+    #[test]
+    fn every_run_names_a_test_of_its_binary() {
+        for (bin, filter, tools) in RUNS {
+            assert!(bin.ends_with("--gpu"), "{bin}: not a GPU test binary");
+            assert!(
+                filter.starts_with("gpu::"),
+                "{filter}: not a GPU test's name"
+            );
+            assert!(!tools.is_empty(), "{bin} {filter}: no tool");
+        }
     }
 }
