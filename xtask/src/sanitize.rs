@@ -180,8 +180,7 @@ pub fn run(bin_dir: &Path, root: &Path, log: &mut String) -> Result<Vec<Verdict>
         .flat_map(|(bin, filter, tools)| tools.iter().map(move |t| (*bin, *filter, *t)))
         .collect();
     let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<Option<Result<(Verdict, String)>>>> =
-        Mutex::new(todo.iter().map(|_| None).collect());
+    let done: Mutex<Vec<Option<Result<Ran>>>> = Mutex::new(todo.iter().map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..jobs().min(todo.len()) {
             s.spawn(|| {
@@ -205,14 +204,11 @@ pub fn run(bin_dir: &Path, root: &Path, log: &mut String) -> Result<Vec<Verdict>
     Ok(out)
 }
 
-/// One (binary, filter, tool) run: its verdict and its output.
-fn one(
-    bin_dir: &Path,
-    bin: &str,
-    filter: &str,
-    tool: &str,
-    accepted: &[String],
-) -> Result<(Verdict, String)> {
+/// A run's verdict and its output.
+type Ran = (Verdict, String);
+
+/// One (binary, filter, tool) run.
+fn one(bin_dir: &Path, bin: &str, filter: &str, tool: &str, accepted: &[String]) -> Result<Ran> {
     let what = format!("{tool} on {bin} {filter}");
     if !bin_dir.join(bin).is_file() {
         let v = Verdict {
