@@ -103,59 +103,86 @@ pub fn parse_libtest(stdout: &str) -> Vec<(String, Outcome, String)> {
     results
 }
 
-/// Runs every binary, in order, and collects results. A binary that dies without reporting is one failure.
+/// Runs every binary, `jobs` at a time, and collects results and logs in the binaries' order. A binary that dies
+/// without reporting is one failure.
 pub fn run_all(
     bins: &[TestBinary],
     env: &[(&str, &str)],
+    jobs: usize,
     log: &mut String,
 ) -> Result<Vec<TestResult>> {
+    let runs = in_parallel(bins, jobs, |b| run_one(b, env))?;
     let mut all = Vec::new();
-    for b in bins {
-        let t0 = Instant::now();
-        let out = Command::new(&b.path)
-            .envs(env.iter().copied())
-            .output()
-            .with_context(|| format!("running {}", b.path.display()))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let _ = writeln!(
-            log,
-            "==== {} :: {} ({:.1}s, {})",
-            b.package,
-            b.target,
-            t0.elapsed().as_secs_f64(),
-            out.status
-        );
-        log.push_str(&stderr);
-        log.push_str(&stdout);
-        for l in stderr.lines().filter(|l| l.starts_with("lab: ")) {
-            eprintln!("[{}::{}] {l}", b.package, b.target);
-        }
-        let parsed = parse_libtest(&stdout);
-        let failed_in_parse = parsed.iter().any(|p| p.1 == Outcome::Failed);
-        for (name, outcome, message) in parsed {
-            all.push(TestResult {
-                package: b.package.clone(),
-                binary: b.target.clone(),
-                name,
-                outcome,
-                message,
-            });
-        }
-        if !out.status.success() && !failed_in_parse {
-            all.push(TestResult {
-                package: b.package.clone(),
-                binary: b.target.clone(),
-                name: "<binary>".into(),
-                outcome: Outcome::Failed,
-                message: format!(
-                    "{} exited with {} without reporting a failed test:\n{stderr}",
-                    b.target, out.status
-                ),
-            });
-        }
+    for r in runs {
+        let (results, text) = r?;
+        log.push_str(&text);
+        all.extend(results);
     }
     Ok(all)
+}
+
+/// `f` over `items`, at most `jobs` at a time, the results in the items' order.
+pub fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    jobs: usize,
+    f: impl Fn(&T) -> R + Sync + Send,
+) -> Result<Vec<R>> {
+    use rayon::prelude::*;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs.max(1))
+        .build()
+        .context("starting a thread pool")?;
+    Ok(pool.install(|| items.par_iter().with_max_len(1).map(f).collect()))
+}
+
+/// One test binary: its results and its log section.
+fn run_one(b: &TestBinary, env: &[(&str, &str)]) -> Result<(Vec<TestResult>, String)> {
+    let mut log = String::new();
+    let mut all = Vec::new();
+    let t0 = Instant::now();
+    let out = Command::new(&b.path)
+        .envs(env.iter().copied())
+        .output()
+        .with_context(|| format!("running {}", b.path.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = writeln!(
+        log,
+        "==== {} :: {} ({:.1}s, {})",
+        b.package,
+        b.target,
+        t0.elapsed().as_secs_f64(),
+        out.status
+    );
+    log.push_str(&stderr);
+    log.push_str(&stdout);
+    for l in stderr.lines().filter(|l| l.starts_with("lab: ")) {
+        eprintln!("[{}::{}] {l}", b.package, b.target);
+    }
+    let parsed = parse_libtest(&stdout);
+    let failed_in_parse = parsed.iter().any(|p| p.1 == Outcome::Failed);
+    for (name, outcome, message) in parsed {
+        all.push(TestResult {
+            package: b.package.clone(),
+            binary: b.target.clone(),
+            name,
+            outcome,
+            message,
+        });
+    }
+    if !out.status.success() && !failed_in_parse {
+        all.push(TestResult {
+            package: b.package.clone(),
+            binary: b.target.clone(),
+            name: "<binary>".into(),
+            outcome: Outcome::Failed,
+            message: format!(
+                "{} exited with {} without reporting a failed test:\n{stderr}",
+                b.target, out.status
+            ),
+        });
+    }
+    Ok((all, log))
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -373,6 +400,26 @@ pub fn write_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_parallel_keeps_order_and_its_bound() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (now, peak) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let items: Vec<u64> = (0..24).collect();
+        let out = in_parallel(&items, 3, |&i| {
+            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(n, Ordering::SeqCst);
+            // Later items end first: the order must come from the items, not from the finishing.
+            std::thread::sleep(std::time::Duration::from_millis(2 * (24 - i)));
+            now.fetch_sub(1, Ordering::SeqCst);
+            i * 10
+        })
+        .unwrap();
+        assert_eq!(out, items.iter().map(|i| i * 10).collect::<Vec<_>>());
+        let peak = peak.load(Ordering::SeqCst);
+        assert!(peak <= 3, "{peak} at once with a bound of 3");
+        assert!(peak > 1, "never more than one at once: not parallel");
+    }
 
     const OUT: &str = "\
 running 4 tests

@@ -1,8 +1,6 @@
 // compute-sanitizer over the GPU tests that move data asynchronously, on the GPU machine, with the racecheck ledger.
 use std::path::Path;
 use std::process::Command;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -132,10 +130,11 @@ fn count_after(text: &str, key: &str) -> usize {
         .sum()
 }
 
-/// How many sanitizer runs go at once: each is one process with its own context on the one GPU, and mostly CPU-bound
-/// (the tools' host-side bookkeeping), so a few share the machine well; `LAB_SANITIZER_JOBS` overrides.
-pub fn jobs() -> usize {
-    std::env::var("LAB_SANITIZER_JOBS")
+/// How many processes go at once, from the variable `var` if set: each is one process with its own context on
+/// the one GPU, and mostly CPU-bound (compilation, the sanitizer's host-side bookkeeping), so a few share the
+/// machine well; a quarter of the cores by default.
+pub fn jobs_from(var: &str) -> usize {
+    std::env::var(var)
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n > 0)
@@ -144,6 +143,11 @@ pub fn jobs() -> usize {
                 .map(|n| (n.get() / 4).clamp(1, 6))
                 .unwrap_or(1)
         })
+}
+
+/// Sanitizer runs at once (`LAB_SANITIZER_JOBS`).
+pub fn jobs() -> usize {
+    jobs_from("LAB_SANITIZER_JOBS")
 }
 
 /// One run's verdict from its output and exit status; `accepted` is the racecheck ledger.
@@ -179,25 +183,12 @@ pub fn run(bin_dir: &Path, root: &Path, log: &mut String) -> Result<Vec<Verdict>
         .iter()
         .flat_map(|(bin, filter, tools)| tools.iter().map(move |t| (*bin, *filter, *t)))
         .collect();
-    let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<Option<Result<Ran>>>> = Mutex::new(todo.iter().map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..jobs().min(todo.len()) {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(bin, filter, tool)) = todo.get(i) else {
-                        break;
-                    };
-                    let r = one(bin_dir, bin, filter, tool, &accepted);
-                    done.lock().expect("a sanitizer thread panicked")[i] = Some(r);
-                }
-            });
-        }
-    });
+    let done = crate::runner::in_parallel(&todo, jobs(), |&(bin, filter, tool)| {
+        one(bin_dir, bin, filter, tool, &accepted)
+    })?;
     let mut out = Vec::new();
-    for r in done.into_inner().expect("a sanitizer thread panicked") {
-        let (v, text) = r.expect("every run is taken by a thread")?;
+    for r in done {
+        let (v, text) = r?;
         log.push_str(&format!("\n===== {} =====\n{text}", v.what));
         out.push(v);
     }

@@ -12,7 +12,7 @@ pub fn run(release: bool, env: &[(&str, &str)]) -> Result<bool> {
     sh.change_dir(&root);
     let bins = test_binaries(&sh, if release { "release" } else { "dev" })?;
     let mut log = String::new();
-    let results = runner::run_all(&bins, env, &mut log)?;
+    let results = runner::run_all(&bins, env, 1, &mut log)?;
     let title = format!("test-blocks: {}, {}", device_words(), today());
     let (summary, ok) = runner::summarize(&results, &title);
     let out = root.join("target/test-blocks");
