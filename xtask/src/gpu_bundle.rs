@@ -227,7 +227,7 @@ pub fn run(bundle: &Path, out: &Path) -> Result<bool> {
     let mut log = String::new();
     // The test binaries run a few at a time: most of their time is NVRTC and ptxas on the CPU, each test's
     // arithmetic checked within its own process, none timed. `LAB_TEST_JOBS` overrides.
-    let jobs = crate::sanitize::jobs_from("LAB_TEST_JOBS");
+    let jobs = runner::jobs_from("LAB_TEST_JOBS");
     let results = runner::run_all(&bins, &[], jobs, &mut log)?;
     let title = format!("gpu-bundle: {}, {}", device_words(), today());
     let (mut summary, mut ok) = runner::summarize(&results, &title);

@@ -121,6 +121,20 @@ pub fn run_all(
     Ok(all)
 }
 
+/// How many processes go at once, from the variable `var` if set: each is one process with its own context on
+/// the one GPU, and mostly CPU-bound, so a few share the machine well; a quarter of the cores by default.
+pub fn jobs_from(var: &str) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| (n.get() / 4).clamp(1, 6))
+                .unwrap_or(1)
+        })
+}
+
 /// `f` over `items`, at most `jobs` at a time, the results in the items' order.
 pub fn in_parallel<T: Sync, R: Send>(
     items: &[T],

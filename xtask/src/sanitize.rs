@@ -115,14 +115,6 @@ fn ledger(root: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Tests passed by the libtest runs in `text`: "test result: ok. N passed; …" only (a failed run counts none).
-fn passed(text: &str) -> usize {
-    text.lines()
-        .filter_map(|l| l.split("test result: ok.").nth(1))
-        .filter_map(|rest| rest.split_whitespace().next()?.parse::<usize>().ok())
-        .sum()
-}
-
 fn count_after(text: &str, key: &str) -> usize {
     text.lines()
         .filter_map(|l| l.split(key).nth(1))
@@ -130,24 +122,9 @@ fn count_after(text: &str, key: &str) -> usize {
         .sum()
 }
 
-/// How many processes go at once, from the variable `var` if set: each is one process with its own context on
-/// the one GPU, and mostly CPU-bound (compilation, the sanitizer's host-side bookkeeping), so a few share the
-/// machine well; a quarter of the cores by default.
-pub fn jobs_from(var: &str) -> usize {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| (n.get() / 4).clamp(1, 6))
-                .unwrap_or(1)
-        })
-}
-
-/// Sanitizer runs at once (`LAB_SANITIZER_JOBS`).
+/// Sanitizer runs at once (`LAB_SANITIZER_JOBS`): mostly the tool's host-side bookkeeping.
 pub fn jobs() -> usize {
-    jobs_from("LAB_SANITIZER_JOBS")
+    crate::runner::jobs_from("LAB_SANITIZER_JOBS")
 }
 
 /// One run's verdict from its output and exit status; `accepted` is the racecheck ledger.
@@ -162,7 +139,8 @@ fn verdict(what: String, text: &str, status: Option<i32>, accepted: &[String]) -
         .map(|l| l.trim().to_string())
         .collect();
     // A filter that matches no test (a renamed test) would run nothing and pass: at least one must have passed.
-    let tests_ok = passed(text) > 0 && status != Some(3);
+    // "test result: ok. N passed; …": a failed run counts none.
+    let tests_ok = count_after(text, "test result: ok.") > 0 && status != Some(3);
     let ok =
         tests_ok && errors == 0 && unlisted.is_empty() && (hazards == 0 || !accepted.is_empty());
     Verdict {
