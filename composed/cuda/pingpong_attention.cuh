@@ -69,39 +69,6 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
   return tiles;
 }
 
-// Where a consumer is in the K/Vᵀ ring, tile t (the current), with the tiles before it: t's stage and parity
-// carried from tile to tile, counted across a block's units, with the barriers' shared addresses in registers.
-// Asked by number instead (t % STAGES and t / STAGES at each access), each was a chain of uniform-datapath ops
-// between the barrier wait and the Q·Kᵀ issue, and the barriers' addresses were rebuilt from SR_CgaCtaId (S2UR)
-// twice a tile (+4% and +3.4% at (4, 16, 4096, 64) for the cursor, docs/ladder.md, sixth pass).
-template <class Block>
-struct RingCursor {
-  static constexpr int S = Block::kStages;
-  const Block& blk;
-  unsigned full0, empty0;  // shared addresses of full[0] and empty[0]
-  int s0 = 0, s1 = S - 1, s2 = S - 2;  // the stages of tiles t, t − 1, t − 2
-  unsigned phase = 0;
-  __device__ explicit RingCursor(const Block& b) : blk(b), full0(tma::smem(b.ring.full(0))) {
-    asm volatile("" : "+r"(full0));  // opaque: kept in a register, not rebuilt from SR_CgaCtaId in the loop
-    empty0 = full0 + 8 * S;
-  }
-  __device__ void advance() {
-    s2 = s1;
-    s1 = s0;
-    if (++s0 == S) {
-      s0 = 0;
-      phase ^= 1u;
-    }
-  }
-  __device__ void wait() const { tma::wait_at(full0 + 8 * s0, phase); }
-  __device__ const unsigned char* k() const { return blk.sk + s0 * Block::kTile; }
-  __device__ const unsigned char* vt() const { return blk.svt + s0 * Block::kTile; }
-  __device__ const unsigned char* vt_prev() const { return blk.svt + s1 * Block::kTile; }
-  __device__ void release() const { tma::arrive_at(empty0 + 8 * s0); }
-  __device__ void release_prev() const { tma::arrive_at(empty0 + 8 * s1); }
-  __device__ void release_prev2() const { tma::arrive_at(empty0 + 8 * s2); }
-};
-
 // One 64-column panel P of a consumer's O, times its rows' factors `f`, through its staging panel `so` and a TMA
 // store (epilogue_staged).
 template <class T, int D, int P>
@@ -154,8 +121,9 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
 // 1 only, after its last GEMM issue (a block learns its next unit from the producer as it goes). The unit's last
 // slot and Q's buffer go back always: behind a test of `next`, ptxas's schedule of the loop cost 13% at
 // (4, 16, 4096, 64).
-template <int D, int BC, class Block, class Ring, class Next>
-__device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n, Ring& at,
+template <int D, int BC, class Block, class Next>
+__device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n,
+                                             tma::Cursor<Block::kStages>& at,
                                              Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so, int k0,
                                              int kt, int dest) {
   mark(kMarkUnit);
@@ -199,7 +167,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   mark(kMarkTurn);
   wgmma::fence_operand(s[0].x);
   wgmma::fence();
-  wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, at.k(), false);
+  wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_stage(at.stage()), false);
   wgmma::commit();
   roles::arrive(2 - wg, 256);
   mark(kMarkIssued);
@@ -226,7 +194,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::fence_operand(s[0].x);
     wgmma::fence_operand(o[0].x);
     wgmma::fence();
-    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, at.k(), false);
+    wgmma::mma_ss<BC, wg::e4m3, wg::e4m3, D / 32>(s[0].x, SW, q_tile, SW, blk.k_stage(at.stage()), false);
     wgmma::commit();
     // O's rescale by α(t − 1) while Q·Kᵀ(t) runs, before P·V(t − 1) adds to it. The wait never waits (one
     // group in flight); without it ptxas serialises the wgmmas (C7515: O written inside Q·Kᵀ's stage).
@@ -234,7 +202,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     // α = 1 exactly where a row's max did not grow: a warp none of whose 16 rows grew skips the 64 FMULs.
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) osm::rescale<OL>(o, alpha);
     wgmma::fence();
-    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt_prev(), true);
+    wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_stage(at.stage_prev()), true);
     wgmma::commit();
     roles::arrive(2 - wg, 256);
     mark(kMarkIssued);
@@ -258,7 +226,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   mark(kMarkTurn);
   osm::rescale<OL>(o, alpha);
   wgmma::fence();
-  wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, at.vt(), true);
+  wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_stage(at.stage()), true);
   wgmma::commit();
   mark(kMarkLastCommit);
   if (wg == 0 || next()) roles::arrive(2 - wg, 256);
@@ -343,7 +311,10 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   } else {
     roles::claim_registers<232>();
     const int wg = roles::warpgroup() - 1;
-    RingCursor<Block> at(blk);
+    // The consumer's place in the K/Vᵀ ring, carried across units (tma::Cursor: stages and parity kept in registers,
+    // not divided out of a tile number at each access, which put a chain of uniform-datapath ops between the barrier
+    // wait and the Q·Kᵀ issue).
+    tma::Cursor<STAGES> at(blk.ring);
     Marks mark;
     // O's staging panels (epilogue_staged), 64 rows × 128 bytes a consumer, after the ring.
     unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;

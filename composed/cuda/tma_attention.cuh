@@ -71,6 +71,9 @@ struct TmaBlock {
     __syncthreads();
   }
   __device__ const unsigned char* k_tile(int t) const { return sk + ring.stage(t) * kTile; }
+  // K and Vᵀ in ring stage s (a tma::Cursor's stage()).
+  __device__ const unsigned char* k_stage(int s) const { return sk + s * kTile; }
+  __device__ const unsigned char* vt_stage(int s) const { return svt + s * kTile; }
   __device__ const unsigned char* vt_tile(int t) const { return svt + ring.stage(t) * kTile; }
   // Consumer warpgroup wg's 64 rows of unit n's Q; waiting for them; done with them (once a warp, after its
   // last Q·Kᵀ of the unit retired).

@@ -90,7 +90,9 @@ mod tests {
 
     #[test]
     fn committed_header_is_the_generated_one() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(INSTR_HEADER_PATH);
+        let path = lab::tree_root()
+            .join("blocks/frag-layout")
+            .join(INSTR_HEADER_PATH);
         let want = wgmma_instr_header();
         if std::env::var("LAB_BLESS").is_ok_and(|v| v == "1") {
             std::fs::write(&path, &want).unwrap();

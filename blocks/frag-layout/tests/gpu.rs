@@ -1,5 +1,4 @@
 // frag-layout's test binary: model snapshots, header-vs-model at compile time, and the device probes.
-use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use frag_layout::probe::{header_on_device, mma_product_errors, probe_all, quad_rowmax};
@@ -25,10 +24,7 @@ fn snapshot(name: &str, description: &str, body: &str) {
 /// The committed snapshot's description and body, read as a file: the sm_90 ones must be probed data, which
 /// the CPU cannot produce, so here the CPU only compares.
 fn committed(name: &str) -> Result<(String, String)> {
-    let block = match std::env::var("INSTA_WORKSPACE_ROOT") {
-        Ok(root) if !root.is_empty() => PathBuf::from(root).join("blocks/frag-layout"),
-        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-    };
+    let block = lab::tree_root().join("blocks/frag-layout");
     let path = block.join("tests/snapshots").join(format!("{name}.snap"));
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(

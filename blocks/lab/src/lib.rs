@@ -6,8 +6,10 @@
 //! - [`Gpu`] / [`gate`]: whether a device is usable, decided once; GPU tests skip or fail without one.
 //! - [`numerics`]: error statistics against f64 references, seeded inputs, poisoned outputs.
 //! - [`Suite`]: the test binary each block builds its model, compile and GPU tests into.
+//! - [`tree_root`]: the source tree at run time, for tests that read committed files.
 //! - [`telemetry`]: the device's SM clock and power while something runs (NVML), for timings that say what
 //!   clock they ran at.
+mod checks;
 mod compile;
 mod gpu;
 pub mod hello;
@@ -17,6 +19,7 @@ pub mod sass;
 pub mod telemetry;
 mod testing;
 mod toolchain;
+mod tree;
 
 pub use compile::{
     Arch, CompileError, Cubin, Header, KernelSpec, Source, cache_cubins_in, compile, options,
@@ -26,6 +29,7 @@ pub use gpu::{Gate, Gpu, GpuStatus, Kernel, gate, require_gpu_from_env, status};
 pub use resources::{Budget, Resources, parse_ptxas_log};
 pub use telemetry::{Sampler, Telemetry};
 pub use testing::{COMPILE, GPU, MODEL, Suite};
+pub use tree::{tree_root, workspace_above};
 pub use toolchain::{
     Probe, Toolchain, WHEELS, default_local_dir, discover, install_wheels, toolchain,
 };

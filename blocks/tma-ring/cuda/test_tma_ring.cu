@@ -170,3 +170,69 @@ extern "C" __global__ void __launch_bounds__(128) store_box(const __grid_constan
     tma::store_wait<0>();
   }
 }
+
+// tma::Cursor over a STAGES-deep ring of `bytes`-byte tiles (bulk copies of in[t]): warp 0's lane 0 produces, warp 1
+// consumes with a Cursor, holding `lag` tiles past the current one (0: releases tile t after reading it; 1: reads t
+// and t − 1, then releases t − 1; 2: stage 7's order, t − 2 released before the wait for t, t and t − 1 read). Out:
+// out[t] = the bytes seen in stage() after the wait for t, prev[t − 1] = those in stage_prev() then, and
+// log[4t ..] = stage(), parity(), stage_prev(), stage_prev2() at tile t. The producer sleeps before each copy, so
+// that a consumer that does not wait for the right phase reads a stale stage.
+template <int STAGES>
+__device__ void cursor_walk(const unsigned char* in, int bytes, int tiles, int lag, unsigned char* out,
+                            unsigned char* prev, int* log) {
+  __shared__ tma::Barriers<STAGES> bars;
+  extern __shared__ __align__(16) unsigned char cursor_raw[];
+  unsigned char* buf = cursor_raw + ((1024 - (tma::smem(cursor_raw) & 1023)) & 1023);
+  const tma::Ring<STAGES> ring{&bars};
+  if (threadIdx.x == 0) ring.init(1);
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x / 32 == 0) {
+    if (lane == 0) {
+      for (int t = 0; t < tiles; ++t) {
+        ring.acquire(t, unsigned(bytes));
+        for (int i = 0; i < 8; ++i) __nanosleep(1000);
+        tma::bulk_load(buf + ring.stage(t) * bytes, in + (long long)t * bytes, unsigned(bytes), ring.full(t));
+      }
+      for (int t = tiles > STAGES ? tiles - STAGES : 0; t < tiles; ++t) ring.wait_full(t);  // no copy outlives the block
+    }
+  } else {
+    tma::Cursor<STAGES> cur(ring);
+    for (int t = 0; t < tiles; ++t) {
+      if (t > 0) cur.advance();
+      if (lag == 2 && t >= 2 && lane == 0) cur.release_prev2();
+      cur.wait();
+      if (lane == 0) {
+        log[4 * t] = cur.stage();
+        log[4 * t + 1] = int(cur.parity());
+        log[4 * t + 2] = cur.stage_prev();
+        log[4 * t + 3] = cur.stage_prev2();
+      }
+      const uint4* src = reinterpret_cast<const uint4*>(buf + cur.stage() * bytes);
+      for (int i = lane; i < bytes / 16; i += 32) reinterpret_cast<uint4*>(out + (long long)t * bytes)[i] = src[i];
+      if (lag > 0 && t > 0) {
+        const uint4* p = reinterpret_cast<const uint4*>(buf + cur.stage_prev() * bytes);
+        for (int i = lane; i < bytes / 16; i += 32) reinterpret_cast<uint4*>(prev + (long long)(t - 1) * bytes)[i] = p[i];
+      }
+      __syncwarp();
+      if (lane == 0) {
+        if (lag == 0) cur.release();
+        if (lag == 1 && t > 0) cur.release_prev();
+      }
+    }
+    if (lane == 0) {
+      if (lag == 2 && tiles > 1) cur.release_prev();
+      if (lag > 0) cur.release();
+    }
+  }
+}
+
+#define LAB_CURSOR_WALK(N)                                                                                         \
+  extern "C" __global__ void __launch_bounds__(64, 1) cursor_walk_n##N(const unsigned char* in, int bytes, int tiles, \
+                                                                       int lag, unsigned char* out,                \
+                                                                       unsigned char* prev, int* log) {            \
+    cursor_walk<N>(in, bytes, tiles, lag, out, prev, log);                                                         \
+  }
+LAB_CURSOR_WALK(2)
+LAB_CURSOR_WALK(3)
+LAB_CURSOR_WALK(4)

@@ -5,6 +5,7 @@
 // with the stage. Tile t lives in stage t % STAGES; its barriers are in phase (t / STAGES) & 1.
 //   producer (one thread):  ring.acquire(t, bytes); tma::load_tile(...)         for t = 0, 1, ...
 //   consumer:               ring.wait_full(t); read stage(t); ring.release(t)   (one release per consumer)
+//   or, tile after tile:    Cursor cur(ring); cur.wait(); read cur.stage(); cur.release(); cur.advance()
 // acquire(t) first waits for empty[stage(t)]'s previous phase: a fresh barrier counts its phase "-1" as
 // complete, so the first STAGES tiles go out at once.
 // The tile a load_tile() writes is the canonical K-major wgmma tile of wgmma.cuh (k_major): one TMA box per
@@ -208,6 +209,45 @@ struct Ring {
   __device__ bool test_full(int t) const { return test_wait(&bars->full[stage(t)], phase(t)); }
   // Consumer: done with tile t (once per consumer, after all its threads finished reading).
   __device__ void release(int t) const { arrive(&bars->empty[stage(t)]); }
+};
+
+// One consumer's walk over a Ring, tile by tile: tile t (the current) and the two before it, as stages, with t's
+// parity; the same barriers and rule as Ring's (stage(t) = t % STAGES, parity (t / STAGES) & 1), carried from tile
+// to tile by advance() instead of divided out at each access, and the barriers' shared addresses held in registers.
+// Tiles count from 0 at construction, across as many passes over the data (a persistent block's units) as the
+// caller makes; a caller that holds tile t − 1 or t − 2 past the wait for t releases it with release_prev / _prev2.
+//   consumer:  for t: if (t) cur.advance(); cur.wait(); read stage cur.stage() [, cur.stage_prev()]; release
+template <int STAGES>
+struct Cursor {
+  // empty[0] sits right after full[STAGES − 1]: its address is full[0]'s plus 8·STAGES (no second conversion).
+  static_assert(sizeof(Barriers<STAGES>::full) == 8 * STAGES && sizeof(Barriers<STAGES>) == 16 * STAGES,
+                "Barriers: full[], then empty[], unpadded");
+  unsigned full0, empty0;                        // shared addresses of full[0] and empty[0]
+  int s0 = 0, s1 = STAGES - 1, s2 = STAGES - 2;  // the stages of tiles t, t − 1, t − 2
+  unsigned par = 0;                              // tile t's parity
+  __device__ explicit Cursor(const Ring<STAGES>& r) : full0(smem(r.full(0))) {
+    asm volatile("" : "+r"(full0));  // opaque: kept in a register, not rebuilt from the CTA's shared window in a loop
+    empty0 = full0 + 8 * STAGES;
+  }
+  // To tile t + 1.
+  __device__ void advance() {
+    s2 = s1;
+    s1 = s0;
+    if (++s0 == STAGES) {
+      s0 = 0;
+      par ^= 1u;
+    }
+  }
+  __device__ int stage() const { return s0; }
+  __device__ int stage_prev() const { return s1; }
+  __device__ int stage_prev2() const { return s2; }
+  __device__ unsigned parity() const { return par; }
+  // Tile t has landed (acquire: its bytes may be read).
+  __device__ void wait() const { wait_at(full0 + 8 * s0, par); }
+  // Done with tile t, t − 1, t − 2 (once per consumer each, after all its threads finished reading it).
+  __device__ void release() const { arrive_at(empty0 + 8 * s0); }
+  __device__ void release_prev() const { arrive_at(empty0 + 8 * s1); }
+  __device__ void release_prev2() const { arrive_at(empty0 + 8 * s2); }
 };
 
 }  // namespace tma

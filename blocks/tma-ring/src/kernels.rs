@@ -118,6 +118,25 @@ pub const STORE_BOX: KernelSpec = KernelSpec {
     sass: &["UTMASTG"],
 };
 
+/// tma::Cursor over 2-, 3- and 4-stage rings of bulk-copied tiles: `cursor_walk_nN(in, bytes, tiles, lag, out, prev,
+/// log)`, 64 threads (a producer warp, a consumer warp), 1024 + N·bytes of dynamic shared memory.
+pub const CURSOR_WALKS: &[KernelSpec] = &[cursor(2), cursor(3), cursor(4)];
+
+const fn cursor(stages: usize) -> KernelSpec {
+    KernelSpec {
+        block: "tma-ring",
+        name: match stages {
+            2 => "cursor_walk_n2",
+            3 => "cursor_walk_n3",
+            _ => "cursor_walk_n4",
+        },
+        source: &SOURCE,
+        budget: Budget::new(128, 64),
+        archs: &[Arch::Sm90],
+        sass: &["UBLKCP", "SYNCS"],
+    }
+}
+
 pub fn kernel(shape: &Shape) -> KernelSpec {
     KernelSpec::find(KERNELS, &shape.kernel())
 }

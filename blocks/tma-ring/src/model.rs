@@ -39,6 +39,27 @@ pub fn phase(t: usize, stages: usize) -> u32 {
     ((t / stages) & 1) as u32
 }
 
+/// Where a consumer's `tma::Cursor` stands at tile t of a `stages`-deep ring: the stages of tiles t, t − 1 and t − 2
+/// (before the first tiles: the stages the cursor starts with, STAGES − 1 and STAGES − 2, which name no tile) and t's
+/// parity, as Ring's rule gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CursorAt {
+    pub stage: usize,
+    pub parity: u32,
+    pub prev: usize,
+    pub prev2: usize,
+}
+
+pub fn cursor_at(t: usize, stages: usize) -> CursorAt {
+    let before = |k: usize| (t + stages * 2 - k) % stages;
+    CursorAt {
+        stage: stage(t, stages),
+        parity: phase(t, stages),
+        prev: before(1),
+        prev2: before(2),
+    }
+}
+
 /// Runs the ring's protocol (producer: acquire = wait empty with parity phase^1, then the tile lands on full;
 /// each consumer: wait full with parity phase, read, release) under the interleaving `order` (who moves next,
 /// 0 = producer, 1.. = consumers; a blocked actor's turn is skipped), and checks the ring's two promises: no
@@ -210,5 +231,28 @@ mod tests {
             order.extend(0..=consumers);
             prop_assert!(check(stages, consumers, tiles, &order).is_ok(), "{:?}", check(stages, consumers, tiles, &order));
         }
+    }
+
+    #[test]
+    fn the_cursor_walks_the_rings_rule_through_every_wrap() {
+        for stages in 2..=4 {
+            // A cursor advanced step by step, as tma::Cursor::advance does, against the rule at every tile.
+            let (mut s0, mut s1, mut s2, mut par) = (0usize, stages - 1, stages - 2, 0u32);
+            for t in 0..5 * stages {
+                if t > 0 {
+                    s2 = s1;
+                    s1 = s0;
+                    s0 += 1;
+                    if s0 == stages {
+                        s0 = 0;
+                        par ^= 1;
+                    }
+                }
+                let want = CursorAt { stage: s0, parity: par, prev: s1, prev2: s2 };
+                assert_eq!(cursor_at(t, stages), want, "tile {t} of a {stages}-stage ring");
+            }
+        }
+        // A cursor whose parity never flips disagrees with the rule at the first wrap.
+        assert_eq!(cursor_at(2, 2).parity, 1);
     }
 }

@@ -329,6 +329,56 @@ fn main() {
             "a barrier armed for half the bytes",
         ),
     ];
+    t.gpu("cursor::every_slot_and_parity_through_several_wraps", |gpu| {
+        // 2, 3 and 4 stages, five passes over each ring, a consumer holding 0, 1 or 2 tiles past the current one.
+        let mut runs = 0;
+        for (n, spec) in CURSOR_WALKS.iter().enumerate() {
+            for lag in 0..3 {
+                let wrong = cursor_wrong(gpu, spec, n + 2, lag)?;
+                ensure!(wrong.is_empty(), "{}, lag {lag}: {}", spec.name, wrong.join("; "));
+                runs += 1;
+            }
+        }
+        eprintln!("tma::Cursor: {runs} walks of five passes, every stage, parity and byte as the ring's rule says");
+        Ok(())
+    });
+    let cursor_mutants: [(&str, &str, &str, &str); 2] = [
+        (
+            "phase_not_flipped_at_the_wrap",
+            "    if (++s0 == STAGES) {\n      s0 = 0;\n      par ^= 1u;",
+            "    if (++s0 == STAGES) {\n      s0 = 0;",
+            "a cursor that keeps waiting on parity 0",
+        ),
+        (
+            "slot_off_by_one_after_the_wrap",
+            "    if (++s0 == STAGES) {\n      s0 = 0;",
+            "    if (++s0 == STAGES) {\n      s0 = 1;",
+            "a cursor that comes back to stage 1 instead of 0",
+        ),
+    ];
+    for (name, from, to, unnoticed) in cursor_mutants {
+        t.gpu_isolated(&format!("cursor::mutant::{name}"), move |gpu| {
+            // Every ring depth and lag must notice it (the walk ends: every spin is bounded).
+            for (n, spec) in CURSOR_WALKS.iter().enumerate() {
+                let bad = spec.mutated("tma_ring.cuh", from, to)?;
+                for lag in 0..3 {
+                    match cursor_wrong(gpu, &bad, n + 2, lag) {
+                        Ok(wrong) => ensure!(
+                            !wrong.is_empty(),
+                            "{unnoticed} went unnoticed: {}, lag {lag}",
+                            spec.name
+                        ),
+                        Err(e) if aborted(&e) => {
+                            eprintln!("the device aborted the mutant: {e:#}");
+                            return Ok(());
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
     for (name, what, from, to, every_run, unnoticed) in mutants {
         t.gpu_isolated(&format!("mutant::{name}"), move |gpu| {
             let (bad, all) = mutant(gpu, from, to)?;
@@ -484,4 +534,61 @@ fn byte_ring(
             .launch(cfg)?
     };
     Ok(st.clone_dtoh(&dout)?)
+}
+
+/// Walks a `stages`-deep ring of 512-byte tiles five times over with `spec` (a `cursor_walk_nN`) holding `lag` tiles:
+/// every tile's bytes as read in the cursor's stage, the tile before's as read in its previous stage, and where the
+/// cursor stood at each tile against `cursor_at` (the ring's rule); the first differences, empty if none.
+fn cursor_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize, lag: usize) -> Result<Vec<String>> {
+    let (bytes, tiles) = (512usize, 5 * stages + 1);
+    let st = &gpu.stream;
+    let k = gpu.load_with(spec, &[SPIN])?;
+    let smem = 1024 + stages * bytes;
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    let want = pattern(bytes * tiles);
+    let din = st.clone_htod(&want)?;
+    let mut dout = st.clone_htod(&vec![0xA5u8; bytes * tiles])?;
+    let mut dprev = st.clone_htod(&vec![0xA5u8; bytes * tiles])?;
+    let mut dlog = st.clone_htod(&vec![-1i32; 4 * tiles])?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (64, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let (b, n, l) = (bytes as i32, tiles as i32, lag as i32);
+    // SAFETY: cursor_walk_nN(const u8* in[bytes·tiles], int bytes, int tiles, int lag, u8* out[bytes·tiles],
+    // u8* prev[bytes·tiles], int* log[4·tiles]); 64 threads, 1024 + N·bytes of dynamic shared memory.
+    unsafe {
+        st.launch_builder(&k.func)
+            .arg(&din)
+            .arg(&b)
+            .arg(&n)
+            .arg(&l)
+            .arg(&mut dout)
+            .arg(&mut dprev)
+            .arg(&mut dlog)
+            .launch(cfg)?
+    };
+    let (out, prev, log) = (st.clone_dtoh(&dout)?, st.clone_dtoh(&dprev)?, st.clone_dtoh(&dlog)?);
+    let mut wrong = vec![];
+    for t in 0..tiles {
+        let at = cursor_at(t, stages);
+        let seen = (log[4 * t], log[4 * t + 1], log[4 * t + 2], log[4 * t + 3]);
+        let rule = (at.stage as i32, at.parity as i32, at.prev as i32, at.prev2 as i32);
+        if seen != rule {
+            wrong.push(format!("tile {t}: (stage, parity, prev, prev2) {seen:?}, the rule {rule:?}"));
+        }
+        let tile = t * bytes..(t + 1) * bytes;
+        if out[tile.clone()] != want[tile.clone()] {
+            wrong.push(format!("tile {t}: its stage held other bytes"));
+        }
+        if lag > 0 && t + 1 < tiles && prev[tile.clone()] != want[tile] {
+            wrong.push(format!("tile {t}: its stage held other bytes a tile later"));
+        }
+    }
+    wrong.truncate(4);
+    Ok(wrong)
 }
