@@ -32,22 +32,41 @@ __device__ __forceinline__ int key_tiles(const Params& p, int q0) {
   return max(1, (visible + BC - 1) / BC);
 }
 
-// Stage 7's split tail (the host's SplitPlan), as the host lays it out in memory after the schedule's counter and
-// done count (the kernel's parameters stay as they were: two fields more in Params moved ptxas's schedule of the hot
-// loop, docs/ladder.md, sixteenth pass): the first unit split off, the pieces (one a block after its whole units),
-// then per piece its parts and per split unit its parts' virtual units. Read by the producer (a table: walking a
-// piece's parts with divisions moved the consumers' loop) and the merge kernel.
+// Stage 7's schedule buffer (Params::sched), mirrored field for field by composed::tables (SplitHead, SplitPart,
+// MergeList; their layouts checked against these by a test). The head: the persistent grid's unit counter and count of
+// blocks done with it (zero before a launch, zeroed again by the last block done), then the split tail's plan (the
+// host's SplitPlan): its first unit, its pieces (one a block after its whole units; 0: no split) and the word offsets of
+// the parts and the merge lists. The pieces' first parts follow the head. The plan is a table in this buffer, not
+// fields of Params: two fields more in Params moved ptxas's schedule of the hot loop.
+struct SplitHead {
+  int counter, done, split, pieces, parts_at, merged_at, reserved[2];
+};
+// Key tiles k0 .. k0 + tiles − 1 of a unit, its O and LSE to virtual unit dst (tiles, dst < 0: the whole unit, to its
+// own rows). Read as one int4.
+struct SplitPart {
+  int unit, k0, tiles, dst;
+};
+static_assert(sizeof(SplitPart) == sizeof(int4), "a part is one 16-byte load");
+// A split unit's parts (0: it ran whole, nothing to merge) and their virtual units, in piece order.
+struct MergeList {
+  int parts, dst[7];
+};
+// The table as the producer (which walks a piece's parts from it: computing them with divisions moved the consumers'
+// loop) and the merge kernel read it.
 struct SplitTable {
+  static constexpr int kHeadWords = sizeof(SplitHead) / sizeof(int);
   const int* s;
   __device__ explicit SplitTable(const Params& p) : s(p.sched) {}
-  __device__ int split() const { return s[2]; }
-  __device__ int pieces() const { return s[3]; }
-  // Piece q's parts are parts first(q) .. first(q + 1) − 1, each (unit, first key tile, key tiles, virtual unit or −1:
-  // run whole).
-  __device__ int first(int q) const { return s[8 + q]; }
-  __device__ int4 part(int i) const { return reinterpret_cast<const int4*>(s + s[4])[i]; }
-  // Split unit split() + r: its parts' count (0: run whole) and virtual units, in piece order.
-  __device__ const int* merged(int r) const { return s + s[5] + 8 * r; }
+  __device__ const SplitHead& head() const { return *reinterpret_cast<const SplitHead*>(s); }
+  __device__ int split() const { return head().split; }
+  __device__ int pieces() const { return head().pieces; }
+  // Piece q's parts are parts first(q) .. first(q + 1) − 1.
+  __device__ int first(int q) const { return s[kHeadWords + q]; }
+  __device__ int4 part(int i) const { return reinterpret_cast<const int4*>(s + head().parts_at)[i]; }
+  // Split unit split() + r's merge list.
+  __device__ const MergeList& merged(int r) const {
+    return reinterpret_cast<const MergeList*>(s + head().merged_at)[r];
+  }
 };
 
 // A block's share of one unit: unit u's key tiles k0 .. k0 + kt − 1 (kt < 0: all of them, key_tiles), its O and LSE
@@ -281,13 +300,11 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     if (threadIdx.x == 0) {
       Block::prefetch(mq, mk, mvt);
       int r0 = 0, n = 0;
-      // Whole units below `split`, then pieces (the split tail: the plan in p.sched, read only where blocks take
-      // more than one unit). A split tail's work is dealt, not taken from the counter: each block its split / G
-      // whole units, then its piece; taken greedily, the whole units' ends were ragged by up to a unit.
       // Whole units below `split`; past it the split tail's parts, piece after piece (the table's order). A split
       // tail's work is dealt, not taken from the counter: each block its split / G whole units, then its piece's
       // parts; taken greedily, the whole units' ends were ragged by up to a unit.
       const SplitTable tab(p);
+      SplitHead* sched = reinterpret_cast<SplitHead*>(p.sched);
       const int split = tickets ? tab.split() : p.work, pieces = tickets ? tab.pieces() : 0;
       const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
       for (int w = blockIdx.x; w < split || w < end; ++n) {
@@ -296,15 +313,15 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
         if (pieces > 0) {
           w = w >= split ? w + 1 : w + int(gridDim.x) < split ? w + int(gridDim.x) : mine;
         } else {
-          w = tickets ? int(gridDim.x) + atomicAdd(p.sched, 1) : p.work;
+          w = tickets ? int(gridDim.x) + atomicAdd(&sched->counter, 1) : p.work;
         }
       }
       if (tickets) {
         blk.end_units(n, p.work);
         __threadfence();  // this block's last ticket is taken before it counts itself done
-        if (atomicAdd(p.sched + 1, 1) == int(gridDim.x) - 1) {
-          p.sched[0] = 0;
-          p.sched[1] = 0;
+        if (atomicAdd(&sched->done, 1) == int(gridDim.x) - 1) {
+          sched->counter = 0;
+          sched->done = 0;
         }
       }
     }
@@ -394,22 +411,22 @@ __device__ __forceinline__ void merge_row(const Params& p, const int* dsts, int 
 template <int D>
 __device__ void merge_split_tail(const Params& p) {
   const SplitTable tab(p);
-  const int* m = tab.merged(int(blockIdx.x));
+  const MergeList& m = tab.merged(int(blockIdx.x));
   const TileCoord tc = unit_coord(p, tab.split() + int(blockIdx.x));
   // A warp over consecutive 16-byte chunks of rows (coalesced): D / 8 chunks a row, 128 / (D / 8) rows a block.
   constexpr int kChunks = D / 8, kRows = 128 / kChunks;
   const int c = int(threadIdx.x) % kChunks;
   const int row = tc.qt * kUnitRows + int(blockIdx.y) * kRows + int(threadIdx.x) / kChunks;
-  if (m[0] == 0 || row >= p.sq) return;
+  if (m.parts == 0 || row >= p.sq) return;
   switch (p.o_dtype) {
     case kF32:
-      merge_row<float, D>(p, m + 1, m[0], tc.bh, row, c);
+      merge_row<float, D>(p, m.dst, m.parts, tc.bh, row, c);
       break;
     case kBf16:
-      merge_row<__nv_bfloat16, D>(p, m + 1, m[0], tc.bh, row, c);
+      merge_row<__nv_bfloat16, D>(p, m.dst, m.parts, tc.bh, row, c);
       break;
     default:
-      merge_row<__half, D>(p, m + 1, m[0], tc.bh, row, c);
+      merge_row<__half, D>(p, m.dst, m.parts, tc.bh, row, c);
   }
 }
 

@@ -14,6 +14,7 @@ using namespace nvcuda;
 // What O is written as (composed::OutDtype mirrors the values).
 enum OutDtype : int { kF16 = 0, kBf16 = 1, kF32 = 2 };
 
+// Mirrored field for field by composed::tables::Params (layouts checked by a test).
 // E4M3 Q, K, V in [B, H, S, D] with per-(b, h) dequantization scales; O [B, H, Sq, D] in o_dtype, LSE in f32
 // [B, H, Sq] (natural log of Σ exp(softmax_scale · q·k), over dequantized q and k). Grid: (B·H, ⌈Sq / rows⌉):
 // x takes up to 2^31 − 1 heads, y up to 65535 query tiles (y held B·H before, and stopped at 65535 heads).
@@ -39,8 +40,8 @@ struct Params {
   // Vᵀ as tile images (stage 7 at D = 128, TmaBlock::kVtImage): tile t of K/V head h is kTile bytes at
   // vt_tiles + (h · ⌈Sk / BC⌉ + t) · kTile, as the tile sits in shared memory (prep.cu's prep_vt_tiles).
   const unsigned char* vt_tiles;
-  // Stage 7's unit counter and the count of blocks done with it (two ints, zero before a launch, zero again after:
-  // the last block done resets them): a block's first unit is blockIdx.x, each later one gridDim.x + a ticket.
+  // Stage 7's schedule buffer (pingpong_attention.cuh's SplitHead, then the split tail's table): the unit counter a
+  // block takes its later units from (its first is blockIdx.x, each later one gridDim.x + a ticket).
   int* sched;
 };
 

@@ -1,33 +1,40 @@
-//! `composed`: the fused FP8 SDPA forward, stages 1 → 5, each a kernel source built from block headers.
+//! `composed`: the fused FP8 SDPA forward, stages 1 → 7, each a short kernel source composing block headers, with
+//! the launch plans that run them.
 //!
-//! [`Stage`] lists them; [`run`] checks the inputs ([`validate`]: a clear error, no launch) and runs one;
-//! [`OnDevice`] keeps a problem on the device for timing; [`OnDevice::prepare`] quantizes real-valued inputs
-//! there, by a [`fixtures::Scheme`]. References live in the `fixtures` crate.
-pub mod app;
+//! [`Stage`] lists them; [`validate`] checks inputs (a clear error, no launch); [`OnDevice`] keeps a problem on the
+//! device and launches a stage on it ([`OnDevice::prepare`] quantizes real-valued inputs there, by a
+//! [`fixtures::Scheme`]), with the lab's knobs (kernel variants, block counts, schedule sections); [`plan`]'s
+//! [`grid`] and [`SplitPlan`] say how a launch covers the work; [`tables`] are the typed host→device tables;
+//! [`bench`] times a stage, [`trace`] puts stage 7's warps on a timeline. The user-facing API is the
+//! `fp8-attention` crate, built on this one; references live in `fixtures`.
 pub mod bench;
-pub mod cli;
+mod device;
+mod launch;
+pub mod plan;
 mod prep;
-mod run;
 mod stages;
+pub mod tables;
 pub mod trace;
+mod validate;
 
+pub use device::OnDevice;
 pub use fixtures::OutDtype;
+pub use launch::stage_supports;
+pub use plan::{SECTION_KV_BYTES, SplitPlan, grid, schedule_section};
 pub use prep::{
     LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,
     transpose_v_with, vt_keys, vt_tiles_bytes, vt_tiles_model, vt_tiles_with,
-};
-pub use run::{
-    OnDevice, SECTION_KV_BYTES, SplitPlan, grid, run, run_as, schedule_section, validate,
-    validate_shape,
 };
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,
     Stage, bc,
 };
+pub use validate::{index_text, validate, validate_shape};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {
     let mut v = KERNELS.to_vec();
     v.extend_from_slice(PREP_KERNELS);
+    v.push(tables::LAYOUTS);
     v
 }

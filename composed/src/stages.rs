@@ -29,7 +29,7 @@ pub const HEADERS: &[Header] = &[
     },
 ];
 
-const BLOCK_HEADERS: &[&[Header]] = &[
+pub(crate) const BLOCK_HEADERS: &[&[Header]] = &[
     frag_layout::HEADERS,
     warp_reduce::HEADERS,
     online_softmax::HEADERS,

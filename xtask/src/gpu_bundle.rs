@@ -44,7 +44,7 @@ pub fn build(dir: Option<PathBuf>, only: &[String], attempts: &[String]) -> Resu
     };
     cmd!(
         sh,
-        "cargo build --quiet -p xtask -p composed --bins --profile bundle"
+        "cargo build --quiet -p xtask -p sdpa-cli --bins --profile bundle"
     )
     .run()?;
     let _ = std::fs::remove_dir_all(&dir);
@@ -161,11 +161,13 @@ fn build_attempt(sh: &Shell, root: &Path, dir: &Path, rev: &str) -> Result<()> {
         let wsh = Shell::new()?;
         wsh.change_dir(&tree);
         let _env = wsh.push_env("CARGO_TARGET_DIR", &target);
-        cmd!(
-            wsh,
-            "cargo build --quiet -p composed --bins --profile bundle"
-        )
-        .run()?;
+        // The package that builds `sdpa`: sdpa-cli, or composed in revisions from before it had its own crate.
+        let cli = if tree.join("sdpa-cli/Cargo.toml").is_file() {
+            "sdpa-cli"
+        } else {
+            "composed"
+        };
+        cmd!(wsh, "cargo build --quiet -p {cli} --bins --profile bundle").run()?;
         let blocks = changed_blocks(sh, &commit)?;
         let mut select = vec!["-p", "composed", "--test", "gpu"];
         for b in &blocks {

@@ -104,8 +104,9 @@ impl Gpu {
     }
 
     fn open() -> Result<Gpu> {
-        let GpuStatus::Present { name, major, minor } = status().clone() else {
-            bail!("no usable GPU")
+        let (name, major, minor) = match status().clone() {
+            GpuStatus::Present { name, major, minor } => (name, major, minor),
+            GpuStatus::Absent(why) => bail!("no usable GPU: {why}"),
         };
         let ctx = CudaContext::new(0).context("creating the CUDA context")?;
         let stream = ctx.default_stream();

@@ -29,10 +29,10 @@ pub use gpu::{Gate, Gpu, GpuStatus, Kernel, gate, require_gpu_from_env, status};
 pub use resources::{Budget, Resources, parse_ptxas_log};
 pub use telemetry::{Sampler, Telemetry};
 pub use testing::{COMPILE, GPU, MODEL, Suite};
-pub use tree::{tree_root, workspace_above};
 pub use toolchain::{
     Probe, Toolchain, WHEELS, default_local_dir, discover, install_wheels, toolchain,
 };
+pub use tree::{tree_root, workspace_above};
 
 /// Headers every block may include: `#include "lab/lab.cuh"`.
 pub const HEADERS: &[Header] = &[Header {

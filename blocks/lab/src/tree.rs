@@ -36,8 +36,16 @@ mod tests {
         let base = std::env::temp_dir().join(format!("lab-tree-{}", std::process::id()));
         let deep = base.join("ws/blocks/x/src");
         std::fs::create_dir_all(&deep).unwrap();
-        std::fs::write(base.join("ws/Cargo.toml"), "# m\n[workspace]\nmembers = []\n").unwrap();
-        std::fs::write(base.join("ws/blocks/x/Cargo.toml"), "# m\n[package]\nname = \"x\"\n").unwrap();
+        std::fs::write(
+            base.join("ws/Cargo.toml"),
+            "# m\n[workspace]\nmembers = []\n",
+        )
+        .unwrap();
+        std::fs::write(
+            base.join("ws/blocks/x/Cargo.toml"),
+            "# m\n[package]\nname = \"x\"\n",
+        )
+        .unwrap();
         assert_eq!(workspace_above(&deep), Some(base.join("ws")));
         let outside = base.join("other");
         std::fs::create_dir_all(&outside).unwrap();

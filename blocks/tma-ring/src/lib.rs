@@ -11,7 +11,8 @@ mod map;
 mod model;
 
 pub use kernels::{
-    BULK_RING, CLUSTER_RING, CURSOR_WALKS, HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE, STORE_BOX, kernel,
+    BULK_RING, CLUSTER_RING, CURSOR_WALKS, HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE,
+    STORE_BOX, kernel,
 };
 pub use map::{Elem, MapSpec, TensorMap};
 pub use model::{CursorAt, Mbarrier, Shape, check, cursor_at, phase, source_byte, stage};

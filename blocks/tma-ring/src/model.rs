@@ -248,8 +248,17 @@ mod tests {
                         par ^= 1;
                     }
                 }
-                let want = CursorAt { stage: s0, parity: par, prev: s1, prev2: s2 };
-                assert_eq!(cursor_at(t, stages), want, "tile {t} of a {stages}-stage ring");
+                let want = CursorAt {
+                    stage: s0,
+                    parity: par,
+                    prev: s1,
+                    prev2: s2,
+                };
+                assert_eq!(
+                    cursor_at(t, stages),
+                    want,
+                    "tile {t} of a {stages}-stage ring"
+                );
             }
         }
         // A cursor whose parity never flips disagrees with the rule at the first wrap.

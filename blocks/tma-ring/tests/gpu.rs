@@ -572,14 +572,25 @@ fn cursor_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize, lag: usize) -> Resu
             .arg(&mut dlog)
             .launch(cfg)?
     };
-    let (out, prev, log) = (st.clone_dtoh(&dout)?, st.clone_dtoh(&dprev)?, st.clone_dtoh(&dlog)?);
+    let (out, prev, log) = (
+        st.clone_dtoh(&dout)?,
+        st.clone_dtoh(&dprev)?,
+        st.clone_dtoh(&dlog)?,
+    );
     let mut wrong = vec![];
     for t in 0..tiles {
         let at = cursor_at(t, stages);
         let seen = (log[4 * t], log[4 * t + 1], log[4 * t + 2], log[4 * t + 3]);
-        let rule = (at.stage as i32, at.parity as i32, at.prev as i32, at.prev2 as i32);
+        let rule = (
+            at.stage as i32,
+            at.parity as i32,
+            at.prev as i32,
+            at.prev2 as i32,
+        );
         if seen != rule {
-            wrong.push(format!("tile {t}: (stage, parity, prev, prev2) {seen:?}, the rule {rule:?}"));
+            wrong.push(format!(
+                "tile {t}: (stage, parity, prev, prev2) {seen:?}, the rule {rule:?}"
+            ));
         }
         let tile = t * bytes..(t + 1) * bytes;
         if out[tile.clone()] != want[tile.clone()] {

@@ -1,0 +1,423 @@
+// Stage 7's capabilities: GQA/MQA, causal, persistent blocks, the split tail and its merge, O's TMA stores, the trace.
+use crate::prelude::*;
+
+/// Stage 7 (and stage 6 where it shares the path), capability by capability.
+pub fn add(t: &mut Suite) {
+    for (stage, (name, shape)) in Stage::ALL
+        .into_iter()
+        .filter(|s| s.causal())
+        .flat_map(|s| causal_shapes().into_iter().map(move |c| (s, c)))
+    {
+        t.gpu(&format!("causal::{}::{name}", stage.name()), move |gpu| {
+            let qz = quantize_per_head(&normal(shape, 31));
+            let dev = run_as(gpu, stage, &qz, OutDtype::F16)?;
+            let r = reference(&qz);
+            let emu = emulation_of(stage, &qz, OutDtype::F16);
+            let blind = shape.sq.saturating_sub(shape.sk) * shape.heads();
+            rule(stage, &qz, &r, &emu, &dev, &name, |e, e_emu| {
+                eprintln!("{} causal {name}: {e} | emulation max_abs={e_emu:.3e}; {blind} rows see no key", stage.name())
+            })?;
+            // The mask is the point: the same problem without it must come out different.
+            let open = run_as(gpu, stage, &Quantized { shape: shape.with_causal(false), ..qz.clone() }, OutDtype::F16)?;
+            ensure!(
+                shape.sq * shape.sk == 1 || open.o.iter().zip(&dev.o).any(|(a, b)| a != b),
+                "{name}: causal and non-causal O are identical"
+            );
+            Ok(())
+        });
+    }
+    for (stage, (name, shape)) in Stage::ALL
+        .into_iter()
+        .filter(|s| s.gqa())
+        .flat_map(|s| gqa_shapes().into_iter().map(move |c| (s, c)))
+    {
+        t.gpu(&format!("gqa::{}::{name}", stage.name()), move |gpu| {
+            let qz = quantize_per_head(&normal(shape, 41));
+            let dev = run_as(gpu, stage, &qz, OutDtype::F32)?;
+            let r = reference(&qz);
+            let emu = emulation_of(stage, &qz, OutDtype::F32);
+            rule(stage, &qz, &r, &emu, &dev, &name, |e, e_emu| {
+                eprintln!(
+                    "{} gqa {name}: {e} | emulation max_abs={e_emu:.3e}",
+                    stage.name()
+                )
+            })?;
+            // The same problem with every K/V head repeated for its query heads, as ordinary attention: the
+            // kernel must give the same bits (the group mapping checked without fixtures' own mapping).
+            let wide = expand_kv(&qz);
+            let same = run_as(gpu, stage, &wide, OutDtype::F32)?;
+            ensure!(
+                dev.o
+                    .iter()
+                    .zip(&same.o)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+                    && dev
+                        .lse
+                        .iter()
+                        .zip(&same.lse)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: grouped-query O / LSE differ from the same heads repeated"
+            );
+            Ok(())
+        });
+    }
+    for (name, shape) in persistent_shapes() {
+        t.gpu(&format!("persistent::stage7::{name}"), move |gpu| {
+            // A persistent block runs several units in turn, reusing ring slots and Q buffers across them. The
+            // units must come out as they do one a block (each unit's arithmetic is the same wherever it runs:
+            // bit-identical), and that launch by the rule against the f64 reference and the emulation.
+            let stage = Stage::S7;
+            ensure!(stage.persistent(), "stage7 is not persistent");
+            let qz = quantize_per_head(&normal(shape, 53));
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.use_blocks(Some(usize::MAX));
+            d.launch(gpu, stage)?;
+            let one = d.download(gpu)?;
+            rule(stage, &qz, &reference(&qz), &emulation_of(stage, &qz, OutDtype::F16), &one, &name, |e, e_emu| {
+                eprintln!("stage7 persistent {name}, one unit a block: {e} | emulation max_abs={e_emu:.3e}")
+            })?;
+            // Twice at each block count, the outputs poisoned before each launch: a unit the counter skipped (or a
+            // counter left nonzero by the launch before) leaves poison, which the download refuses. Where the host
+            // splits the tail (SplitPlan: some units' key tiles shared by two or three blocks, merged after), the
+            // merged units are other bits: those launches by the rule, and bit-identical to each other.
+            let sections = [None, Some(1), Some(3.min(shape.heads())), None, Some(2.min(shape.heads())), None, None];
+            let mut split: Option<(Option<usize>, Attention<f32>)> = None;
+            for (blocks, section) in [Some(1), Some(2), Some(5), Some(3), Some(3), None, None].into_iter().zip(sections) {
+                d.use_blocks(blocks);
+                d.use_section(section);
+                d.poison_outputs(gpu)?;
+                d.launch(gpu, stage)?;
+                let got = d.download(gpu)?;
+                let plan = d.split_plan(gpu, stage)?;
+                if plan.pieces == 0 {
+                    ensure!(
+                        bit_identical(&got, &one),
+                        "{name}: {blocks:?} blocks (sections of {section:?} heads) give other O / LSE than one unit a block"
+                    );
+                    continue;
+                }
+                ensure!(!shape.causal, "{name}: a causal tail split ({plan:?})");
+                rule(stage, &qz, &reference(&qz), &emulation_of(stage, &qz, OutDtype::F16), &got, &name, |e, e_emu| {
+                    eprintln!("stage7 persistent {name}, {blocks:?} blocks, split {plan:?}: {e} | emulation max_abs={e_emu:.3e}")
+                })?;
+                if let Some((b, before)) = &split
+                    && *b == blocks
+                {
+                    ensure!(bit_identical(&got, before), "{name}: two launches of one split plan give other bits");
+                }
+                split = Some((blocks, got));
+            }
+            Ok(())
+        });
+    }
+    for stage in Stage::ALL.into_iter().filter(|s| s.tma()) {
+        t.gpu(&format!("vt_prep_in_every_launch::{}", stage.name()), move |gpu| {
+            // Timing a TMA stage with its V transpose (time_vt_prep) remakes Vᵀ in place before every launch:
+            // the same bytes, so the same O and LSE as with Vᵀ made once.
+            for (i, shape) in [Shape::new(1, 2, 200, 64), Shape::cross(1, 2, 130, 300, 128)].into_iter().enumerate() {
+                let qz = quantize_per_head(&normal(shape, 61 + i as u64));
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.launch(gpu, stage)?;
+                let once = d.download(gpu)?;
+                d.time_vt_prep(true);
+                for _ in 0..2 {
+                    d.launch(gpu, stage)?;
+                    ensure!(
+                        bit_identical(&d.download(gpu)?, &once),
+                        "{} {shape:?}: O / LSE with Vᵀ remade in the launch differ from Vᵀ made once",
+                        stage.name()
+                    );
+                }
+            }
+            Ok(())
+        });
+    }
+    for (name, shape, blocks, out) in split_cases() {
+        t.gpu(&format!("split::stage7::{name}"), move |gpu| {
+            // The split tail (SplitPlan): the units past `split` cut into one piece a block, each part's O, m and l
+            // written apart and merged by stage7_merge_dD. By the rule against the f64 reference at every output
+            // dtype (the merge writes O itself), bit-identical across launches, and the plan must split.
+            let qz = quantize_per_head(&normal(shape, 73));
+            let mut d = OnDevice::upload_as(gpu, &qz, out)?;
+            d.use_blocks(Some(blocks));
+            let plan = d.split_plan(gpu, Stage::S7)?;
+            ensure!(
+                plan.pieces > 0,
+                "{name}: no split at {blocks} blocks ({plan:?})"
+            );
+            d.launch(gpu, Stage::S7)?;
+            let got = d.download(gpu)?;
+            rule(
+                Stage::S7,
+                &qz,
+                &reference(&qz),
+                &emulation_of(Stage::S7, &qz, out),
+                &got,
+                &name,
+                |e, e_emu| {
+                    eprintln!("stage7 split {name} ({plan:?}): {e} | emulation max_abs={e_emu:.3e}")
+                },
+            )?;
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, Stage::S7)?;
+            ensure!(
+                bit_identical(&d.download(gpu)?, &got),
+                "{name}: a second launch gives other bits"
+            );
+            Ok(())
+        });
+    }
+    for (mutant, from, to) in [
+        // Every part merged with weight 1: the parts' rows kept against their own maxima.
+        (
+            "unweighted_merge",
+            "w[j] = m == wr::neg_inf() ? 0.0f : __expf(lse[j] - m);",
+            "w[j] = 1.0f;",
+        ),
+        // A part's O and LSE written over its unit's own head, not its virtual one.
+        (
+            "parts_to_own_head",
+            "const int obh = dst < 0 ? bh : dst / p.q_tiles",
+            "const int obh = bh",
+        ),
+        // A part's keys masked as if it started at key tile 0: the unit's last, partial tile unmasked.
+        ("part_columns_from_zero", ": p.sk - k0 * BC;", ": p.sk;"),
+    ] {
+        t.gpu(
+            &format!("split::stage7::mutant_{mutant}_is_caught"),
+            move |gpu| {
+                let shape = Shape::new(1, 4, 1000, 128);
+                let qz = quantize_per_head(&normal(shape, 79));
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.use_blocks(Some(5));
+                ensure!(
+                    d.split_plan(gpu, Stage::S7)?.pieces > 0,
+                    "no split to mutate"
+                );
+                d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+                    "pingpong_attention.cuh",
+                    from,
+                    to,
+                )?));
+                d.launch(gpu, Stage::S7)?;
+                let bad = d.download(gpu)?;
+                let emu = emulation_of(Stage::S7, &qz, OutDtype::F16);
+                match rule(
+                    Stage::S7,
+                    &qz,
+                    &reference(&qz),
+                    &emu,
+                    &bad,
+                    mutant,
+                    |_, _| {},
+                ) {
+                    Err(e) => eprintln!("mutant `{mutant}` caught: {e:#}"),
+                    Ok(()) => anyhow::bail!("the mutant `{mutant}` passed the rule"),
+                }
+                Ok(())
+            },
+        );
+    }
+    t.gpu(
+        "persistent::stage7::mutant_reading_one_q_buffer_is_caught",
+        |gpu| {
+            // Q's second buffer ignored by the consumers: a block's odd units read the even units' Q.
+            let shape = Shape::cross(1, 3, 300, 500, 64);
+            let qz = quantize_per_head(&normal(shape, 59));
+            let m = Stage::S7.kernel(64).mutated(
+                "pingpong_attention.cuh",
+                "blk.q_tile(n, wg)",
+                "blk.q_tile(0, wg)",
+            )?;
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.launch(gpu, Stage::S7)?;
+            let good = d.download(gpu)?;
+            d.use_kernel(Some(m));
+            d.use_blocks(Some(2));
+            d.launch(gpu, Stage::S7)?;
+            let bad = d.download(gpu)?;
+            ensure!(
+                !bit_identical(&good, &bad),
+                "the kernel reading only Q's first buffer gave the same O and LSE"
+            );
+            eprintln!("mutant caught: one Q buffer read for every unit changes O");
+            Ok(())
+        },
+    );
+    for (mutant, from, to) in [
+        ("counter_left_nonzero", "p.sched[0] = 0;", ""),
+        (
+            "every_other_ticket",
+            "atomicAdd(p.sched, 1)",
+            "atomicAdd(p.sched, 2)",
+        ),
+    ] {
+        t.gpu(
+            &format!("persistent::stage7::mutant_{mutant}_is_caught"),
+            move |gpu| {
+                // The schedule's counter not set back to zero by the last block (the next launch's blocks then take
+                // no unit past their first), or tickets that skip units: the poisoned outputs of the second launch
+                // keep elements no unit wrote.
+                let shape = Shape::new(1, 4, 1000, 128).with_causal(true);
+                let qz = quantize_per_head(&normal(shape, 67));
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.launch(gpu, Stage::S7)?;
+                let good = d.download(gpu)?;
+                d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+                    "pingpong_attention.cuh",
+                    from,
+                    to,
+                )?));
+                d.use_blocks(Some(3));
+                let mut caught = false;
+                for _ in 0..2 {
+                    d.poison_outputs(gpu)?;
+                    d.launch(gpu, Stage::S7)?;
+                    caught |= match d.download(gpu) {
+                        Ok(bad) => !bit_identical(&good, &bad),
+                        Err(e) => format!("{e:#}").contains("never written by the kernel"),
+                    };
+                }
+                ensure!(
+                    caught,
+                    "the {mutant} mutant wrote every unit as the kernel does"
+                );
+                eprintln!("mutant caught: {mutant} leaves units unwritten");
+                Ok(())
+            },
+        );
+    }
+    t.gpu("o_store::stage7::mutant_panel_column_is_caught", |gpu| {
+        // Every panel of O stored at column 0 (the TMA store's column coordinate lost): at D = 128 the second
+        // panel overwrites the first and columns 64..127 stay as poisoned; at D = 64 (one panel) nothing changes.
+        let shape = Shape::cross(1, 2, 300, 500, 128);
+        let qz = quantize_per_head(&normal(shape, 71));
+        let mut d = OnDevice::upload(gpu, &qz)?;
+        d.launch(gpu, Stage::S7)?;
+        let good = d.download(gpu)?;
+        d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+            "pingpong_attention.cuh",
+            "tma::store_4d(mo, so, 64 * P, row0, bh, 0)",
+            "tma::store_4d(mo, so, 0, row0, bh, 0)",
+        )?));
+        d.poison_outputs(gpu)?;
+        d.launch(gpu, Stage::S7)?;
+        let caught = match d.download(gpu) {
+            Ok(bad) => !bit_identical(&good, &bad),
+            Err(e) => format!("{e:#}").contains("never written by the kernel"),
+        };
+        ensure!(caught, "O's panels all stored at column 0 went unnoticed");
+        eprintln!("mutant caught: O's second panel stored over its first");
+        Ok(())
+    });
+    t.gpu(
+        "rescale::stage7::skipping_changes_no_bit_and_mutants_are_caught",
+        |gpu| {
+            // A warp skips O's rescale only when every row's α is 1 exactly, so the skip must give the same bits as
+            // rescaling always; a vote that skips when one row held (all instead of any), or that sees one of a
+            // lane's two rows, must change O.
+            let shape = Shape::cross(1, 4, 700, 1000, 128);
+            let qz = quantize_per_head(&normal(shape, 73));
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.launch(gpu, Stage::S7)?;
+            let good = d.download(gpu)?;
+            let vote = "__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)";
+            for (what, to, same) in [
+                ("rescale always", "true", true),
+                (
+                    "all rows must grow",
+                    "__all_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)",
+                    false,
+                ),
+                (
+                    "the first row only",
+                    "__any_sync(0xffffffffu, alpha[0] != 1.0f)",
+                    false,
+                ),
+            ] {
+                d.use_kernel(Some(Stage::S7.kernel(128).mutated(
+                    "pingpong_attention.cuh",
+                    vote,
+                    to,
+                )?));
+                d.launch(gpu, Stage::S7)?;
+                let got = d.download(gpu)?;
+                if same {
+                    ensure!(
+                        bit_identical(&good, &got),
+                        "skipping the rescale changed O or the LSE against `{what}`"
+                    );
+                } else {
+                    ensure!(
+                        !bit_identical(&good, &got),
+                        "the mutant `{what}` gave the same O and LSE"
+                    );
+                    eprintln!("mutant caught: the rescale vote with {what}");
+                }
+            }
+            Ok(())
+        },
+    );
+    // One test for both head dimensions: their kernels share a module, and so its trace buffer.
+    t.gpu(
+        "trace::stage7_timeline_is_whole_and_changes_nothing",
+        |gpu| {
+            for shape in [
+                Shape::cross(2, 3, 600, 450, 128),
+                Shape::cross(1, 2, 300, 1000, 64),
+            ] {
+                {
+                    // `sdpa trace`'s build of stage 7 (clock64 marks) writes the same O and LSE, bit for bit, and its
+                    // two blocks' consumer warps mark whole turns: every unit a first turn and a last, a softmax in
+                    // every turn but the last, and per consumer warp T + 1 turns for a unit of T key tiles.
+                    let qz = quantize_per_head(&normal(shape, 73));
+                    let mut d = OnDevice::upload(gpu, &qz)?;
+                    d.use_blocks(Some(2));
+                    d.launch(gpu, Stage::S7)?;
+                    let plain = d.download(gpu)?;
+                    let lines = composed::trace::record(gpu, &mut d, shape.d, 1)?;
+                    ensure!(
+                        bit_identical(&d.download(gpu)?, &plain),
+                        "{shape:?}: the traced kernel's O / LSE differ"
+                    );
+                    let units = shape.heads() * shape.sq.div_ceil(128);
+                    let tiles = shape.sk.div_ceil(Stage::S7.bc(shape.d));
+                    for warp in 0..8 {
+                        let (mut u, mut turns) = (0, 0);
+                        for l in lines.iter().filter(|l| l.warp == warp) {
+                            let t = composed::trace::turns(l).context("marks out of order")?;
+                            ensure!(
+                                t.iter().all(|x| x.softmax.is_some() != x.last),
+                                "warp {warp}: a softmax in a last turn, or none in another"
+                            );
+                            let firsts = t.iter().filter(|x| x.first).count();
+                            ensure!(firsts == t.iter().filter(|x| x.last).count());
+                            u += firsts;
+                            turns += t.len();
+                        }
+                        ensure!(
+                            u == units && turns == units * (tiles + 1),
+                            "warp {warp}: {u} units and {turns} turns traced, want {units} and {}",
+                            units * (tiles + 1)
+                        );
+                    }
+                    let s = composed::trace::summarize(&lines)?;
+                    ensure!(
+                        s.period > 0.0 && s.softmax > 0.0 && s.softmax < s.period,
+                        "{s}"
+                    );
+                    eprintln!("{shape:?}: {s}");
+                }
+            }
+            Ok(())
+        },
+    );
+    t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
+        let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
+        refused_by_the_others(gpu, shape, Stage::gqa, "has no grouped-query attention")
+    });
+    t.gpu("causal::other_stages_refuse_it_by_name", |gpu| {
+        let shape = Shape::new(1, 1, 64, 64).with_causal(true);
+        refused_by_the_others(gpu, shape, Stage::causal, "has no causal masking")
+    });
+}

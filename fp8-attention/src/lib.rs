@@ -1,0 +1,29 @@
+//! `fp8-attention`: the fused FP8 (E4M3) scaled-dot-product attention forward of the lab, as a library.
+//!
+//! Inputs are E4M3 codes with one dequantization scale per (batch, head) ([`Quantized`]), or real values
+//! quantized on the device by a [`Scheme`] ([`Problem::quantize`]). A [`Problem`] holds them on the device; each
+//! [`Problem::launch`] runs one [`Stage`] (the fastest the device allows: [`fastest_stage`]); outputs come back
+//! checked ([`Problem::download`]: O widened to f32 and the LSE, failing on any element not written).
+//!
+//! Every bad input is refused with an error naming what is wrong before any launch ([`validate`]).
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use fp8_attention::{Gpu, OutDtype, Raw, Shape, quantize_per_head, run};
+//! let gpu = Gpu::get()?;
+//! let raw = Raw::random(Shape::new(1, 8, 512, 64), 7, 1.0);
+//! let qz = quantize_per_head(&raw);
+//! let out = run(&gpu, fp8_attention::fastest_stage(&gpu, &qz.shape)?, &qz, OutDtype::Bf16)?;
+//! assert_eq!(out.o.len(), 8 * 512 * 64);
+//! # Ok(()) }
+//! ```
+mod problem;
+
+pub use composed::bench::Timing;
+pub use composed::{Stage, validate, validate_shape};
+pub use fixtures::{
+    Attention, Granularity, OutDtype, Quantized, Raw, Rotate, Scheme, Shape, quantize_per_head,
+    quantize_per_tensor,
+};
+pub use lab::Gpu;
+pub use problem::{Problem, fastest_stage, run};

@@ -1,0 +1,251 @@
+// The `sdpa` command's arguments: subcommands, flags, their help and how each value is parsed.
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use composed::Stage;
+use fixtures::{Dist, Granularity, OutDtype, Rotate, Scheme, Shape};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sdpa",
+    about = "The lab's fused FP8 SDPA forward, stage by stage"
+)]
+pub struct Args {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// How much of O `sdpa run` checks against the f64 reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Check {
+    /// Every row (the reference costs Sq·Sk·D multiply-adds a head on the CPU).
+    Full,
+    /// A seeded sample of rows per head (--rows-per-head), always the first and the last.
+    Sample,
+    /// No reference: time and write the outputs only.
+    None,
+}
+
+/// How real-valued inputs become E4M3 (on the device): `--scales`, `--smooth-k`, `--rotate`.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct SchemeArgs {
+    /// One scale per head or one per tensor (amax / 448).
+    #[arg(long, value_enum, default_value_t = Scales::PerHead)]
+    pub scales: Scales,
+    /// Subtract K's per-channel mean over keys before quantizing (the softmax is unchanged; the LSE is
+    /// corrected back). Off by default: docs/accuracy.md says where it helps.
+    #[arg(long)]
+    pub smooth_k: bool,
+    /// Rotate Q and K along D by the same orthonormal Hadamard matrix before quantizing (hadamard-signs: with
+    /// seeded sign flips). D must be a power of two. Off by default: docs/accuracy.md says where it helps.
+    #[arg(long, default_value = "none", value_parser = Rotate::from_str)]
+    pub rotate: Rotate,
+}
+
+/// `--scales` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scales {
+    PerHead,
+    PerTensor,
+}
+
+impl SchemeArgs {
+    pub fn scheme(&self) -> Scheme {
+        Scheme {
+            per: match self.scales {
+                Scales::PerHead => Granularity::PerHead,
+                Scales::PerTensor => Granularity::PerTensor,
+            },
+            smooth_k: self.smooth_k,
+            rotate: self.rotate,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Run one stage: q, k, v in F16/BF16/F32 (quantized on the GPU), or F8_E4M3 with q_scale, k_scale, v_scale.
+    Run {
+        #[arg(long, value_parser = Stage::parse)]
+        stage: Stage,
+        #[arg(long)]
+        input: PathBuf,
+        /// Write `o` (in --out-dtype) and `lse` (F32) here.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Rows of O checked against the f64 reference.
+        #[arg(long, value_enum, default_value_t = Check::Sample)]
+        check: Check,
+        /// Rows a head that `--check sample` checks.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+        rows_per_head: u32,
+        /// What the stage writes O as: f16, bf16 or f32.
+        #[arg(long, default_value_t = OutDtype::F16, value_parser = OutDtype::from_str)]
+        out_dtype: OutDtype,
+        /// Print the report as one JSON object on stdout (progress stays on stderr).
+        #[arg(long)]
+        json: bool,
+        /// Causal masking, aligned bottom-right (row i sees keys j <= i + Sk - Sq); stage7 only.
+        #[arg(long)]
+        causal: bool,
+        #[command(flatten)]
+        scheme: SchemeArgs,
+    },
+    /// List the stages and what each needs.
+    Stages,
+    /// Time a stage on generated inputs (quantized on the GPU): no file needed.
+    Bench {
+        #[arg(long, value_parser = Stage::parse)]
+        stage: Stage,
+        /// B,H,Sq,Sk,D (or B,H,S,D)
+        #[arg(long, value_parser = Shape::parse)]
+        shape: Shape,
+        /// Input family: normal, outliers-k-x10 … outliers-qk-x100, large-logits, heavy-tail, k-bias.
+        #[arg(long, default_value = "normal", value_parser = Dist::from_str)]
+        dist: Dist,
+        /// A source variant timed beside the stage in the same process, as LABEL=HEADER:FROM=>TO (the first FROM
+        /// in block header HEADER becomes TO; several edits joined by &&); repeatable. For "change one thing,
+        /// measure": the A/B of a change is its revert as a variant.
+        #[arg(long = "variant")]
+        variants: Vec<String>,
+        /// A persistent stage (stage7), and each variant, also timed launched with this many blocks instead of one
+        /// an SM (as many as its work units: one unit a block, as a non-persistent launch); repeatable.
+        #[arg(long = "blocks")]
+        blocks: Vec<usize>,
+        /// Causal stage7, and each variant, also timed with its units ordered in schedule sections of this many
+        /// heads (longest units first within a section) instead of as many as keep 16 MiB of K and V; repeatable.
+        #[arg(long = "section")]
+        sections: Vec<usize>,
+        /// Causal masking (stage7 only); its TFLOP/s count half the work.
+        #[arg(long)]
+        causal: bool,
+        /// Key/value heads a batch, for grouped-query attention (stage7 only; must divide H).
+        #[arg(long)]
+        kv_heads: Option<usize>,
+        #[command(flatten)]
+        scheme: SchemeArgs,
+    },
+    /// Stage 7's consumer warps on a timeline: clock64 at each turn's grant and handover, each softmax's start and
+    /// end, and each unit's start, last P·V commit and epilogue end, in the first blocks of one launch; summarised
+    /// (a turn's parts, a unit's cost beyond its key tiles, how far apart the two consumers' turns are, the last
+    /// turn's parts).
+    Trace {
+        /// B,H,Sq,Sk,D (or B,H,S,D)
+        #[arg(long, value_parser = Shape::parse)]
+        shape: Shape,
+        /// Causal masking.
+        #[arg(long)]
+        causal: bool,
+        /// Key/value heads a batch, for grouped-query attention (must divide H).
+        #[arg(long)]
+        kv_heads: Option<usize>,
+        /// Also write every stamp here as CSV: block, warp, cycle, mark.
+        #[arg(long)]
+        csv: Option<PathBuf>,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fixtures::Dist;
+
+    fn parse_err(args: &[&str]) -> String {
+        let mut v = vec!["sdpa"];
+        v.extend_from_slice(args);
+        Args::try_parse_from(v).unwrap_err().to_string()
+    }
+
+    const RUN: [&str; 5] = ["run", "--stage", "stage4", "--input", "x.safetensors"];
+
+    #[test]
+    fn run_defaults_are_sample_f16_text() {
+        let mut v = vec!["sdpa"];
+        v.extend_from_slice(&RUN);
+        let Cmd::Run {
+            check,
+            out_dtype,
+            json,
+            rows_per_head,
+            scheme,
+            ..
+        } = Args::try_parse_from(v).unwrap().cmd
+        else {
+            panic!("not run")
+        };
+        assert_eq!(
+            (check, out_dtype, json, rows_per_head),
+            (Check::Sample, OutDtype::F16, false, 32)
+        );
+        assert_eq!(scheme.scheme(), Scheme::default());
+        assert_eq!(scheme.scheme().name(), "per-head");
+        let mut v = vec!["sdpa"];
+        v.extend_from_slice(&RUN);
+        v.extend([
+            "--scales",
+            "per-tensor",
+            "--smooth-k",
+            "--rotate",
+            "hadamard-signs",
+        ]);
+        let Cmd::Run { scheme, .. } = Args::try_parse_from(v).unwrap().cmd else {
+            panic!("not run")
+        };
+        assert_eq!(scheme.scheme().name(), "per-tensor+smooth-k+hadamard-signs");
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        let with = |extra: &[&str]| {
+            let mut v = RUN.to_vec();
+            v.extend_from_slice(extra);
+            parse_err(&v)
+        };
+        let e = with(&["--out-dtype", "f8"]);
+        assert!(
+            e.contains("--out-dtype") && e.contains("unknown output dtype `f8`"),
+            "{e}"
+        );
+        let e = with(&["--check", "most"]);
+        assert!(
+            e.contains("--check") && e.contains("full, sample, none"),
+            "{e}"
+        );
+        let e = with(&["--rows-per-head", "0"]);
+        assert!(e.contains("--rows-per-head"), "{e}");
+        let e = with(&["--rotate", "fourier"]);
+        assert!(
+            e.contains("--rotate") && e.contains("unknown rotation `fourier`"),
+            "{e}"
+        );
+        let e = with(&["--scales", "per-row"]);
+        assert!(
+            e.contains("--scales") && e.contains("per-head, per-tensor"),
+            "{e}"
+        );
+        let e = parse_err(&["run", "--stage", "stage9", "--input", "x"]);
+        assert!(e.contains("unknown stage `stage9`"), "{e}");
+        let e = parse_err(&["bench", "--stage", "stage5", "--shape", "4,16,x,128"]);
+        assert!(
+            e.contains("--shape") && e.contains("expected B,H,Sq,Sk,D"),
+            "{e}"
+        );
+        let e = parse_err(&["bench", "--stage", "stage5", "--shape", "4,16,0,128"]);
+        assert!(e.contains("at least 1"), "{e}");
+        let e = parse_err(&[
+            "bench", "--stage", "stage5", "--shape", "1,1,8,64", "--dist", "cauchy",
+        ]);
+        assert!(e.contains("unknown input family `cauchy`"), "{e}");
+    }
+
+    #[test]
+    fn every_family_and_dtype_parses_back() {
+        for d in Dist::all() {
+            assert_eq!(Dist::from_str(&d.name()).unwrap(), d);
+        }
+        for o in OutDtype::ALL {
+            assert_eq!(OutDtype::from_str(o.name()).unwrap(), o);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+// `sdpa bench` and `sdpa trace`: a stage timed on generated inputs (with the lab's variants, block counts and
+// sections), and stage 7's warps on a timeline.
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, ensure};
+use composed::bench::{BACK_TO_BACK, Timing, time_stage};
+use composed::{OnDevice, Stage};
+use fixtures::{Dist, OutDtype, Scheme, Shape};
+
+use crate::{gpu, shape_text, telemetry_text};
+
+/// One source edit of a variant: (header, from, to).
+pub type Edit<'a> = (&'a str, &'a str, &'a str);
+
+/// `LABEL=HEADER:FROM=>TO[&&HEADER:FROM=>TO…]` → the label and the edits, applied in order.
+pub fn parse_variant(v: &str) -> Result<(&str, Vec<Edit<'_>>)> {
+    let bad =
+        || anyhow::anyhow!("--variant `{v}`: expected LABEL=HEADER:FROM=>TO[&&HEADER:FROM=>TO…]");
+    let (label, rest) = v.split_once('=').ok_or_else(bad)?;
+    ensure!(!label.is_empty(), bad());
+    let mut edits = Vec::new();
+    for e in rest.split("&&") {
+        let (header, edit) = e.split_once(':').ok_or_else(bad)?;
+        let (from, to) = edit.split_once("=>").ok_or_else(bad)?;
+        ensure!(!header.is_empty() && !from.is_empty(), bad());
+        edits.push((header, from, to));
+    }
+    Ok((label, edits))
+}
+
+/// One configuration `sdpa bench` times: the stage's kernel or a variant, at a block count, schedule section, with
+/// or without Vᵀ remade in every launch.
+#[derive(Clone)]
+struct Run {
+    name: String,
+    spec: Option<lab::KernelSpec>,
+    blocks: Option<usize>,
+    section: Option<usize>,
+    vt_prep: bool,
+}
+
+impl Run {
+    fn named(name: String) -> Self {
+        Run {
+            name,
+            spec: None,
+            blocks: None,
+            section: None,
+            vt_prep: false,
+        }
+    }
+}
+
+pub fn bench(
+    stage: Stage,
+    s: Shape,
+    dist: Dist,
+    variants: &[String],
+    blocks: &[usize],
+    sections: &[usize],
+    scheme: Scheme,
+) -> Result<()> {
+    ensure!(
+        blocks.is_empty() || stage.persistent(),
+        "--blocks: {} is not persistent (one block a query tile); stage7 is",
+        stage.name()
+    );
+    ensure!(
+        sections.is_empty() || (s.causal && stage.persistent()),
+        "--section orders causal stage7's units; this is {}{}",
+        stage.name(),
+        if s.causal { "" } else { " without --causal" }
+    );
+    let mut runs = vec![Run::named(stage.name().to_string())];
+    for v in variants {
+        let (label, edits) = parse_variant(v)?;
+        let mut spec = stage.kernel(s.d);
+        for (header, from, to) in edits {
+            spec = spec.mutated(header, from, to)?;
+        }
+        runs.push(Run {
+            spec: Some(spec),
+            ..Run::named(format!("{} [{label}]", stage.name()))
+        });
+    }
+    // Every run also at each block count and section asked for.
+    let base = runs.clone();
+    for &b in blocks {
+        runs.extend(base.iter().map(|r| Run {
+            name: format!("{} [{b} blocks]", r.name),
+            blocks: Some(b),
+            ..r.clone()
+        }));
+    }
+    for &h in sections {
+        runs.extend(base.iter().map(|r| Run {
+            name: format!("{} [sections of {h} heads]", r.name),
+            section: Some(h),
+            ..r.clone()
+        }));
+    }
+    // A TMA stage reads V transposed (prep_vt, made once and not timed above): timed again with the transpose in
+    // every launch, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is.
+    if stage.tma() {
+        runs.push(Run {
+            vt_prep: true,
+            ..Run::named(format!("{} [+ prep_vt]", stage.name()))
+        });
+    }
+    let gpu = gpu("bench")?;
+    let raw = fixtures::Raw::generate(s, 1000, dist);
+    let mut sets = [OnDevice::prepare(gpu, &raw, scheme, OutDtype::F16)?];
+    drop(raw);
+    // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
+    let mut best: Vec<Option<Timing>> = vec![None; runs.len()];
+    for _round in 0..2 {
+        for (i, r) in runs.iter().enumerate() {
+            sets[0].use_kernel(r.spec);
+            sets[0].use_blocks(r.blocks);
+            sets[0].use_section(r.section);
+            sets[0].time_vt_prep(r.vt_prep);
+            let t = time_stage(gpu, stage, &mut sets, 5, 100)?;
+            if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
+                best[i] = Some(t);
+            }
+        }
+    }
+    for (r, t) in runs.iter().zip(best) {
+        let t = t.expect("timed");
+        println!(
+            "{} {} {dist} {}: p50 {:.1} µs, p90 {:.1} µs, mean {:.1} µs per launch ({} back to back, {} graph replays); {:.2} TFLOP/s; {}",
+            r.name,
+            shape_text(&s),
+            scheme.name(),
+            t.p50_us,
+            t.p90_us,
+            t.mean_us,
+            BACK_TO_BACK,
+            t.iters,
+            t.tflops(&s),
+            telemetry_text(&t)
+        );
+    }
+    Ok(())
+}
+
+pub fn trace(s: Shape, csv: Option<PathBuf>) -> Result<()> {
+    let gpu = gpu("trace")?;
+    let raw = fixtures::Raw::generate(s, 1000, Dist::Normal);
+    let mut d = OnDevice::prepare(gpu, &raw, Scheme::default(), OutDtype::F16)?;
+    drop(raw);
+    let lines = composed::trace::record(gpu, &mut d, s.d, 5)?;
+    if let Some(path) = csv {
+        let mut text = String::from("block,warp,cycle,mark\n");
+        for l in &lines {
+            for (t, m) in &l.marks {
+                text += &format!("{},{},{t},{m:?}\n", l.block, l.warp);
+            }
+        }
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!(
+        "stage7 {} timeline ({} blocks traced):\n{}",
+        shape_text(&s),
+        composed::trace::TRACE_BLOCKS,
+        composed::trace::summarize(&lines)?
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_parse_and_bad_ones_are_named() {
+        let (l, e) = parse_variant("a=x.cuh:foo=>bar&&y.cuh:1=>2").unwrap();
+        assert_eq!((l, e.len(), e[1]), ("a", 2, ("y.cuh", "1", "2")));
+        assert!(
+            parse_variant("nolabel")
+                .unwrap_err()
+                .to_string()
+                .contains("LABEL=HEADER:FROM=>TO")
+        );
+    }
+}
