@@ -67,8 +67,14 @@ impl SchemeArgs {
 pub enum Cmd {
     /// Run one stage: q, k, v in F16/BF16/F32 (quantized on the GPU), or F8_E4M3 with q_scale, k_scale, v_scale.
     Run {
+        /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7
+        /// (sm_90). stage7 is the fastest, and the only one with --causal and grouped-query heads; `sdpa stages`
+        /// lists what each needs.
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
+        /// A safetensors file holding `q` [B, H, Sq, D] and `k`, `v` [B, Hkv, Sk, D] (Hkv dividing H; D = 64 or 128):
+        /// F16, BF16 or F32, quantized on the GPU by --scales / --smooth-k / --rotate; or all three F8_E4M3 with
+        /// F32 `q_scale`, `k_scale`, `v_scale` (one per (batch, head), or one for the tensor).
         #[arg(long)]
         input: PathBuf,
         /// Write `o` (in --out-dtype) and `lse` (F32) here.
@@ -96,6 +102,9 @@ pub enum Cmd {
     Stages,
     /// Time a stage on generated inputs (quantized on the GPU): no file needed.
     Bench {
+        /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7
+        /// (sm_90). stage7 is the fastest, and the only one with --causal and grouped-query heads; `sdpa stages`
+        /// lists what each needs.
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
         /// B,H,Sq,Sk,D (or B,H,S,D)
@@ -247,5 +256,21 @@ mod tests {
         for o in OutDtype::ALL {
             assert_eq!(OutDtype::from_str(o.name()).unwrap(), o);
         }
+    }
+
+    #[test]
+    fn stage_and_input_have_help() {
+        for cmd in ["run", "bench"] {
+            let e = parse_err(&[cmd, "--help"]);
+            assert!(
+                e.contains("stage1, stage2, stage3a") && e.contains("stage7 is the fastest"),
+                "{e}"
+            );
+        }
+        let e = parse_err(&["run", "--help"]);
+        assert!(
+            e.contains("safetensors file holding `q`") && e.contains("F8_E4M3"),
+            "{e}"
+        );
     }
 }

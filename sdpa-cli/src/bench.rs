@@ -60,6 +60,9 @@ pub fn bench(
     sections: &[usize],
     scheme: Scheme,
 ) -> Result<()> {
+    // Everything that needs no GPU is checked before the GPU is asked for.
+    composed::validate_shape(&s)?;
+    composed::stage_supports(stage, &s)?;
     ensure!(
         blocks.is_empty() || stage.persistent(),
         "--blocks: {} is not persistent (one block a query tile); stage7 is",
@@ -145,6 +148,7 @@ pub fn bench(
 }
 
 pub fn trace(s: Shape, csv: Option<PathBuf>) -> Result<()> {
+    composed::validate_shape(&s)?;
     let gpu = gpu("trace")?;
     let raw = fixtures::Raw::generate(s, 1000, Dist::Normal);
     let mut d = OnDevice::prepare(gpu, &raw, Scheme::default(), OutDtype::F16)?;

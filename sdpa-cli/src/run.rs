@@ -50,6 +50,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     bar.finish_and_clear();
     ph.done("parse");
     let s = loaded.shape();
+    composed::stage_supports(a.stage, &s)?;
     let gpu = gpu("run")?;
     let bar = progress(None, "running");
     let rows: Vec<usize> = match a.check {

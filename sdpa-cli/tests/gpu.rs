@@ -66,5 +66,69 @@ fn main() {
         );
         Ok(())
     });
+    t.model("checks_that_need_no_gpu_come_before_it", || {
+        // The same answer with or without a GPU: what is wrong with the request, not "needs a CUDA GPU".
+        for (args, want) in [
+            (
+                &[
+                    "bench",
+                    "--stage",
+                    "stage5",
+                    "--shape",
+                    "1,2,64,64",
+                    "--causal",
+                ][..],
+                "stage5 has no causal masking",
+            ),
+            (
+                &[
+                    "bench",
+                    "--stage",
+                    "stage6",
+                    "--shape",
+                    "1,4,64,64",
+                    "--kv-heads",
+                    "2",
+                ][..],
+                "stage6 has no grouped-query",
+            ),
+            (
+                &["bench", "--stage", "stage7", "--shape", "1,2,64,96"][..],
+                "D = 96 is not supported",
+            ),
+            (
+                &["trace", "--shape", "1,2,64,80"][..],
+                "D = 80 is not supported",
+            ),
+        ] {
+            let mut v = vec!["sdpa"];
+            v.extend_from_slice(args);
+            let e = format!(
+                "{:#}",
+                sdpa_cli::execute(Args::try_parse_from(v)?).unwrap_err()
+            );
+            ensure!(e.contains(want) && !e.contains("CUDA GPU"), "{args:?}: {e}");
+        }
+        Ok(())
+    });
+    t.model("without_a_gpu_the_reason_is_kept", || {
+        if !matches!(lab::status(), lab::GpuStatus::Absent(_)) {
+            eprintln!("a GPU is present: nothing to check");
+            return Ok(());
+        }
+        let v = ["sdpa", "bench", "--stage", "stage7", "--shape", "1,2,64,64"];
+        let e = format!(
+            "{:#}",
+            sdpa_cli::execute(Args::try_parse_from(v)?).unwrap_err()
+        );
+        let lab::GpuStatus::Absent(why) = lab::status() else {
+            unreachable!()
+        };
+        ensure!(
+            e.starts_with("bench needs a CUDA GPU: no usable GPU: ") && e.contains(why.as_str()),
+            "{e}"
+        );
+        Ok(())
+    });
     t.run()
 }

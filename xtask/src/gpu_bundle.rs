@@ -66,6 +66,8 @@ pub fn build(dir: Option<PathBuf>, only: &[String], attempts: &[String]) -> Resu
         dir.join("manifest.json"),
         serde_json::to_string_pretty(&manifest)?,
     )?;
+    // Where the tree was when the bundle was built: the run says whether it ran from a copy elsewhere.
+    std::fs::write(dir.join("built-at"), root.display().to_string())?;
     for rev in attempts {
         build_attempt(&sh, &root, &dir, rev)?;
     }
@@ -233,6 +235,7 @@ pub fn run(bundle: &Path, out: &Path) -> Result<bool> {
     let results = runner::run_all(&bins, &[], jobs, &mut log)?;
     let title = format!("gpu-bundle: {}, {}", device_words(), today());
     let (mut summary, mut ok) = runner::summarize(&results, &title);
+    summary.push_str(&where_text(&root, bundle));
     let tests_s = t0.elapsed().as_secs_f64();
     // The tests' outputs go out before the sanitizer starts: a run cut short by a time limit still reports them.
     let pending =
@@ -263,4 +266,27 @@ pub fn run(bundle: &Path, out: &Path) -> Result<bool> {
     runner::write_outputs(out, &root, &results, &summary, &log)?;
     println!("{summary}");
     Ok(ok)
+}
+
+/// The summary's line on where the tests read the tree from, beside where the bundle was built: a run from a copy
+/// at another path proves that no test reads a tree file through the build machine's path.
+fn where_text(root: &Path, bundle: &Path) -> String {
+    let here = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+    match std::fs::read_to_string(bundle.join("built-at")) {
+        Ok(built) if Path::new(built.trim()) == here => {
+            format!(
+                "\ntree: {} (the path the bundle was built at)\n",
+                here.display()
+            )
+        }
+        Ok(built) => format!(
+            "\ntree: {} (built at {}: another path)\n",
+            here.display(),
+            built.trim()
+        ),
+        Err(_) => format!(
+            "\ntree: {} (the bundle does not say where it was built)\n",
+            here.display()
+        ),
+    }
 }

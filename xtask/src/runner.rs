@@ -111,7 +111,24 @@ pub fn run_all(
     jobs: usize,
     log: &mut String,
 ) -> Result<Vec<TestResult>> {
-    let runs = in_parallel(bins, jobs, |b| run_one(b, env))?;
+    // A line on stderr as each binary ends, so that a long run (GPU tests skipped one by one on a machine
+    // without a GPU, or the bundle's) shows where it is.
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let runs = in_parallel(bins, jobs, |b| {
+        let t0 = Instant::now();
+        let r = run_one(b, env);
+        let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        eprintln!(
+            "[{n}/{}] {}::{}: {} ({:.1} s)",
+            bins.len(),
+            b.package,
+            b.target,
+            r.as_ref()
+                .map_or_else(|e| format!("error: {e:#}"), |(res, _)| counts_text(res)),
+            t0.elapsed().as_secs_f64()
+        );
+        r
+    })?;
     let mut all = Vec::new();
     for r in runs {
         let (results, text) = r?;
@@ -119,6 +136,20 @@ pub fn run_all(
         all.extend(results);
     }
     Ok(all)
+}
+
+/// `3 passed, 2 skipped`: a binary's results by outcome, for its progress line.
+fn counts_text(results: &[TestResult]) -> String {
+    let n = |o: Outcome| results.iter().filter(|r| r.outcome == o).count();
+    let (p, f, s) = (n(Outcome::Passed), n(Outcome::Failed), n(Outcome::Skipped));
+    let mut t = format!("{p} passed");
+    if f > 0 {
+        t += &format!(", {f} FAILED");
+    }
+    if s > 0 {
+        t += &format!(", {s} skipped");
+    }
+    t
 }
 
 /// How many processes go at once, from the variable `var` if set: each is one process with its own context on

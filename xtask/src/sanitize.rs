@@ -60,6 +60,12 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "racecheck", "synccheck"],
     ),
     (
+        // tma::Cursor: one consumer's walk over 2-, 3- and 4-stage rings, holding up to two tiles past the current.
+        "tma-ring--gpu",
+        "gpu::cursor::every_slot_and_parity_through_several_wraps",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
         // Stage 7 at D = 128: Vᵀ's tile images (prep_vt_tiles) by bulk copy, remade before every launch.
         "composed--gpu",
         "gpu::vt_prep_in_every_launch::stage7",

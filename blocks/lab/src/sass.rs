@@ -103,14 +103,27 @@ fn disassemble(cubin: &Cubin, kernel: &str, args: &[&str]) -> Result<String> {
     Ok(section.to_string())
 }
 
-/// The part of an nvdisasm listing that is `kernel`'s code: from its `.text.<kernel>:` label to the next
-/// section.
+/// The part of an nvdisasm listing that is `kernel`'s: its `//---- .text.<kernel> ----` header line (where nvdisasm
+/// printed one), its section and code, up to the next kernel's header or section.
 fn function_section<'a>(listing: &'a str, kernel: &str) -> Option<&'a str> {
     let label = format!(".text.{kernel}:");
-    let start = listing.find(&label)? + label.len();
-    let rest = &listing[start..];
-    let end = rest.find(".section").unwrap_or(rest.len());
-    Some(&rest[..end])
+    let at = listing.find(&label)?;
+    // This kernel's header: the last `//---` line before its label that names its section.
+    let named = |l: &str| {
+        l.starts_with("//-") && l.split_whitespace().any(|w| w == format!(".text.{kernel}"))
+    };
+    let start = listing[..at]
+        .rfind("\n//-")
+        .map(|i| i + 1)
+        .filter(|&i| named(listing[i..].lines().next().unwrap_or("")))
+        .unwrap_or(at);
+    let rest = &listing[at + label.len()..];
+    let end = [rest.find("\n//-"), rest.find(".section")]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(rest.len());
+    Some(&listing[start..at + label.len() + end])
 }
 
 /// Counts opcodes in a SASS listing: lines like `/*0040*/  @!P0 HMMA.16816.F32 R4, R8, ... ;`.
@@ -599,5 +612,21 @@ mod tests {
             [("FMNMX", 1, 4), ("MUFU", 1, 3)]
         );
         assert_eq!(stalls_by_opcode(&v, 0x1610..0x2000).len(), 1);
+    }
+
+    #[test]
+    fn a_kernels_section_has_its_own_header_and_not_the_next() {
+        let listing = "\t.headerflags\n//--------------------- .text.k1 --------------------------\n\t.section\t.text.k1,\"ax\"\n.text.k1:\n        /*0000*/ EXIT ;\n//--------------------- .text.k2 --------------------------\n\t.section\t.text.k2,\"ax\"\n.text.k2:\n        /*0000*/ NOP ;\n";
+        let k1 = function_section(listing, "k1").unwrap();
+        assert!(k1.starts_with("//--------------------- .text.k1 "), "{k1}");
+        assert!(
+            k1.contains("EXIT") && !k1.contains("k2") && !k1.contains("NOP"),
+            "{k1}"
+        );
+        let k2 = function_section(listing, "k2").unwrap();
+        assert!(
+            k2.starts_with("//--------------------- .text.k2 ") && k2.contains("NOP"),
+            "{k2}"
+        );
     }
 }

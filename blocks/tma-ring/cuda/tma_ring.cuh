@@ -56,10 +56,15 @@ __device__ __forceinline__ bool test_wait_at(unsigned bar, unsigned parity) { LA
 __device__ __forceinline__ bool try_wait(unsigned long long* bar, unsigned parity) { return try_wait_at(smem(bar), parity); }
 __device__ __forceinline__ bool test_wait(unsigned long long* bar, unsigned parity) { return test_wait_at(smem(bar), parity); }
 // Waits until the phase of parity `parity` has completed. Tests bound the spin (LAB_TMA_SPIN_LIMIT), so
-// that a broken mutant ends with wrong bytes instead of a hung device.
+// that a broken mutant ends with wrong bytes instead of a hung device; a test whose mutants deadlock outright also
+// sets LAB_TMA_SPIN_PROBE=test_wait_at, so that each bounded spin takes its iterations' time, not try_wait's
+// suspensions'.
+#ifndef LAB_TMA_SPIN_PROBE
+#define LAB_TMA_SPIN_PROBE try_wait_at
+#endif
 __device__ __forceinline__ void wait_at(unsigned bar, unsigned parity) {
 #ifdef LAB_TMA_SPIN_LIMIT
-  for (long long i = 0; !try_wait_at(bar, parity) && i < LAB_TMA_SPIN_LIMIT; ++i) {
+  for (long long i = 0; !LAB_TMA_SPIN_PROBE(bar, parity) && i < LAB_TMA_SPIN_LIMIT; ++i) {
   }
 #else
   while (!try_wait_at(bar, parity)) {

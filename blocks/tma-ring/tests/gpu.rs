@@ -9,6 +9,8 @@ const BATCH: usize = 2;
 const HEADS: usize = 3;
 /// Bounds every mbarrier spin of the test builds, so that a broken mutant ends instead of hanging the device.
 const SPIN: &str = "-DLAB_TMA_SPIN_LIMIT=20000000";
+/// The cursor walks' bound: their mutants deadlock outright, so each stuck wait must end quickly.
+const CURSOR_SPIN: &str = "-DLAB_TMA_SPIN_LIMIT=2000000";
 
 /// What one run saw: bytes checked, and the first wrong ones.
 struct Seen {
@@ -542,7 +544,9 @@ fn byte_ring(
 fn cursor_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize, lag: usize) -> Result<Vec<String>> {
     let (bytes, tiles) = (512usize, 5 * stages + 1);
     let st = &gpu.stream;
-    let k = gpu.load_with(spec, &[SPIN])?;
+    // A mutant cursor can deadlock producer and consumer both: each wait then spins a bounded count of
+    // non-blocking probes (~2 M: tens of milliseconds), where a healthy wait takes a few hundred.
+    let k = gpu.load_with(spec, &[CURSOR_SPIN, "-DLAB_TMA_SPIN_PROBE=test_wait_at"])?;
     let smem = 1024 + stages * bytes;
     k.func.set_attribute(
         lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

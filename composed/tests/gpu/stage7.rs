@@ -245,11 +245,11 @@ pub fn add(t: &mut Suite) {
         },
     );
     for (mutant, from, to) in [
-        ("counter_left_nonzero", "p.sched[0] = 0;", ""),
+        ("counter_left_nonzero", "sched->counter = 0;", ""),
         (
             "every_other_ticket",
-            "atomicAdd(p.sched, 1)",
-            "atomicAdd(p.sched, 2)",
+            "atomicAdd(&sched->counter, 1)",
+            "atomicAdd(&sched->counter, 2)",
         ),
     ] {
         t.gpu(
