@@ -106,6 +106,20 @@ __device__ __forceinline__ void store_o_panel(const float (&o)[D / 2], const flo
   if constexpr (P + 1 < D / 64) store_o_panel<T, D, P + 1>(o, f, bh, row0, wg, mo, so);
 }
 
+// O's 16-bit panels through store_o_panel, in the type with_o_type names (f32 O takes direct stores instead).
+template <int D>
+struct StagePanels {
+  const float (&o)[D / 2];
+  const float (&f)[2];
+  int bh, row0, wg;
+  const tma::Map* mo;
+  unsigned char* so;
+  template <class T>
+  __device__ __forceinline__ void operator()(T) const {
+    if constexpr (sizeof(T) == 2) store_o_panel<T, D, 0>(o, f, bh, row0, wg, mo, so);
+  }
+};
+
 // Consumer warpgroup wg's epilogue for its 64 rows from row0, O as 16-bit rows through shared memory and TMA
 // stores (`mo`: O's map, boxes of 64 rows × 64 columns with a 128-byte swizzle; rows past Sq are not written):
 // per 64-column panel, each thread writes its pairs into the consumer's 8 KiB staging panel `so`
@@ -119,19 +133,13 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
                                                 const float (&inv)[2], float vs, int bh, int row0, int wg,
                                                 const tma::Map* mo, unsigned char* so) {
   const float f[2] = {inv[0] * vs, inv[1] * vs};
-  switch (p.o_dtype) {
-    case kF32: {
-      // store_rows scales every row alike: 1/l first, as osm::finish does, then V's scale.
-      osm::rescale<frag::WgmmaD<D>>(o, inv);
-      relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D, D,
-                                     p.sq - row0);
-      break;
-    }
-    case kBf16:
-      store_o_panel<__nv_bfloat16, D, 0>(o[0].x, f, bh, row0, wg, mo, so);
-      break;
-    default:
-      store_o_panel<__half, D, 0>(o[0].x, f, bh, row0, wg, mo, so);
+  if (p.o_dtype == kF32) {
+    // store_rows scales every row alike: 1/l first, as osm::finish does, then V's scale.
+    osm::rescale<frag::WgmmaD<D>>(o, inv);
+    relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D, D,
+                                   p.sq - row0);
+  } else {
+    with_o_type(p.o_dtype, StagePanels<D>{o[0].x, f, bh, row0, wg, mo, so});
   }
 }
 
@@ -406,6 +414,18 @@ __device__ __forceinline__ void merge_row(const Params& p, const int* dsts, int 
   store8(o + out * D + 8 * c, x);
 }
 
+// merge_row in the type with_o_type names.
+template <int D>
+struct MergeRow {
+  const Params& p;
+  const int* dsts;
+  int n, bh, row, c;
+  template <class T>
+  __device__ __forceinline__ void operator()(T) const {
+    merge_row<T, D>(p, dsts, n, bh, row, c);
+  }
+};
+
 // Stage 7's split tail, merged after the attention kernel: block (r, y) merges rows y · 128 / (D / 8) … of split unit
 // split + r, a thread 8 columns.
 template <int D>
@@ -418,16 +438,7 @@ __device__ void merge_split_tail(const Params& p) {
   const int c = int(threadIdx.x) % kChunks;
   const int row = tc.qt * kUnitRows + int(blockIdx.y) * kRows + int(threadIdx.x) / kChunks;
   if (m.parts == 0 || row >= p.sq) return;
-  switch (p.o_dtype) {
-    case kF32:
-      merge_row<float, D>(p, m.dst, m.parts, tc.bh, row, c);
-      break;
-    case kBf16:
-      merge_row<__nv_bfloat16, D>(p, m.dst, m.parts, tc.bh, row, c);
-      break;
-    default:
-      merge_row<__half, D>(p, m.dst, m.parts, tc.bh, row, c);
-  }
+  with_o_type(p.o_dtype, MergeRow<D>{p, m.dst, m.parts, tc.bh, row, c});
 }
 
 }  // namespace sdpa

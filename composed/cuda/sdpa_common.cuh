@@ -45,18 +45,35 @@ struct Params {
   int* sched;
 };
 
-// O[i], O[i + 1] = a, b in the caller's dtype (the switch is uniform: one dtype a launch).
-__device__ __forceinline__ void store_o2(const Params& p, long long i, float a, float b) {
-  switch (p.o_dtype) {
+// Calls f(T()) with T the type O is written as for `o_dtype` (__half, __nv_bfloat16 or float): the one place the
+// output-dtype switch is written. One dtype a launch, so the branch is uniform. f is a function object with a
+// `template <class T> __device__ void operator()(T) const` (NVRTC takes no device lambdas).
+template <class F>
+__device__ __forceinline__ void with_o_type(int o_dtype, const F& f) {
+  switch (o_dtype) {
     case kBf16:
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + i) = __floats2bfloat162_rn(a, b);
+      f(__nv_bfloat16());
       break;
     case kF32:
-      *reinterpret_cast<float2*>(static_cast<float*>(p.o) + i) = make_float2(a, b);
+      f(0.0f);
       break;
     default:
-      *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + i) = __floats2half2_rn(a, b);
+      f(__half());
   }
+}
+
+// O[i], O[i + 1] = a, b in the caller's dtype (fp8::store2: rounded to nearest even, one store).
+struct StoreO2 {
+  void* o;
+  long long i;
+  float a, b;
+  template <class T>
+  __device__ __forceinline__ void operator()(T) const {
+    fp8::store2(static_cast<T*>(o) + i, a, b);
+  }
+};
+__device__ __forceinline__ void store_o2(const Params& p, long long i, float a, float b) {
+  with_o_type(p.o_dtype, StoreO2{p.o, i, a, b});
 }
 
 constexpr float kLog2e = 1.4426950408889634f;

@@ -93,6 +93,20 @@ __device__ __forceinline__ void store_lse(const Params& p, const float (&lse)[2]
     }
 }
 
+// relayout::store_rows of a warpgroup's O (D columns) at element o0 of O, in the type with_o_type names.
+template <int D>
+struct StoreRows {
+  const float (&acc)[D / 2];
+  float scale;
+  void* o;
+  long long o0;
+  int valid_rows;
+  template <class T>
+  __device__ __forceinline__ void operator()(T) const {
+    relayout::store_rows<T, D>(acc, scale, static_cast<T*>(o) + o0, D, valid_rows);
+  }
+};
+
 // One warpgroup's 64 rows from row0: O normalised and scaled by V's scale in the caller's dtype, and the LSE.
 template <int D>
 __device__ __forceinline__ void epilogue(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
@@ -103,16 +117,7 @@ __device__ __forceinline__ void epilogue(const Params& p, frag::Regs<frag::Wgmma
   osm::finish<OL, kFp8POffset>(o, st, scale, lse);
   const long long o0 = ((long long)bh * p.sq + row0) * D;
   const float vs = p.v_scale[bh / p.group];
-  switch (p.o_dtype) {
-    case kBf16:
-      relayout::store_rows<__nv_bfloat16, D>(o[0].x, vs, static_cast<__nv_bfloat16*>(p.o) + o0, D, p.sq - row0);
-      break;
-    case kF32:
-      relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + o0, D, p.sq - row0);
-      break;
-    default:
-      relayout::store_rows<__half, D>(o[0].x, vs, static_cast<__half*>(p.o) + o0, D, p.sq - row0);
-  }
+  with_o_type(p.o_dtype, StoreRows<D>{o[0].x, vs, p.o, o0, p.sq - row0});
   if ((t & 3) == 0)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

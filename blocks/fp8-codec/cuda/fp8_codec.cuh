@@ -1,5 +1,6 @@
-// fp8_codec.cuh: the lab's E4M3 quantizer and exact vectorized fp8 -> half2 decoding, on top of cuda_fp8.h.
+// fp8_codec.cuh: the lab's E4M3 quantizer, exact vectorized fp8 -> half2 decoding, and f32 pairs stored as O's types.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -76,5 +77,15 @@ __device__ __forceinline__ void decode16(uint4 v, __half2 (&h)[8]) {
   decode4(v.z, h[4], h[5]);
   decode4(v.w, h[6], h[7]);
 }
+
+// Two adjacent f32 results a, b stored at p as T, each rounded to nearest even: bf16 and f16 pairs as one 32-bit
+// store, f32 pairs as one 64-bit store (p aligned to the pair). The one conversion every kernel's output goes through.
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store2(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
 
 }  // namespace fp8

@@ -61,3 +61,12 @@ extern "C" __global__ void dequantize_smem(const unsigned char* q, const float* 
   }
 }
 
+
+// fp8::store2 over n pairs of x (2n floats): each pair into out16, outbf and out32 (2n elements each).
+extern "C" __global__ void store_pairs(const float* x, int n, __half* out16, __nv_bfloat16* outbf, float* out32) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    fp8::store2(out16 + 2 * i, x[2 * i], x[2 * i + 1]);
+    fp8::store2(outbf + 2 * i, x[2 * i], x[2 * i + 1]);
+    fp8::store2(out32 + 2 * i, x[2 * i], x[2 * i + 1]);
+  }
+}

@@ -28,6 +28,8 @@ pub const DECODE_ALL: KernelSpec = k("decode_all", 0);
 pub const HEAD_SCALES: KernelSpec = k("head_scales", 1024);
 pub const QUANTIZE: KernelSpec = k("quantize_e4m3", 0);
 pub const DEQUANTIZE: KernelSpec = k("dequantize_smem", 4096);
+/// `store_pairs(x, n, out16, outbf, out32)`: fp8::store2 of n pairs into each output type.
+pub const STORE_PAIRS: KernelSpec = k("store_pairs", 0);
 /// The library kernels of [`crate::TensorQuantizer`]: whole tensors quantized on the device.
 pub const TENSOR_SOURCE: Source = Source {
     file: "quantize_tensor.cu",
@@ -51,6 +53,7 @@ pub const KERNELS: &[KernelSpec] = &[
     HEAD_SCALES,
     QUANTIZE,
     DEQUANTIZE,
+    STORE_PAIRS,
     TENSOR_AMAX,
     TENSOR_SCALES,
     TENSOR_QUANTIZE,

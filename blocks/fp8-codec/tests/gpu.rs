@@ -367,6 +367,34 @@ fn main() {
         eprintln!("dequantize: {} elements bit-exact (half and scaled f32); round trip at most {worst:.3} of the half-ulp bound", q.len());
         Ok(())
     });
+    t.gpu("store2_rounds_to_nearest_even_in_every_output_type", |gpu| {
+        let x = encode_inputs();
+        let wrong = store_pairs_wrong(gpu, &STORE_PAIRS, &x)?;
+        ensure!(wrong.is_empty(), "{}", wrong.join("; "));
+        eprintln!("fp8::store2: {} values as f16, bf16 and f32 pairs, bit-exact to the host's round-to-nearest-even", x.len());
+        Ok(())
+    });
+    t.gpu("store2_mutants_are_caught", |gpu| {
+        let x = encode_inputs();
+        for (what, from, to) in [
+            (
+                "f16 pair swapped",
+                "__floats2half2_rn(a, b)",
+                "__floats2half2_rn(b, a)",
+            ),
+            (
+                "bf16 truncated",
+                "__floats2bfloat162_rn(a, b)",
+                "__floats2bfloat162_rn(__uint_as_float(__float_as_uint(a) & 0xffff0000u), b)",
+            ),
+        ] {
+            let wrong =
+                store_pairs_wrong(gpu, &STORE_PAIRS.mutated("fp8_codec.cuh", from, to)?, &x)?;
+            ensure!(!wrong.is_empty(), "the mutant `{what}` went unnoticed");
+            eprintln!("mutant `{what}` caught: {}", wrong[0]);
+        }
+        Ok(())
+    });
     t.gpu("mutant_quantizer_without_saturation_is_caught", |gpu| {
         let (x, _) = tensor();
         let m = QUANTIZE.mutated(
@@ -432,4 +460,56 @@ impl WithBlocks for LaunchConfig {
         self.grid_dim = (n as u32, 1, 1);
         self
     }
+}
+
+/// `spec` (`store_pairs` or a mutant) over `x` (an even count taken): where its f16, bf16 and f32 outputs differ from
+/// the host's round-to-nearest-even conversions (NaN for NaN), the first few.
+fn store_pairs_wrong(gpu: &Gpu, spec: &KernelSpec, x: &[f32]) -> Result<Vec<String>> {
+    let x = &x[..x.len() / 2 * 2];
+    let n = x.len() / 2;
+    let k = gpu.load(spec)?;
+    let s = &gpu.stream;
+    let dx = s.clone_htod(x)?;
+    let mut h = s.clone_htod(&poisoned::<f16>(x.len()))?;
+    let mut b = s.clone_htod(&poisoned::<half::bf16>(x.len()))?;
+    let mut f = s.clone_htod(&poisoned::<f32>(x.len()))?;
+    let ni = n as i32;
+    // SAFETY: store_pairs(const float* x[2n], int n, __half* out16[2n], __nv_bfloat16* outbf[2n], float* out32[2n]);
+    // a grid-stride loop.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dx)
+            .arg(&ni)
+            .arg(&mut h)
+            .arg(&mut b)
+            .arg(&mut f)
+            .launch(grid(n, 256))?
+    };
+    let (h, b, f) = (s.clone_dtoh(&h)?, s.clone_dtoh(&b)?, s.clone_dtoh(&f)?);
+    let mut wrong = vec![];
+    for (i, &v) in x.iter().enumerate() {
+        let same = |got: u32, want: u32, nan: bool| if v.is_nan() { nan } else { got == want };
+        let (wh, wb) = (f16::from_f32(v), half::bf16::from_f32(v));
+        if !same(h[i].to_bits().into(), wh.to_bits().into(), h[i].is_nan()) {
+            wrong.push(format!(
+                "x[{i}] = {v:e}: f16 {:#06x}, want {:#06x}",
+                h[i].to_bits(),
+                wh.to_bits()
+            ));
+        }
+        if !same(b[i].to_bits().into(), wb.to_bits().into(), b[i].is_nan()) {
+            wrong.push(format!(
+                "x[{i}] = {v:e}: bf16 {:#06x}, want {:#06x}",
+                b[i].to_bits(),
+                wb.to_bits()
+            ));
+        }
+        if !same(f[i].to_bits(), v.to_bits(), f[i].is_nan()) {
+            wrong.push(format!("x[{i}] = {v:e}: f32 {}", f[i]));
+        }
+        if wrong.len() >= 4 {
+            break;
+        }
+    }
+    Ok(wrong)
 }

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include "fp8_codec.cuh"
 #include "frag_layout.cuh"
 #include "wgmma.cuh"
 
@@ -292,14 +293,8 @@ __device__ __forceinline__ void transpose_tile(const unsigned char* src, unsigne
   Transpose<ROWS, COLS, SRC, DST, THREADS>(tid).run(src, dst);
 }
 
-// Two adjacent outputs a, b at p as T: bf16 and f16 pairs are one 32-bit store, f32 pairs one 64-bit store.
-__device__ __forceinline__ void store2(__nv_bfloat16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-}
-__device__ __forceinline__ void store2(__half* p, float a, float b) {
-  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-}
-__device__ __forceinline__ void store2(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+// Stores of O go through fp8-codec's conversion (fp8::store2: a pair rounded to nearest even, one store).
+using fp8::store2;
 
 // out[row][col] = T(acc * scale) for the 64 x N tile at out (ld elements per row); rows >= valid_rows untouched.
 template <class T, int N>

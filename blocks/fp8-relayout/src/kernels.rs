@@ -13,6 +13,7 @@ pub const SOURCE: Source = Source {
         frag_layout::HEADERS,
         frag_layout::WGMMA_HEADERS,
         wgmma::HEADERS,
+        fp8_codec::HEADERS,
         HEADERS,
     ],
 };
