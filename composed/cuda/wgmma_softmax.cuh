@@ -82,7 +82,8 @@ __device__ __forceinline__ void softmax_defer_l(frag::Regs<frag::WgmmaD<BC>> (&s
 }
 
 // The LSE of a warpgroup's 64 rows from row0 (osm::finish's, two rows a lane), one lane a quad: as `epilogue`
-// writes it, which keeps its own copy (stages 5 and 6's SASS moved with a shared one).
+// writes it, which keeps its own copy: calling this instead gives stage 6 a new hot-loop schedule (its loop
+// fingerprint moves; docs/decisions.md, "Copies kept for the schedule").
 __device__ __forceinline__ void store_lse(const Params& p, const float (&lse)[2], int bh, int row0) {
   const int t = threadIdx.x % 128;
   if ((t & 3) == 0)
