@@ -126,7 +126,8 @@ struct StagePanels {
 // (relayout::stage_panel: no bank conflicts) and one thread stores it, asynchronously; the next panel waits until
 // the TMA has read it out (two staging panels a consumer do not fit beside the ring at D = 128). Direct global
 // stores of the accumulator's pairs (epilogue: 32 4-byte stores a thread at D = 128, each warp's touching 8 rows)
-// cost stage 7 7% at (4, 16, 4096, 128) (docs/ladder.md, twelfth pass). f32 O keeps the direct stores. `inv`: the
+// cost stage 7 7% at (4, 16, 4096, 128) (docs/decisions.md, "O through shared-memory panels"). f32 O keeps the
+// direct stores. `inv`: the
 // rows' 1/l (osm::finish_rows, with the LSE, before the last P·V's wait), applied with V's scale as O is staged.
 template <int D>
 __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],

@@ -9,8 +9,7 @@
   }
 // Keys a tile and ring stages: Stage::bc and Stage::ring_stages on the host, which size the tensor maps' boxes and
 // the shared memory from them (224-key tiles, FlashAttention-3's FP8 choice at D = 128, fit three stages). Blocks
-// are persistent (Stage::persistent): +7% at D = 64 (docs/ladder.md, sixth pass), and at D = 128, taking units
-// from a counter (causal ones longest first), +9–10% causal and +1–3% otherwise (tenth pass).
+// are persistent (Stage::persistent), taking units from a counter (docs/decisions.md, "Stage 7's grid").
 STAGE7(64, 128, 4)
 STAGE7(128, 224, 3)
 

@@ -22,7 +22,7 @@ struct QBarriers {
   int kt[QBUFS];
   int dst[QBUFS];
   // Each consumer warpgroup's current unit's dst, kept here across the unit's loop: held in a register there, it
-  // moved ptxas's schedule of the loop (docs/ladder.md, sixteenth pass).
+  // moved ptxas's schedule of the loop (its fingerprint; docs/decisions.md, "Split tail").
   int dest[2];
 };
 
@@ -44,7 +44,7 @@ struct TmaBlock {
   static constexpr int kVtPanel = int(wgmma::row_bytes(kSwVt));
   // Vᵀ in 32-byte panels (BC = 224: stage 7 at D = 128) comes as one bulk copy a tile of its shared-memory image
   // (Params::vt_tiles), not as BC / 32 tensor-map boxes of 32-byte rows: loading one panel of the seven instead of
-  // all of them made stage 7 4–6% faster (docs/ladder.md, eighth pass).
+  // all of them made stage 7 4–6% faster (docs/decisions.md, "Vᵀ as tile images").
   static constexpr bool kVtImage = kSwVt == wgmma::Swizzle::B32;
   static_assert(BC % kVtPanel == 0 && BC <= 256, "a key tile is whole Vᵀ panels and one wgmma N");
   unsigned char* sq;

@@ -53,7 +53,7 @@ pub fn grid(
 
 /// Stage 7's split tail (`sdpa::SplitTable`, in the schedule's buffer): with G blocks sharing equal units, the
 /// busiest block runs ⌈U / G⌉ of them where the average is U / G — at (4, 16, 4096, 128), 2048 units on 132 SMs, 16
-/// against 15.5 (ncu: 1984 units cost what 2048 do, 1920 6.4% less; docs/ladder.md, sixteenth pass). So the last R
+/// against 15.5 (ncu: 1984 units cost what 2048 do, 1920 6.4% less; docs/decisions.md, "The last wave"). So the last R
 /// units (R = U mod G, or U mod G + G where that is at most G / 2, so that no piece is under half a unit) are cut, as
 /// one run of R · T key tiles, into G pieces of near-equal length; each block runs its G-strided whole units, then
 /// its piece. A part of a unit writes its O and LSE, as a unit would, to a virtual unit past the real ones, and
@@ -194,7 +194,7 @@ impl SplitPlan {
 
 /// K and V bytes a schedule section of causal stage 7 may hold (`sdpa::unit_coord`): a third of the H100's 50 MB L2,
 /// so that the section's K and V stay there beside the section before's, whose last units are still running. 4 to
-/// 16 MiB measured level there, 32 MiB 6.5% slower (docs/ladder.md, tenth pass).
+/// 16 MiB measured level there, 32 MiB 6.5% slower (docs/decisions.md, "Units from a counter").
 pub const SECTION_KV_BYTES: usize = 16 << 20;
 
 /// Query heads a section of causal stage 7's schedule (`sdpa::unit_coord`: longest units first within a section):

@@ -181,10 +181,9 @@ impl Stage {
     }
 
     /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC, STAGES, P)`, which
-    /// size the tensor maps' boxes and the shared memory. Stage 6 measured 192 and lost at every shape but S =
-    /// 16384 (docs/ladder.md, third pass); stage 7 at D = 128 gained with 192 (+2–3% at S = 4096, +6% at 16384)
-    /// and again with 224 over 192 (+1.4%, +2.8%: fifth pass), and keeps 128 at D = 64 (192 there: −1% at 4096,
-    /// −12% at the mission shape).
+    /// size the tensor maps' boxes and the shared memory. 224 keys at stage 7's D = 128 (FlashAttention-3's FP8
+    /// choice) is the widest S that fits beside P in 232 registers; 128 elsewhere (docs/decisions.md, "224-key
+    /// tiles", "192-key tiles", "256-key tiles, four ways").
     pub fn bc(self, d: usize) -> usize {
         match self {
             Stage::S7 if d == 128 => 224,
@@ -210,9 +209,9 @@ impl Stage {
 
     /// Whether the stage is persistent: its grid is one block an SM (at most one a (head, query tile) work unit,
     /// `sdpa::unit_coord`), each block taking units as it frees up, its producer loading a unit's Q and first key
-    /// tiles under the unit before (`run::grid`). Stage 7 is, at both head dimensions (`pingpong_attention`): +7% at (4, 16, 4096, 64) with its ring cursor (docs/ladder.md,
-    /// sixth pass), and at D = 128, with causal units taken longest first from a counter, +9–10% causal and
-    /// +1–3% otherwise over one unit a block (tenth pass; with a fixed round-robin share it had lost 2–5% causal).
+    /// tiles under the unit before (`plan::grid`). Stage 7 is, at both head dimensions (`pingpong_attention`): units
+    /// from a counter, causal ones longest first within L2-sized sections (docs/decisions.md, "Units from a
+    /// counter").
     pub fn persistent(self) -> bool {
         self == Stage::S7
     }

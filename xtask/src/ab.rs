@@ -1,8 +1,8 @@
 // `cargo xtask ab`: `sdpa` binaries timed against each other in alternating processes, on the GPU machine.
 //
 // Why processes and not variants in one process: the first configuration `sdpa bench` times in a process reads
-// 1–3% faster than the same one timed later in it (the GPU starts each process cooler; docs/ladder.md, tenth
-// pass). Here each binary runs in its own process, one after the other, and every other round runs them in
+// 1–3% faster than the same one timed later in it (the GPU starts each process cooler; docs/decisions.md's
+// preamble). Here each binary runs in its own process, one after the other, and every other round runs them in
 // the reverse order, so neither side always goes first.
 use std::fmt::Write as _;
 use std::io::Read;

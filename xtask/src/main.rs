@@ -145,7 +145,7 @@ enum Task {
         range: Option<String>,
         /// Print the hot loop's schedule instead: one mnemonic a line (registers left out) after a line with its
         /// size, stall cycles and fingerprint. Saved from two builds and diffed, it tells whether a change also
-        /// moved ptxas's schedule of the loop (a draw worth 1–3% at stage 7; docs/ladder.md, sixteenth pass).
+        /// moved ptxas's schedule of the loop (a new schedule is worth ±1–3% at stage 7: docs/decisions.md, "Six unread `Params` fields").
         #[arg(long = "loop", conflicts_with = "control")]
         hot_loop: bool,
     },

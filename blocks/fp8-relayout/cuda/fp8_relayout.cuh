@@ -210,7 +210,7 @@ __host__ __device__ constexpr unsigned lean_selector(int rot, int first) {
 // be any multiple of 32 (224 keys: Vᵀ in 32-byte panels). Thread tid of THREADS moves blocks tid, tid + THREADS, …
 // in lean_rb / lean_cb's order: ~100 instructions a block. Stage 7 with V transposed by this in its producer
 // warpgroup (three warps, a 28 KiB staging tile) measured 11–13% slower than with Vᵀ made beforehand, and is not
-// kept (docs/ladder.md, eighth pass; branch attempt/v-in-kernel).
+// kept (docs/decisions.md, "V transposed in the kernel").
 template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST, int THREADS, class KEYS = InOrder>
 struct TransposeLean {
   static constexpr int kNc = COLS / 8, kBlocks = ROWS / 8 * kNc;

@@ -24,7 +24,7 @@ __device__ void transpose_lean(const unsigned char* in, unsigned char* out) {
   for (int i = threadIdx.x; i < int(kDstBytes); i += blockDim.x) out[i] = dst[i];
 }
 
-// The transposes a producer-side V transpose in stage 7 takes (tried: docs/ladder.md, eighth pass): V's 224 keys (D = 128) into seven 32-byte panels, 128 keys (D = 64) into one
+// The transposes a producer-side V transpose in stage 7 takes (tried and not kept: docs/decisions.md, "V transposed in the kernel"): V's 224 keys (D = 128) into seven 32-byte panels, 128 keys (D = 64) into one
 // 128-byte panel, keys in p_key order.
 #define LAB_TRANSPOSE_LEAN(R, C, S, D)                                                                              \
   extern "C" __global__ void __launch_bounds__(128) transpose_lean_r##R##_c##C##_##S##_##D(const unsigned char* in, \

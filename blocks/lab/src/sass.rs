@@ -280,8 +280,8 @@ pub fn parse_hot_loop(listing: &str) -> Option<HotLoop> {
 /// The hot loop's schedule: its instructions' mnemonics with their modifiers and guards (`@P0 BRA`, `FMNMX.NAN`,
 /// `QGMMA.64x224x32.F32.E4M3.E4M3`), registers and operands left out, in address order. Two builds whose loops
 /// ptxas scheduled alike give the same sequence whatever registers they got; ptxas reschedules a tight loop for
-/// changes anywhere in the kernel (docs/ladder.md, sixteenth pass: six unread parameters moved 81 of stage 7's
-/// 1023 loop instructions and cost 0.9% of its cycles), so comparing sequences tells a change from a new schedule.
+/// changes anywhere in the kernel (six unread parameters moved 81 of stage 7's 1023 loop instructions and cost 0.9%
+/// of its cycles: docs/decisions.md), so comparing sequences tells a change from a new schedule.
 pub fn hot_loop_schedule(listing: &str) -> Option<(HotLoop, Vec<String>)> {
     let h = parse_hot_loop(listing)?;
     let ops = parse_controlled(listing)
