@@ -6,7 +6,7 @@ use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use lab::numerics::{check_written, poisoned};
 
-use crate::plan::SplitPlan;
+use crate::launch::Workspace;
 use crate::validate::validate;
 
 /// O on the device, in the dtype the stage was asked to write.
@@ -32,26 +32,8 @@ pub struct OnDevice {
     /// softmax_scale·q·μ per query row when K was smoothed (`OnDevice::prepare`): added to the LSE on the way
     /// back, so that callers get the LSE of the problem they gave.
     pub(crate) lse_shift: Option<CudaSlice<f32>>,
-    /// V transposed for the TMA stages ([B·H, D, Sk rounded up to 32], keys in P's register order), made at
-    /// the first launch of such a stage.
-    pub(crate) vt: Option<CudaSlice<u8>>,
-    /// Vᵀ as tile images (`prep_vt_tiles`, tiles of `Stage::bc` keys), for the stage that loads them
-    /// (`Stage::vt_image`: stage 7 at D = 128, the one tile width that does), made at its first launch.
-    pub(crate) vt_img: Option<CudaSlice<u8>>,
-    /// A source variant of the stage's kernel to launch instead (`sdpa bench --variant`: A/B in one process).
-    pub(crate) kernel: Option<lab::KernelSpec>,
-    /// Blocks to launch a persistent stage with instead of one an SM (`sdpa bench --blocks`).
-    pub(crate) blocks: Option<usize>,
-    /// Make Vᵀ again before every launch of a TMA stage (`time_vt_prep`).
-    pub(crate) vt_each_launch: bool,
-    /// Stage 7's unit counter and its count of blocks done (`sdpa::Params::sched`): zeroed here once, then left
-    /// zero by every launch that ends. One per problem: its launches are ordered on a stream anyway (they write
-    /// the same O).
-    pub(crate) sched: CudaSlice<i32>,
-    /// The split plan `sched`'s table holds (`SplitPlan::table`), written when a launch's plan differs.
-    pub(crate) plan: Option<SplitPlan>,
-    /// Heads a section of causal stage 7's schedule instead of `schedule_section`'s (`sdpa bench --section`).
-    pub(crate) section: Option<usize>,
+    /// What launches keep between them: Vᵀ, the schedule's table and its plan, the lab's knobs.
+    pub(crate) ws: Workspace,
 }
 
 impl OnDevice {
@@ -164,14 +146,7 @@ impl OnDevice {
             },
             lse: st.clone_htod(&poisoned::<f32>(s.heads() * s.sq))?,
             lse_shift,
-            vt: None,
-            vt_img: None,
-            kernel: None,
-            blocks: None,
-            vt_each_launch: false,
-            sched: st.alloc_zeros::<i32>(2)?,
-            plan: None,
-            section: None,
+            ws: Workspace::new(),
         })
     }
 

@@ -9,13 +9,57 @@ use lab::cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg, Sy
 use lab::numerics::poisoned;
 use lab::{Gpu, Kernel, KernelSpec};
 
+use lab::cudarc::driver::CudaSlice;
+
 use crate::device::{OBuf, OnDevice};
 use crate::plan::{SplitPlan, grid, schedule_section};
 use crate::prep;
 use crate::stages::Stage;
 use crate::tables::{Params, out_dtype_code};
 
-impl OnDevice {
+/// Where one launch reads and writes: device addresses of E4M3 Q [B, H, Sq, D], K and V [B, Hkv, Sk, D], their
+/// f32 scales (one per (batch, head)), O in the launch's dtype and the f32 LSE, each with room for
+/// [`Workspace::output_rows`] rows of O and LSE. Borrowed: the caller keeps them alive until the launch has run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tensors {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub q_scale: u64,
+    pub k_scale: u64,
+    pub v_scale: u64,
+    pub o: u64,
+    pub lse: u64,
+}
+
+/// What launches of the stages keep between them: Vᵀ in the layout the TMA stages read (made from the launch's V,
+/// once or at every launch: [`Workspace::remake_vt`]), the schedule's buffer with the split plan its table holds,
+/// and the lab's knobs (a kernel variant, a block count, a schedule section). One workspace serves one stream's
+/// launches in order; launches on other streams need their own.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    /// V transposed ([B·Hkv, D, Sk rounded up to 32], keys in P's register order) for the stages that read it by
+    /// tensor map, and Vᵀ as tile images (`prep_vt_tiles`) for the one that loads them by bulk copy.
+    vt: Option<CudaSlice<u8>>,
+    vt_img: Option<CudaSlice<u8>>,
+    /// The shape and V address the Vᵀ above were made for.
+    vt_of: Option<(fixtures::Shape, u64)>,
+    /// Make Vᵀ again at every launch, whatever V it was made from.
+    vt_each_launch: bool,
+    /// Stage 7's schedule buffer (`sdpa::SplitHead` and the split table): its counters zero between launches.
+    sched: Option<CudaSlice<i32>>,
+    /// The split plan the schedule's table holds, written when a launch's plan differs.
+    plan: Option<SplitPlan>,
+    kernel: Option<KernelSpec>,
+    blocks: Option<usize>,
+    section: Option<usize>,
+}
+
+impl Workspace {
+    pub fn new() -> Workspace {
+        Workspace::default()
+    }
+
     /// Launch `spec` (a variant of the stage's own kernel: same name, parameters and geometry) from now on;
     /// `None` goes back to the stage's kernel.
     pub fn use_kernel(&mut self, spec: Option<KernelSpec>) {
@@ -32,56 +76,101 @@ impl OnDevice {
         self.section = heads;
     }
 
-    /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`), so that a
-    /// timing of the stage includes the work its layout of V costs: cuDNN's FP8 SDPA reads V as it is.
-    pub fn time_vt_prep(&mut self, on: bool) {
+    /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`); without,
+    /// Vᵀ is made again only when the launch's shape or V address differs from the last one's.
+    pub fn remake_vt(&mut self, on: bool) {
         self.vt_each_launch = on;
     }
 
-    /// How a launch of `stage` on this problem splits its tail (`SplitPlan`), with the block count set now.
-    pub fn split_plan(&self, gpu: &Gpu, stage: Stage) -> Result<SplitPlan> {
-        let rows = stage.rows_for(&self.shape, gpu.sms);
-        let grid_dim = grid(stage, &self.shape, rows, gpu.sms, self.blocks)?;
-        Ok(SplitPlan::of(stage, &self.shape, rows, grid_dim.0 as usize))
+    /// How a launch of `stage` on `s` splits its tail, with the block count set now.
+    pub fn plan(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<SplitPlan> {
+        let rows = stage.rows_for(s, gpu.sms);
+        let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
+        Ok(SplitPlan::of(stage, s, rows, grid_dim.0 as usize))
     }
 
-    /// Queues one launch of `stage` on the device's stream.
-    pub fn launch(&mut self, gpu: &Gpu, stage: Stage) -> Result<()> {
-        let st = gpu.stream.clone();
-        self.launch_on(gpu, stage, &st)
+    /// Rows of O (each D wide) and of the LSE a launch of `stage` on `s` writes: B·H·Sq, and the split tail's
+    /// parts on virtual heads past them.
+    pub fn output_rows(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<usize> {
+        let rows = stage.rows_for(s, gpu.sms);
+        Ok((s.heads() + self.plan(gpu, stage, s)?.virtual_heads(s.sq / rows)) * s.sq)
     }
 
-    /// Queues one launch of `stage` on `st` (the timing stream, which graphs are captured on), and the split tail's
-    /// merge after it where the plan splits.
-    pub fn launch_on(&mut self, gpu: &Gpu, stage: Stage, st: &Arc<CudaStream>) -> Result<()> {
-        let s = self.shape;
-        stage_supports(stage, &s)?;
+    /// Queues one launch of `stage` on `st` over `t` (which [`Workspace::output_rows`] sized), and the split
+    /// tail's merge after it where the plan splits. `s` and `softmax_scale` are the problem's; `out` is O's dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &mut self,
+        gpu: &Gpu,
+        stage: Stage,
+        st: &Arc<CudaStream>,
+        s: &fixtures::Shape,
+        softmax_scale: f32,
+        out: OutDtype,
+        t: &Tensors,
+    ) -> Result<()> {
+        stage_supports(stage, s)?;
         let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
         let smem = stage.smem_bytes(s.d);
         let k = load_with_smem(gpu, &spec, smem)?;
-        let rows = stage.rows_for(&s, gpu.sms);
+        let rows = stage.rows_for(s, gpu.sms);
         // Checked first: it bounds the work units and query tiles the parameters carry as i32.
-        let grid_dim = grid(stage, &s, rows, gpu.sms, self.blocks)?;
-        let plan = SplitPlan::of(stage, &s, rows, grid_dim.0 as usize);
-        self.write_schedule(st, plan, rows)?;
-        self.make_vt(gpu, stage, st)?;
-        let section = self.section.unwrap_or_else(|| schedule_section(&s));
+        let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
+        let plan = SplitPlan::of(stage, s, rows, grid_dim.0 as usize);
+        self.write_schedule(st, s, plan, rows)?;
+        self.make_vt(gpu, stage, st, s, t.v)?;
+        let section = self.section.unwrap_or_else(|| schedule_section(s));
         ensure!(
             (1..=s.heads()).contains(&section),
             "a schedule section of {section} heads: it takes 1 to B·H = {}",
             s.heads()
         );
-        let (p, _guards) = self.params(st, stage, rows, plan.units, section);
         let bc = stage.bc(s.d);
+        let (vt_tiles, _gimg) = match &self.vt_img {
+            Some(img) if stage.vt_image(s.d) => {
+                let (a, g) = img.device_ptr(st);
+                (a, Some(g))
+            }
+            _ => (0, None),
+        };
+        let (sched, _gs) = match &self.sched {
+            Some(b) => {
+                let (a, g) = b.device_ptr(st);
+                (a, Some(g))
+            }
+            None => (0, None),
+        };
+        let p = Params {
+            q: t.q,
+            k: t.k,
+            v: t.v,
+            q_scale: t.q_scale,
+            k_scale: t.k_scale,
+            v_scale: t.v_scale,
+            o: t.o,
+            lse: t.lse,
+            sq: s.sq as i32,
+            sk: s.sk as i32,
+            softmax_scale,
+            o_dtype: out_dtype_code(out),
+            causal: i32::from(s.causal),
+            group: s.group() as i32,
+            q_rows: rows as i32,
+            q_tiles: s.sq.div_ceil(rows) as i32,
+            work: plan.units as i32,
+            section: section as i32,
+            vt_tiles,
+            sched,
+        };
         // Vᵀ as tile images comes by bulk copy (Params::vt_tiles), not through the third map; f32 O is written
         // directly, not through the fourth. O's map reaches the split tail's virtual heads too.
-        let o_map = (stage.tma_store() && self.out_dtype() != OutDtype::F32).then_some(p.o);
+        let o_map = (stage.tma_store() && out != OutDtype::F32).then_some(p.o);
         let o_extra = plan.virtual_heads(s.sq / rows);
         let maps = if stage.vt_image(s.d) {
-            Some(prep::tma_maps(&s, bc, p.q, p.k, None, o_map, o_extra)?)
+            Some(prep::tma_maps(s, bc, p.q, p.k, None, o_map, o_extra)?)
         } else if let (Some(vt), true) = (&self.vt, stage.tma()) {
             let (vt, _gvt) = vt.device_ptr(st);
-            Some(prep::tma_maps(&s, bc, p.q, p.k, Some(vt), o_map, o_extra)?)
+            Some(prep::tma_maps(s, bc, p.q, p.k, Some(vt), o_map, o_extra)?)
         } else {
             None
         };
@@ -99,7 +188,8 @@ impl OnDevice {
             }
         }
         // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt[, o]]) with the grid and block it was written for;
-        // every pointer holds the [B, H, S, D] extents validate() checked, each map describes its tensor (tma_maps).
+        // the caller's tensors hold the extents of `s` (Tensors' contract; validate() checks uploaded ones), O and
+        // the LSE `output_rows` rows; each map describes its tensor (tma_maps).
         unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
         if plan.pieces > 0 {
             launch_merge(gpu, st, &spec, &plan, s.d, &p)?;
@@ -107,120 +197,151 @@ impl OnDevice {
         Ok(())
     }
 
-    /// The schedule's counters and the plan's table, and O and the LSE grown by the split tail's virtual heads:
-    /// written only when the plan changes (outside a timing's graph capture, whose launches repeat the warm-up's).
-    fn write_schedule(&mut self, st: &Arc<CudaStream>, plan: SplitPlan, rows: usize) -> Result<()> {
+    /// The schedule's counters and the plan's table: written only when the plan changes (outside a timing's graph
+    /// capture, whose launches repeat the warm-up's).
+    fn write_schedule(
+        &mut self,
+        st: &Arc<CudaStream>,
+        s: &fixtures::Shape,
+        plan: SplitPlan,
+        rows: usize,
+    ) -> Result<()> {
         ensure!(
             plan.tail_tiles() <= i32::MAX as usize,
             "a split tail of {} key tiles: more than 2^31 − 1",
             plan.tail_tiles()
         );
-        if self.plan == Some(plan) {
+        if self.plan == Some(plan) && self.sched.is_some() {
             return Ok(());
         }
-        let s = self.shape;
         let table = plan.table(s.sq.div_ceil(rows), s.sq / rows).words();
-        if self.sched.len() < table.len() {
-            self.sched = st.alloc_zeros::<i32>(table.len())?;
+        let sched = match self.sched.take() {
+            Some(b) if b.len() >= table.len() => b,
+            _ => st.alloc_zeros::<i32>(table.len())?,
+        };
+        let mut sched = sched;
+        st.memcpy_htod(&table, &mut sched.slice_mut(0..table.len()))?;
+        self.sched = Some(sched);
+        self.plan = Some(plan);
+        Ok(())
+    }
+
+    /// Vᵀ in the layout `stage` reads (tile images, or the transposed tensor behind the third map), from the V at
+    /// `v`: made when the shape or V differ from the last launch's, or at every launch under `remake_vt`.
+    fn make_vt(
+        &mut self,
+        gpu: &Gpu,
+        stage: Stage,
+        st: &Arc<CudaStream>,
+        s: &fixtures::Shape,
+        v: u64,
+    ) -> Result<()> {
+        if !stage.tma() {
+            return Ok(());
         }
-        st.memcpy_htod(&table, &mut self.sched.slice_mut(0..table.len()))?;
-        // O and the LSE with the parts' virtual heads after the real ones (poisoned, as upload leaves them).
-        let rows_needed = (s.heads() + plan.virtual_heads(s.sq / rows)) * s.sq;
-        if self.lse.len() < rows_needed {
-            self.lse = st.clone_htod(&poisoned::<f32>(rows_needed))?;
-            let n = rows_needed * s.d;
+        let bc = stage.bc(s.d);
+        let fresh = self.vt_of != Some((*s, v));
+        if stage.vt_image(s.d) {
+            let bytes = prep::vt_tiles_bytes(s, bc);
+            match &mut self.vt_img {
+                Some(img) if img.len() == bytes => {
+                    if fresh || self.vt_each_launch {
+                        prep::launch_vt_tiles(gpu, &prep::VT_TILES, st, v, s, bc, img)?
+                    }
+                }
+                _ => self.vt_img = Some(prep::vt_tiles_with(gpu, &prep::VT_TILES, st, v, s, bc)?),
+            }
+        } else {
+            let bytes = s.kv_heads() * s.d * prep::vt_keys(s.sk);
+            match &mut self.vt {
+                Some(vt) if vt.len() == bytes => {
+                    if fresh || self.vt_each_launch {
+                        prep::launch_transpose_v(gpu, &prep::TRANSPOSE_V, st, v, s, vt)?
+                    }
+                }
+                _ => self.vt = Some(prep::transpose_v_with(gpu, &prep::TRANSPOSE_V, st, v, s)?),
+            }
+        }
+        self.vt_of = Some((*s, v));
+        Ok(())
+    }
+}
+
+impl OnDevice {
+    /// Launch `spec` (a variant of the stage's own kernel: same name, parameters and geometry) from now on;
+    /// `None` goes back to the stage's kernel.
+    pub fn use_kernel(&mut self, spec: Option<KernelSpec>) {
+        self.ws.use_kernel(spec);
+    }
+
+    /// Launch a persistent stage with `blocks` blocks from now on (`None`: one an SM).
+    pub fn use_blocks(&mut self, blocks: Option<usize>) {
+        self.ws.use_blocks(blocks);
+    }
+
+    /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).
+    pub fn use_section(&mut self, heads: Option<usize>) {
+        self.ws.use_section(heads);
+    }
+
+    /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`), so that a
+    /// timing of the stage includes the work its layout of V costs: cuDNN's FP8 SDPA reads V as it is.
+    pub fn time_vt_prep(&mut self, on: bool) {
+        self.ws.remake_vt(on);
+    }
+
+    /// How a launch of `stage` on this problem splits its tail (`SplitPlan`), with the block count set now.
+    pub fn split_plan(&self, gpu: &Gpu, stage: Stage) -> Result<SplitPlan> {
+        self.ws.plan(gpu, stage, &self.shape)
+    }
+
+    /// Queues one launch of `stage` on the device's stream.
+    pub fn launch(&mut self, gpu: &Gpu, stage: Stage) -> Result<()> {
+        let st = gpu.stream.clone();
+        self.launch_on(gpu, stage, &st)
+    }
+
+    /// Queues one launch of `stage` on `st` (the timing stream, which graphs are captured on), and the split tail's
+    /// merge after it where the plan splits. O and the LSE grow, poisoned, by the split tail's virtual heads first.
+    pub fn launch_on(&mut self, gpu: &Gpu, stage: Stage, st: &Arc<CudaStream>) -> Result<()> {
+        let s = self.shape;
+        stage_supports(stage, &s)?;
+        let rows = self.ws.output_rows(gpu, stage, &s)?;
+        if self.lse.len() < rows {
+            self.lse = st.clone_htod(&poisoned::<f32>(rows))?;
+            let n = rows * s.d;
             self.o = match self.o {
                 OBuf::F16(_) => OBuf::F16(st.clone_htod(&poisoned::<f16>(n))?),
                 OBuf::Bf16(_) => OBuf::Bf16(st.clone_htod(&poisoned::<bf16>(n))?),
                 OBuf::F32(_) => OBuf::F32(st.clone_htod(&poisoned::<f32>(n))?),
             };
         }
-        self.plan = Some(plan);
-        Ok(())
-    }
-
-    /// Vᵀ in the layout `stage` reads (tile images, or the transposed tensor behind the third map): made at the
-    /// first launch, and again at every launch when the timing counts it (`time_vt_prep`).
-    fn make_vt(&mut self, gpu: &Gpu, stage: Stage, st: &Arc<CudaStream>) -> Result<()> {
-        let s = self.shape;
-        let bc = stage.bc(s.d);
-        if stage.vt_image(s.d) {
-            match &mut self.vt_img {
-                None => {
-                    self.vt_img = Some(prep::vt_tiles_with(
-                        gpu,
-                        &prep::VT_TILES,
-                        st,
-                        &self.v,
-                        &s,
-                        bc,
-                    )?)
-                }
-                Some(img) if self.vt_each_launch => {
-                    prep::launch_vt_tiles(gpu, &prep::VT_TILES, st, &self.v, &s, bc, img)?
-                }
-                Some(_) => {}
-            }
-        } else if stage.tma() {
-            match &mut self.vt {
-                None => self.vt = Some(prep::transpose_v(gpu, st, &self.v, &s)?),
-                Some(vt) if self.vt_each_launch => {
-                    prep::launch_transpose_v(gpu, &prep::TRANSPOSE_V, st, &self.v, &s, vt)?
-                }
-                Some(_) => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// The kernel's parameters for `stage` with blocks of `rows` query rows, `work` units and causal sections of
-    /// `section` heads, with the guards that order the buffers' uses across streams: kept until the launch is queued.
-    fn params<'a>(
-        &'a self,
-        st: &'a Arc<CudaStream>,
-        stage: Stage,
-        rows: usize,
-        work: usize,
-        section: usize,
-    ) -> (Params, Vec<SyncOnDrop<'a>>) {
-        let s = self.shape;
-        let mut guards = Vec::with_capacity(11);
-        let mut at = |(ptr, g): (u64, SyncOnDrop<'a>)| {
+        let out = self.out_dtype();
+        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
+        let mut at = |(ptr, g)| {
             guards.push(g);
             ptr
         };
-        let o = at(match &self.o {
-            OBuf::F16(b) => b.device_ptr(st),
-            OBuf::Bf16(b) => b.device_ptr(st),
-            OBuf::F32(b) => b.device_ptr(st),
-        });
-        let vt_tiles = match &self.vt_img {
-            Some(img) if stage.vt_image(s.d) => at(img.device_ptr(st)),
-            _ => 0,
-        };
-        let p = Params {
+        let t = Tensors {
             q: at(self.q.device_ptr(st)),
             k: at(self.k.device_ptr(st)),
             v: at(self.v.device_ptr(st)),
             q_scale: at(self.scales[0].device_ptr(st)),
             k_scale: at(self.scales[1].device_ptr(st)),
             v_scale: at(self.scales[2].device_ptr(st)),
-            o,
+            o: at(match &self.o {
+                OBuf::F16(b) => b.device_ptr(st),
+                OBuf::Bf16(b) => b.device_ptr(st),
+                OBuf::F32(b) => b.device_ptr(st),
+            }),
             lse: at(self.lse.device_ptr(st)),
-            sq: s.sq as i32,
-            sk: s.sk as i32,
-            softmax_scale: self.softmax_scale,
-            o_dtype: out_dtype_code(self.out_dtype()),
-            causal: i32::from(s.causal),
-            group: s.group() as i32,
-            q_rows: rows as i32,
-            q_tiles: s.sq.div_ceil(rows) as i32,
-            work: work as i32,
-            section: section as i32,
-            vt_tiles,
-            sched: at(self.sched.device_ptr(st)),
         };
-        (p, guards)
+        // The guards order the buffers' uses across streams; they are dropped once the launch is queued.
+        let r = self
+            .ws
+            .launch(gpu, stage, st, &s, self.softmax_scale, out, &t);
+        drop(guards);
+        r
     }
 }
 

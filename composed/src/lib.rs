@@ -19,7 +19,7 @@ mod validate;
 
 pub use device::OnDevice;
 pub use fixtures::OutDtype;
-pub use launch::stage_supports;
+pub use launch::{Tensors, Workspace, stage_supports};
 pub use plan::{SECTION_KV_BYTES, SplitPlan, grid, schedule_section};
 pub use prep::{
     LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,

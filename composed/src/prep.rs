@@ -73,13 +73,13 @@ pub fn vt_tiles_bytes(s: &fixtures::Shape, bc: usize) -> usize {
     s.kv_heads() * s.sk.div_ceil(bc) * bc * s.d
 }
 
-/// Vᵀ's tile images on the device (`prep_vt_tiles` through `spec`), on stream `st`; fails by name where the device
-/// lacks the memory.
+/// Vᵀ's tile images on the device (`prep_vt_tiles` through `spec`) of the V at device address `v` (the problem's,
+/// [B·Hkv, Sk, D] E4M3), on stream `st`; fails by name where the device lacks the memory.
 pub fn vt_tiles_with(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: &CudaSlice<u8>,
+    v: u64,
     s: &fixtures::Shape,
     bc: usize,
 ) -> Result<CudaSlice<u8>> {
@@ -95,7 +95,7 @@ pub(crate) fn launch_vt_tiles(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: &CudaSlice<u8>,
+    v: u64,
     s: &fixtures::Shape,
     bc: usize,
     img: &mut CudaSlice<u8>,
@@ -133,7 +133,7 @@ fn launch_v_kernel(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: &CudaSlice<u8>,
+    v: u64,
     s: &fixtures::Shape,
     x: usize,
     blocks: usize,
@@ -150,7 +150,7 @@ fn launch_v_kernel(
     // caller checked out's length and x for the grid it asks for.
     unsafe {
         st.launch_builder(&kern.func)
-            .arg(v)
+            .arg(&v)
             .arg(&sk)
             .arg(&d)
             .arg(&xi)
@@ -200,22 +200,13 @@ fn ensure_free(gpu: &Gpu, bytes: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Vᵀ on the device (`prep_vt`), on stream `st`; fails by name where the device lacks the memory.
-pub(crate) fn transpose_v(
-    gpu: &Gpu,
-    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: &CudaSlice<u8>,
-    s: &fixtures::Shape,
-) -> Result<CudaSlice<u8>> {
-    transpose_v_with(gpu, &TRANSPOSE_V, st, v, s)
-}
-
-/// As [`transpose_v`] through `spec` (a mutant, in tests).
+/// Vᵀ on the device (`prep_vt` through `spec`) of the V at device address `v` ([B·Hkv, Sk, D] E4M3), on stream
+/// `st`; fails by name where the device lacks the memory.
 pub fn transpose_v_with(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: &CudaSlice<u8>,
+    v: u64,
     s: &fixtures::Shape,
 ) -> Result<CudaSlice<u8>> {
     let kp = vt_keys(s.sk);
@@ -237,7 +228,7 @@ pub(crate) fn launch_transpose_v(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: &CudaSlice<u8>,
+    v: u64,
     s: &fixtures::Shape,
     vt: &mut CudaSlice<u8>,
 ) -> Result<()> {

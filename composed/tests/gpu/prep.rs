@@ -1,5 +1,6 @@
 // The device preparation kernels: Vᵀ (transposed, and as tile images) and quantization by every scheme, with mutants.
 use crate::prelude::*;
+use lab::cudarc::driver::DevicePtr;
 
 /// Vᵀ and device quantization against their host models.
 pub fn add(t: &mut Suite) {
@@ -93,11 +94,12 @@ pub fn add(t: &mut Suite) {
 pub fn check_transpose_v(gpu: &Gpu, spec: &lab::KernelSpec, shape: Shape) -> Result<()> {
     let qz = quantize_per_head(&normal(shape, 9));
     let dv = gpu.stream.clone_htod(&qz.v)?;
+    let (v, _g) = dv.device_ptr(&gpu.stream);
     let got = gpu.stream.clone_dtoh(&composed::transpose_v_with(
         gpu,
         spec,
         &gpu.stream,
-        &dv,
+        v,
         &shape,
     )?)?;
     let want = composed::transpose_v_model(&qz.v, &shape);
@@ -127,11 +129,12 @@ pub fn check_vt_tiles(gpu: &Gpu, spec: &lab::KernelSpec, shape: Shape) -> Result
     let bc = Stage::S7.bc(128);
     let qz = quantize_per_head(&normal(shape, 10));
     let dv = gpu.stream.clone_htod(&qz.v)?;
+    let (v, _g) = dv.device_ptr(&gpu.stream);
     let got = gpu.stream.clone_dtoh(&composed::vt_tiles_with(
         gpu,
         spec,
         &gpu.stream,
-        &dv,
+        v,
         &shape,
         bc,
     )?)?;
