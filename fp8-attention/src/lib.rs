@@ -1,6 +1,10 @@
 //! `fp8-attention`: the fused FP8 (E4M3) scaled-dot-product attention forward of the lab, as a library.
 //!
-//! Inputs are E4M3 codes with one dequantization scale per (batch, head) ([`Quantized`]), or real values
+//! [`Attention`] is the op a model calls: built once per [`Config`], called many times on E4M3 tensors already on
+//! the device ([`Fp8`]: codes and per-head scales) on the caller's stream, returning O and the LSE ([`Output`]);
+//! every bad input is an [`Error`] naming what is wrong, before any launch.
+//!
+//! [`Problem`] is the host-side path the lab's tools use. Inputs are E4M3 codes with one dequantization scale per (batch, head) ([`Quantized`]), or real values
 //! quantized on the device by a [`Scheme`] ([`Problem::quantize`]). A [`Problem`] holds them on the device; each
 //! [`Problem::launch`] runs one [`Stage`] (the fastest the device allows: [`fastest_stage`]); outputs come back
 //! checked ([`Problem::download`]: O widened to f32 and the LSE, failing on any element not written).
@@ -17,13 +21,17 @@
 //! assert_eq!(out.o.len(), 8 * 512 * 64);
 //! # Ok(()) }
 //! ```
+mod attention;
+mod error;
 mod problem;
 
+pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs};
 pub use composed::bench::Timing;
 pub use composed::{Stage, validate, validate_shape};
+pub use error::{Error, Result};
 pub use fixtures::{
-    Attention, Granularity, OutDtype, Quantized, Raw, Rotate, Scheme, Shape, quantize_per_head,
-    quantize_per_tensor,
+    Attention as HostOutput, Granularity, OutDtype, Quantized, Raw, Rotate, Scheme, Shape,
+    quantize_per_head, quantize_per_tensor,
 };
 pub use lab::Gpu;
 pub use problem::{Problem, fastest_stage, run};

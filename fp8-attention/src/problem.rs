@@ -1,5 +1,5 @@
 // A problem on the device, launched by stage; the stage a device and shape call for; one checked run.
-use anyhow::{Result, bail};
+use crate::error::{Error, Result};
 use composed::bench::Timing;
 use composed::{OnDevice, Stage};
 use fixtures::{Attention, OutDtype, Quantized, Raw, Scheme, Shape};
@@ -37,27 +37,27 @@ impl Problem {
     /// needs (causal masking, grouped-query heads) before anything runs.
     pub fn launch(&mut self, gpu: &Gpu, stage: Stage) -> Result<()> {
         composed::stage_supports(stage, &self.dev.shape)?;
-        self.dev.launch(gpu, stage)
+        Ok(self.dev.launch(gpu, stage)?)
     }
 
     /// O (widened to f32, exactly) and the LSE; fails if any element was never written.
     pub fn download(&self, gpu: &Gpu) -> Result<Attention<f32>> {
-        self.dev.download(gpu)
+        Ok(self.dev.download(gpu)?)
     }
 
     /// O and the LSE of the given query rows only (head · Sq + row), for outputs too large to bring back whole.
     pub fn download_rows(&self, gpu: &Gpu, rows: &[usize]) -> Result<Attention<f32>> {
-        self.dev.download_rows(gpu, rows)
+        Ok(self.dev.download_rows(gpu, rows)?)
     }
 
     /// The E4M3 inputs and scales as the device holds them (after quantization on the device).
     pub fn quantized(&self, gpu: &Gpu) -> Result<Quantized> {
-        self.dev.quantized(gpu)
+        Ok(self.dev.quantized(gpu)?)
     }
 
     /// The smoothing's LSE shift of the given rows (zero without K smoothing): what a stage's own LSE lacks.
     pub fn lse_shift_rows(&self, gpu: &Gpu, rows: &[usize]) -> Result<Vec<f32>> {
-        self.dev.lse_shift_rows(gpu, rows)
+        Ok(self.dev.lse_shift_rows(gpu, rows)?)
     }
 
     /// The time of one launch of `stage`: CUDA-graph replays of 20 launches back to back between CUDA events,
@@ -65,13 +65,13 @@ impl Problem {
     /// ran at where NVML answers. Turns off cudarc's cross-stream event tracking for the context.
     pub fn time(&mut self, gpu: &Gpu, stage: Stage, warmup: usize, iters: usize) -> Result<Timing> {
         composed::stage_supports(stage, &self.dev.shape)?;
-        composed::bench::time_stage(
+        Ok(composed::bench::time_stage(
             gpu,
             stage,
             std::slice::from_mut(&mut self.dev),
             warmup,
             iters,
-        )
+        )?)
     }
 }
 
@@ -83,11 +83,10 @@ pub fn fastest_stage(gpu: &Gpu, s: &Shape) -> Result<Stage> {
         return Ok(Stage::S7);
     }
     if s.causal || s.group() > 1 {
-        bail!(
+        return Err(Error::Unsupported(format!(
             "causal masking and grouped-query heads need stage 7, which needs an sm_90 GPU; {} is {}",
-            gpu.name,
-            gpu.arch
-        );
+            gpu.name, gpu.arch
+        )));
     }
     Ok(Stage::S4)
 }

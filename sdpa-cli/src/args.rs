@@ -132,6 +132,11 @@ pub enum Cmd {
         /// Key/value heads a batch, for grouped-query attention (stage7 only; must divide H).
         #[arg(long)]
         kv_heads: Option<usize>,
+        /// Also time the library's call (`fp8_attention::Attention::forward` on device tensors, V's transpose and
+        /// every other kernel of the call included): calls back to back on one stream, device time between CUDA
+        /// events and the host's time a call.
+        #[arg(long)]
+        api: bool,
         #[command(flatten)]
         scheme: SchemeArgs,
     },

@@ -147,6 +147,53 @@ pub fn bench(
     Ok(())
 }
 
+/// `sdpa bench --api`: the library's call on device tensors of `s`, back to back on one stream: per call, the device
+/// time between CUDA events over 200 calls, and the host's time to queue one (the call does not wait for the device).
+pub fn api(s: Shape, dist: Dist) -> Result<()> {
+    composed::validate_shape(&s)?;
+    let gpu = gpu("bench --api")?;
+    let qz = fixtures::quantize_per_head(&fixtures::Raw::generate(s, 1000, dist));
+    let st = gpu.stream.clone();
+    let up = |x: &[u8]| st.clone_htod(x);
+    let upf = |x: &[f32]| st.clone_htod(x);
+    let (q, k, v) = (up(&qz.q)?, up(&qz.k)?, up(&qz.v)?);
+    let (qs, ks, vs) = (upf(&qz.q_scale)?, upf(&qz.k_scale)?, upf(&qz.v_scale)?);
+    let f = |codes, scales| fp8_attention::Fp8 { codes, scales };
+    let mut op = fp8_attention::Attention::new(
+        gpu,
+        fp8_attention::Config {
+            causal: s.causal,
+            out_dtype: OutDtype::F16,
+            softmax_scale: None,
+        },
+    )?;
+    op.warm(gpu, s.d)?;
+    let mut call = || op.forward(gpu, &st, s, f(&q, &qs), f(&k, &ks), f(&v, &vs));
+    for _ in 0..20 {
+        drop(call()?);
+    }
+    st.synchronize()?;
+    let calls = 200;
+    let flags = Some(lab::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let t0 = std::time::Instant::now();
+    let e0 = st.record_event(flags)?;
+    for _ in 0..calls {
+        drop(call()?);
+    }
+    let e1 = st.record_event(flags)?;
+    let host_us = t0.elapsed().as_secs_f64() * 1e6 / calls as f64;
+    st.synchronize()?;
+    let device_us = f64::from(e0.elapsed_ms(&e1)?) * 1e3 / calls as f64;
+    println!(
+        "{} {} [fp8_attention::Attention::forward, {} back to back]: {device_us:.1} µs a call on the device (every kernel \
+         of the call), {host_us:.1} µs of host time to queue one",
+        op.stage().name(),
+        shape_text(&s),
+        calls
+    );
+    Ok(())
+}
+
 pub fn trace(s: Shape, csv: Option<PathBuf>) -> Result<()> {
     composed::validate_shape(&s)?;
     let gpu = gpu("trace")?;

@@ -76,18 +76,25 @@ pub fn execute(args: Args) -> Result<()> {
             sections,
             causal,
             kv_heads,
+            api,
             scheme,
-        } => bench::bench(
-            stage,
-            shape
+        } => {
+            let s = shape
                 .with_kv_heads(kv_heads.unwrap_or(shape.h))?
-                .with_causal(causal),
-            dist,
-            &variants,
-            &blocks,
-            &sections,
-            scheme.scheme(),
-        ),
+                .with_causal(causal);
+            if api {
+                bench::api(s, dist)?;
+            }
+            bench::bench(
+                stage,
+                s,
+                dist,
+                &variants,
+                &blocks,
+                &sections,
+                scheme.scheme(),
+            )
+        }
         Cmd::Trace {
             shape,
             causal,

@@ -1,0 +1,341 @@
+// The Attention op: one configuration, called many times on tensors already on the device, on the caller's stream.
+use std::sync::Arc;
+
+use composed::{Stage, Tensors, Workspace};
+use fixtures::{OutDtype, Shape};
+use half::{bf16, f16};
+use lab::Gpu;
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+
+use crate::error::{Error, Result};
+
+/// One E4M3 tensor on the device: its codes, [B, heads, S, D] contiguous (row-major), and its f32 dequantization
+/// scales, one per (batch, head): element x ≈ decode(code) · scale.
+#[derive(Debug, Clone, Copy)]
+pub struct Fp8<'a> {
+    pub codes: &'a CudaSlice<u8>,
+    pub scales: &'a CudaSlice<f32>,
+}
+
+/// How an [`Attention`] op computes: causal masking (bottom-right aligned: query row i sees key j when
+/// j ≤ i + Sk − Sq), O's dtype, and the softmax scale (None: 1/√D).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    pub causal: bool,
+    pub out_dtype: OutDtype,
+    pub softmax_scale: Option<f32>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            causal: false,
+            out_dtype: OutDtype::Bf16,
+            softmax_scale: None,
+        }
+    }
+}
+
+/// O on the device, in the dtype the op was configured for.
+#[derive(Debug)]
+pub enum OutBuf {
+    F16(CudaSlice<f16>),
+    Bf16(CudaSlice<bf16>),
+    F32(CudaSlice<f32>),
+}
+
+/// What a call returns: O [B, H, Sq, D] and the LSE [B, H, Sq] (natural log of Σ exp(scale · q·k) over the
+/// dequantized inputs, f32), on the device. The buffers can be longer than that (room for the kernel's own
+/// partial results): the result is their first [`Output::o_len`] and [`Output::lse_len`] elements.
+#[derive(Debug)]
+pub struct Output {
+    pub shape: Shape,
+    pub o: OutBuf,
+    pub lse: CudaSlice<f32>,
+}
+
+impl Output {
+    /// Elements of O: B·H·Sq·D.
+    pub fn o_len(&self) -> usize {
+        self.shape.heads() * self.shape.sq * self.shape.d
+    }
+    /// Elements of the LSE: B·H·Sq.
+    pub fn lse_len(&self) -> usize {
+        self.shape.heads() * self.shape.sq
+    }
+    /// O widened to f32 (exactly) and the LSE, copied to the host on `stream` (which it waits for).
+    pub fn to_host(&self, stream: &Arc<CudaStream>) -> Result<fixtures::Attention<f32>> {
+        let n = self.o_len();
+        let o = match &self.o {
+            OutBuf::F16(b) => stream
+                .clone_dtoh(&b.slice(0..n))
+                .map_err(anyhow::Error::from)?
+                .iter()
+                .map(|x| x.to_f32())
+                .collect(),
+            OutBuf::Bf16(b) => stream
+                .clone_dtoh(&b.slice(0..n))
+                .map_err(anyhow::Error::from)?
+                .iter()
+                .map(|x| x.to_f32())
+                .collect(),
+            OutBuf::F32(b) => stream
+                .clone_dtoh(&b.slice(0..n))
+                .map_err(anyhow::Error::from)?,
+        };
+        let lse = stream
+            .clone_dtoh(&self.lse.slice(0..self.lse_len()))
+            .map_err(anyhow::Error::from)?;
+        Ok(fixtures::Attention { o, lse })
+    }
+}
+
+/// The element and scale counts of one call's inputs, as [`check_inputs`] takes them (no device needed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lengths {
+    pub q: usize,
+    pub k: usize,
+    pub v: usize,
+    pub q_scales: usize,
+    pub k_scales: usize,
+    pub v_scales: usize,
+}
+
+/// Why `s` with inputs of `lens` cannot run: the first thing wrong, named; nothing is launched. `s.hkv` is the
+/// key/value heads (grouped-query attention when fewer than `s.h`).
+pub fn check_inputs(s: &Shape, lens: &Lengths, softmax_scale: f32) -> Result<()> {
+    for (what, got) in [
+        ("B", s.b),
+        ("H", s.h),
+        ("Hkv", s.hkv),
+        ("Sq", s.sq),
+        ("Sk", s.sk),
+    ] {
+        if got == 0 {
+            return Err(Error::Empty { what, got });
+        }
+    }
+    if !composed::DIMS.contains(&s.d) {
+        return Err(Error::HeadDim(s.d));
+    }
+    if !s.h.is_multiple_of(s.hkv) {
+        return Err(Error::HeadRatio { h: s.h, hkv: s.hkv });
+    }
+    for (tensor, got, heads, rows) in [
+        ("q", lens.q, s.h, s.sq),
+        ("k", lens.k, s.hkv, s.sk),
+        ("v", lens.v, s.hkv, s.sk),
+    ] {
+        let want = s.b * heads * rows * s.d;
+        if got != want {
+            return Err(Error::Length {
+                tensor,
+                got,
+                want,
+                dims: [s.b, heads, rows, s.d],
+            });
+        }
+    }
+    for (tensor, got, want) in [
+        ("q scales", lens.q_scales, s.heads()),
+        ("k scales", lens.k_scales, s.kv_heads()),
+        ("v scales", lens.v_scales, s.kv_heads()),
+    ] {
+        if got != want {
+            return Err(Error::Scales { tensor, got, want });
+        }
+    }
+    if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
+        return Err(Error::SoftmaxScale(softmax_scale));
+    }
+    Ok(())
+}
+
+/// Scaled-dot-product attention over E4M3 inputs on the device, built once per configuration and called many
+/// times. Each call checks its inputs ([`check_inputs`]), queues V's transpose and the attention kernel (and, where
+/// the work splits, a merge) on the caller's stream, and returns O and the LSE in new buffers on that stream; it
+/// does not wait for the device. The op keeps what its launches share (V's transposed copy, the schedule's
+/// table), so calls on one op go on one stream at a time (`&mut self`).
+#[derive(Debug)]
+pub struct Attention {
+    cfg: Config,
+    stage: Stage,
+    ws: Workspace,
+}
+
+impl Attention {
+    /// The op for `gpu`: stage 7 on Hopper (sm_90: causal, grouped-query heads, D = 64 or 128), stage 4 elsewhere
+    /// (sm_80 / sm_89, neither causal nor grouped); a configuration the device cannot run is refused here.
+    pub fn new(gpu: &Gpu, cfg: Config) -> Result<Attention> {
+        if let Some(x) = cfg.softmax_scale
+            && !(x.is_finite() && x > 0.0)
+        {
+            return Err(Error::SoftmaxScale(x));
+        }
+        let hopper = matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a);
+        if cfg.causal && !hopper {
+            return Err(Error::Unsupported(format!(
+                "causal masking needs an sm_90 GPU (stage 7); {} is {}",
+                gpu.name, gpu.arch
+            )));
+        }
+        let mut ws = Workspace::new();
+        // The caller's V may change between calls at the same address: Vᵀ is made from it every call.
+        ws.remake_vt(true);
+        Ok(Attention {
+            cfg,
+            stage: if hopper { Stage::S7 } else { Stage::S4 },
+            ws,
+        })
+    }
+
+    /// The stage the op launches.
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+
+    /// Compiles and loads every kernel a call at head dimension `d` can launch, so that the first call does not
+    /// pay for NVRTC (kernels are cached in the process, and on disk under [`lab::cache_cubins_in`]).
+    pub fn warm(&self, gpu: &Gpu, d: usize) -> Result<()> {
+        if !composed::DIMS.contains(&d) {
+            return Err(Error::HeadDim(d));
+        }
+        gpu.load(&self.stage.kernel(d))?;
+        if self.stage.tma() {
+            for spec in composed::KERNELS
+                .iter()
+                .filter(|k| k.name == format!("stage7_merge_d{d}"))
+                .chain([&composed::TRANSPOSE_V, &composed::VT_TILES])
+            {
+                gpu.load(spec)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Attention of `q` over `k` and `v` (shape `s`: B, H query heads, `s.hkv` key/value heads, Sq, Sk, D; the
+    /// op's `causal` overrides `s.causal`), queued on `stream`.
+    pub fn forward(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        s: Shape,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+    ) -> Result<Output> {
+        let s = Shape {
+            causal: self.cfg.causal,
+            ..s
+        };
+        let scale = self.cfg.softmax_scale.unwrap_or(1.0 / (s.d as f32).sqrt());
+        check_inputs(
+            &s,
+            &Lengths {
+                q: q.codes.len(),
+                k: k.codes.len(),
+                v: v.codes.len(),
+                q_scales: q.scales.len(),
+                k_scales: k.scales.len(),
+                v_scales: v.scales.len(),
+            },
+            scale,
+        )?;
+        if s.group() > 1 && !self.stage.gqa() {
+            return Err(Error::Unsupported(format!(
+                "grouped-query heads (H = {}, Hkv = {}) need an sm_90 GPU (stage 7); {} is {}",
+                s.h, s.hkv, gpu.name, gpu.arch
+            )));
+        }
+        let rows = self.ws.output_rows(gpu, self.stage, &s)?;
+        let n = rows * s.d;
+        let alloc = |e: lab::cudarc::driver::DriverError| {
+            Error::Device(anyhow::Error::from(e).context(format!(
+                "allocating O and the LSE ({rows} rows of D = {})",
+                s.d
+            )))
+        };
+        // SAFETY: every element a caller reads (the first o_len / lse_len) is written by the launch below; the rest
+        // holds the split tail's parts, written before the merge reads them.
+        let o = unsafe {
+            match self.cfg.out_dtype {
+                OutDtype::F16 => OutBuf::F16(stream.alloc::<f16>(n).map_err(alloc)?),
+                OutDtype::Bf16 => OutBuf::Bf16(stream.alloc::<bf16>(n).map_err(alloc)?),
+                OutDtype::F32 => OutBuf::F32(stream.alloc::<f32>(n).map_err(alloc)?),
+            }
+        };
+        let lse = unsafe { stream.alloc::<f32>(rows).map_err(alloc)? };
+        {
+            let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
+            let mut at = |(ptr, g)| {
+                guards.push(g);
+                ptr
+            };
+            let t = Tensors {
+                q: at(q.codes.device_ptr(stream)),
+                k: at(k.codes.device_ptr(stream)),
+                v: at(v.codes.device_ptr(stream)),
+                q_scale: at(q.scales.device_ptr(stream)),
+                k_scale: at(k.scales.device_ptr(stream)),
+                v_scale: at(v.scales.device_ptr(stream)),
+                o: at(match &o {
+                    OutBuf::F16(b) => b.device_ptr(stream),
+                    OutBuf::Bf16(b) => b.device_ptr(stream),
+                    OutBuf::F32(b) => b.device_ptr(stream),
+                }),
+                lse: at(lse.device_ptr(stream)),
+            };
+            self.ws
+                .launch(gpu, self.stage, stream, &s, scale, self.cfg.out_dtype, &t)?;
+        }
+        Ok(Output { shape: s, o, lse })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lens(s: &Shape) -> Lengths {
+        Lengths {
+            q: s.heads() * s.sq * s.d,
+            k: s.kv_heads() * s.sk * s.d,
+            v: s.kv_heads() * s.sk * s.d,
+            q_scales: s.heads(),
+            k_scales: s.kv_heads(),
+            v_scales: s.kv_heads(),
+        }
+    }
+
+    #[test]
+    fn every_bad_input_is_named() {
+        let s = Shape::cross(2, 8, 100, 300, 128).with_kv_heads(2).unwrap();
+        assert!(check_inputs(&s, &lens(&s), 0.1).is_ok());
+        let msg = |s: &Shape, l: &Lengths, x: f32| check_inputs(s, l, x).unwrap_err().to_string();
+        let e = msg(&Shape { d: 96, ..s }, &lens(&s), 0.1);
+        assert!(e.contains("D = 96 is not supported"), "{e}");
+        let e = msg(&Shape { sq: 0, ..s }, &lens(&s), 0.1);
+        assert!(e.contains("Sq = 0"), "{e}");
+        let e = msg(&Shape { hkv: 3, ..s }, &lens(&s), 0.1);
+        assert!(e.contains("H = 8") && e.contains("Hkv = 3"), "{e}");
+        let e = msg(&s, &Lengths { k: 7, ..lens(&s) }, 0.1);
+        assert!(
+            e.contains("`k` holds 7 elements") && e.contains("[2, 2, 300, 128]"),
+            "{e}"
+        );
+        let e = msg(
+            &s,
+            &Lengths {
+                v_scales: 16,
+                ..lens(&s)
+            },
+            0.1,
+        );
+        assert!(
+            e.contains("`v scales` holds 16 scales") && e.contains("needs 4"),
+            "{e}"
+        );
+        let e = msg(&s, &lens(&s), f32::NAN);
+        assert!(e.contains("softmax scale NaN"), "{e}");
+    }
+}

@@ -1,0 +1,45 @@
+// The library's errors: every bad input named before any launch, and what the device said when a launch failed.
+use thiserror::Error;
+
+/// What went wrong, with what was asked and what was wrong with it.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A head dimension the kernels are not built for.
+    #[error("head dimension D = {0} is not supported: the kernels are built for D = 64 and 128")]
+    HeadDim(usize),
+    /// A zero batch, head count or sequence length.
+    #[error("{what} = {got}: it must be at least 1")]
+    Empty { what: &'static str, got: usize },
+    /// Query heads that are not a multiple of the key/value heads.
+    #[error(
+        "H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads (grouped-query attention)"
+    )]
+    HeadRatio { h: usize, hkv: usize },
+    /// A tensor whose element count does not match its [B, heads, S, D].
+    #[error("`{tensor}` holds {got} elements, and [B, heads, S, D] = {dims:?} needs {want}")]
+    Length {
+        tensor: &'static str,
+        got: usize,
+        want: usize,
+        dims: [usize; 4],
+    },
+    /// A scale tensor without one scale per (batch, head).
+    #[error("`{tensor}` holds {got} scales, and one per (batch, head) needs {want}")]
+    Scales {
+        tensor: &'static str,
+        got: usize,
+        want: usize,
+    },
+    /// A softmax scale that is zero, negative, infinite or NaN.
+    #[error("softmax scale {0} is not positive and finite")]
+    SoftmaxScale(f32),
+    /// What this device's kernels cannot do (causal masking or grouped-query heads before sm_90).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The driver, NVRTC or the launch failed: the chain of causes, outermost first.
+    #[error(transparent)]
+    Device(#[from] anyhow::Error),
+}
+
+/// The library's result.
+pub type Result<T> = std::result::Result<T, Error>;
