@@ -6,8 +6,8 @@ use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 use lab::numerics::{check_written, poisoned};
 
-use crate::launch::Workspace;
 use crate::validate::validate;
+use crate::workspace::Workspace;
 
 /// O on the device, in the dtype the stage was asked to write.
 #[derive(Debug)]

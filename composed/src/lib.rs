@@ -16,10 +16,10 @@ mod stages;
 pub mod tables;
 pub mod trace;
 mod validate;
+mod workspace;
 
 pub use device::OnDevice;
 pub use fixtures::OutDtype;
-pub use launch::{Tensors, Workspace, stage_supports};
 pub use plan::{SECTION_KV_BYTES, SplitPlan, grid, schedule_section};
 pub use prep::{
     LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,
@@ -30,6 +30,7 @@ pub use stages::{
     Stage, bc,
 };
 pub use validate::{index_text, validate, validate_shape};
+pub use workspace::{Tensors, Workspace, stage_supports};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {

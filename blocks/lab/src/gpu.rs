@@ -71,6 +71,9 @@ pub fn status() -> &'static GpuStatus {
     S.get_or_init(probe_status)
 }
 
+/// A loaded kernel's key: its `'static` source's address, its name, its extra options.
+type LoadKey = (usize, &'static str, Vec<String>);
+
 /// The address of the cached cubin a module was loaded from.
 type ModuleKey = usize;
 
@@ -84,10 +87,13 @@ pub struct Gpu {
     /// Streaming multiprocessors: what a grid must cover to use the whole device.
     pub sms: usize,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    /// Kernels loaded before, by the address of their `Source` (a `'static` value: a const's, or a leaked mutant's),
+    /// kernel name and extra options: a call that launches the same kernel again skips hashing its source.
+    loaded: Mutex<HashMap<LoadKey, Kernel>>,
 }
 
 /// A loaded kernel with the resources ptxas reported for it on this device's architecture.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Kernel {
     pub func: CudaFunction,
     pub resources: Resources,
@@ -122,6 +128,7 @@ impl Gpu {
             name,
             sms,
             modules: Mutex::new(HashMap::new()),
+            loaded: Mutex::new(HashMap::new()),
         })
     }
 
@@ -151,6 +158,28 @@ impl Gpu {
     /// As [`Gpu::load`], with extra NVRTC options such as `-DSTAGES=3`. A kernel that needs sm_90a is built for
     /// sm_90a on an sm_90 device; one this device cannot run is refused by name, before any launch.
     pub fn load_with(&self, spec: &KernelSpec, extra: &[&str]) -> Result<Kernel> {
+        let memo = (
+            std::ptr::from_ref(spec.source) as usize,
+            spec.name,
+            extra.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
+        );
+        if let Some(k) = self
+            .loaded
+            .lock()
+            .map_err(|_| anyhow!("kernel cache poisoned"))?
+            .get(&memo)
+        {
+            return Ok(k.clone());
+        }
+        let k = self.load_uncached(spec, extra)?;
+        self.loaded
+            .lock()
+            .map_err(|_| anyhow!("kernel cache poisoned"))?
+            .insert(memo, k.clone());
+        Ok(k)
+    }
+
+    fn load_uncached(&self, spec: &KernelSpec, extra: &[&str]) -> Result<Kernel> {
         let target = spec.target_for(self.arch)?;
         let cubin = crate::compile::compile(spec.source, target, extra)?;
         let resources = cubin.kernel(spec.name)?.clone();

@@ -1,0 +1,326 @@
+// One launch of a stage over device tensors: checks, the schedule's table, Vᵀ, the tensor maps, the kernel, its merge.
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use fixtures::OutDtype;
+use lab::cudarc::driver::sys::CUfunction_attribute;
+use lab::cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use lab::{Gpu, Kernel, KernelSpec};
+
+use lab::cudarc::driver::CudaSlice;
+
+use crate::plan::{SplitPlan, grid, schedule_section};
+use crate::prep;
+use crate::stages::Stage;
+use crate::tables::{Params, out_dtype_code};
+
+/// Where one launch reads and writes: device addresses of E4M3 Q [B, H, Sq, D], K and V [B, Hkv, Sk, D], their
+/// f32 scales (one per (batch, head)), O in the launch's dtype and the f32 LSE, each with room for
+/// [`Workspace::output_rows`] rows of O and LSE. Borrowed: the caller keeps them alive until the launch has run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tensors {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub q_scale: u64,
+    pub k_scale: u64,
+    pub v_scale: u64,
+    pub o: u64,
+    pub lse: u64,
+}
+
+/// What launches of the stages keep between them: Vᵀ in the layout the TMA stages read (made from the launch's V,
+/// once or at every launch: [`Workspace::remake_vt`]), the schedule's buffer with the split plan its table holds,
+/// and the lab's knobs (a kernel variant, a block count, a schedule section). One workspace serves one stream's
+/// launches in order; launches on other streams need their own.
+#[derive(Debug, Default)]
+pub struct Workspace {
+    /// V transposed ([B·Hkv, D, Sk rounded up to 32], keys in P's register order) for the stages that read it by
+    /// tensor map, and Vᵀ as tile images (`prep_vt_tiles`) for the one that loads them by bulk copy.
+    vt: Option<CudaSlice<u8>>,
+    vt_img: Option<CudaSlice<u8>>,
+    /// The shape and V address the Vᵀ above were made for.
+    vt_of: Option<(fixtures::Shape, u64)>,
+    /// Make Vᵀ again at every launch, whatever V it was made from.
+    vt_each_launch: bool,
+    /// Stage 7's schedule buffer (`sdpa::SplitHead` and the split table): its counters zero between launches.
+    sched: Option<CudaSlice<i32>>,
+    /// The split plan the schedule's table holds, written when a launch's plan differs.
+    plan: Option<SplitPlan>,
+    kernel: Option<KernelSpec>,
+    blocks: Option<usize>,
+    section: Option<usize>,
+}
+
+impl Workspace {
+    pub fn new() -> Workspace {
+        Workspace::default()
+    }
+
+    /// Launch `spec` (a variant of the stage's own kernel: same name, parameters and geometry) from now on;
+    /// `None` goes back to the stage's kernel.
+    pub fn use_kernel(&mut self, spec: Option<KernelSpec>) {
+        self.kernel = spec;
+    }
+
+    /// Launch a persistent stage with `blocks` blocks from now on (`None`: one an SM).
+    pub fn use_blocks(&mut self, blocks: Option<usize>) {
+        self.blocks = blocks;
+    }
+
+    /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).
+    pub fn use_section(&mut self, heads: Option<usize>) {
+        self.section = heads;
+    }
+
+    /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`); without,
+    /// Vᵀ is made again only when the launch's shape or V address differs from the last one's.
+    pub fn remake_vt(&mut self, on: bool) {
+        self.vt_each_launch = on;
+    }
+
+    /// How a launch of `stage` on `s` splits its tail, with the block count set now.
+    pub fn plan(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<SplitPlan> {
+        let rows = stage.rows_for(s, gpu.sms);
+        let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
+        Ok(SplitPlan::of(stage, s, rows, grid_dim.0 as usize))
+    }
+
+    /// Rows of O (each D wide) and of the LSE a launch of `stage` on `s` writes: B·H·Sq, and the split tail's
+    /// parts on virtual heads past them.
+    pub fn output_rows(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<usize> {
+        let rows = stage.rows_for(s, gpu.sms);
+        Ok((s.heads() + self.plan(gpu, stage, s)?.virtual_heads(s.sq / rows)) * s.sq)
+    }
+
+    /// Queues one launch of `stage` on `st` over `t` (which [`Workspace::output_rows`] sized), and the split
+    /// tail's merge after it where the plan splits. `s` and `softmax_scale` are the problem's; `out` is O's dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &mut self,
+        gpu: &Gpu,
+        stage: Stage,
+        st: &Arc<CudaStream>,
+        s: &fixtures::Shape,
+        softmax_scale: f32,
+        out: OutDtype,
+        t: &Tensors,
+    ) -> Result<()> {
+        stage_supports(stage, s)?;
+        let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
+        let smem = stage.smem_bytes(s.d);
+        let k = load_with_smem(gpu, &spec, smem)?;
+        let rows = stage.rows_for(s, gpu.sms);
+        // Checked first: it bounds the work units and query tiles the parameters carry as i32.
+        let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
+        let plan = SplitPlan::of(stage, s, rows, grid_dim.0 as usize);
+        self.write_schedule(st, s, plan, rows)?;
+        self.make_vt(gpu, stage, st, s, t.v)?;
+        let section = self.section.unwrap_or_else(|| schedule_section(s));
+        ensure!(
+            (1..=s.heads()).contains(&section),
+            "a schedule section of {section} heads: it takes 1 to B·H = {}",
+            s.heads()
+        );
+        let bc = stage.bc(s.d);
+        let (vt_tiles, _gimg) = match &self.vt_img {
+            Some(img) if stage.vt_image(s.d) => {
+                let (a, g) = img.device_ptr(st);
+                (a, Some(g))
+            }
+            _ => (0, None),
+        };
+        let (sched, _gs) = match &self.sched {
+            Some(b) => {
+                let (a, g) = b.device_ptr(st);
+                (a, Some(g))
+            }
+            None => (0, None),
+        };
+        let p = Params {
+            q: t.q,
+            k: t.k,
+            v: t.v,
+            q_scale: t.q_scale,
+            k_scale: t.k_scale,
+            v_scale: t.v_scale,
+            o: t.o,
+            lse: t.lse,
+            sq: s.sq as i32,
+            sk: s.sk as i32,
+            softmax_scale,
+            o_dtype: out_dtype_code(out),
+            causal: i32::from(s.causal),
+            group: s.group() as i32,
+            q_rows: rows as i32,
+            q_tiles: s.sq.div_ceil(rows) as i32,
+            work: plan.units as i32,
+            section: section as i32,
+            vt_tiles,
+            sched,
+        };
+        // Vᵀ as tile images comes by bulk copy (Params::vt_tiles), not through the third map; f32 O is written
+        // directly, not through the fourth. O's map reaches the split tail's virtual heads too.
+        let o_map = (stage.tma_store() && out != OutDtype::F32).then_some(p.o);
+        let o_extra = plan.virtual_heads(s.sq / rows);
+        let maps = if stage.vt_image(s.d) {
+            Some(prep::tma_maps(s, bc, p.q, p.k, None, o_map, o_extra)?)
+        } else if let (Some(vt), true) = (&self.vt, stage.tma()) {
+            let (vt, _gvt) = vt.device_ptr(st);
+            Some(prep::tma_maps(s, bc, p.q, p.k, Some(vt), o_map, o_extra)?)
+        } else {
+            None
+        };
+        let cfg = LaunchConfig {
+            grid_dim,
+            block_dim: (stage.threads() as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = st.launch_builder(&k.func);
+        b.arg(&p);
+        if let Some(m) = &maps {
+            b.arg(&m[0]).arg(&m[1]).arg(&m[2]);
+            if stage.tma_store() {
+                b.arg(&m[3]);
+            }
+        }
+        // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt[, o]]) with the grid and block it was written for;
+        // the caller's tensors hold the extents of `s` (Tensors' contract; validate() checks uploaded ones), O and
+        // the LSE `output_rows` rows; each map describes its tensor (tma_maps).
+        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
+        if plan.pieces > 0 {
+            launch_merge(gpu, st, &spec, &plan, s.d, &p)?;
+        }
+        Ok(())
+    }
+
+    /// The schedule's counters and the plan's table: written only when the plan changes (outside a timing's graph
+    /// capture, whose launches repeat the warm-up's).
+    fn write_schedule(
+        &mut self,
+        st: &Arc<CudaStream>,
+        s: &fixtures::Shape,
+        plan: SplitPlan,
+        rows: usize,
+    ) -> Result<()> {
+        ensure!(
+            plan.tail_tiles() <= i32::MAX as usize,
+            "a split tail of {} key tiles: more than 2^31 − 1",
+            plan.tail_tiles()
+        );
+        if self.plan == Some(plan) && self.sched.is_some() {
+            return Ok(());
+        }
+        let table = plan.table(s.sq.div_ceil(rows), s.sq / rows).words();
+        let sched = match self.sched.take() {
+            Some(b) if b.len() >= table.len() => b,
+            _ => st.alloc_zeros::<i32>(table.len())?,
+        };
+        let mut sched = sched;
+        st.memcpy_htod(&table, &mut sched.slice_mut(0..table.len()))?;
+        self.sched = Some(sched);
+        self.plan = Some(plan);
+        Ok(())
+    }
+
+    /// Vᵀ in the layout `stage` reads (tile images, or the transposed tensor behind the third map), from the V at
+    /// `v`: made when the shape or V differ from the last launch's, or at every launch under `remake_vt`.
+    fn make_vt(
+        &mut self,
+        gpu: &Gpu,
+        stage: Stage,
+        st: &Arc<CudaStream>,
+        s: &fixtures::Shape,
+        v: u64,
+    ) -> Result<()> {
+        if !stage.tma() {
+            return Ok(());
+        }
+        let bc = stage.bc(s.d);
+        let fresh = self.vt_of != Some((*s, v));
+        if stage.vt_image(s.d) {
+            let bytes = prep::vt_tiles_bytes(s, bc);
+            match &mut self.vt_img {
+                Some(img) if img.len() == bytes => {
+                    if fresh || self.vt_each_launch {
+                        prep::launch_vt_tiles(gpu, &prep::VT_TILES, st, v, s, bc, img)?
+                    }
+                }
+                _ => self.vt_img = Some(prep::vt_tiles_with(gpu, &prep::VT_TILES, st, v, s, bc)?),
+            }
+        } else {
+            let bytes = s.kv_heads() * s.d * prep::vt_keys(s.sk);
+            match &mut self.vt {
+                Some(vt) if vt.len() == bytes => {
+                    if fresh || self.vt_each_launch {
+                        prep::launch_transpose_v(gpu, &prep::TRANSPOSE_V, st, v, s, vt)?
+                    }
+                }
+                _ => self.vt = Some(prep::transpose_v_with(gpu, &prep::TRANSPOSE_V, st, v, s)?),
+            }
+        }
+        self.vt_of = Some((*s, v));
+        Ok(())
+    }
+}
+
+/// Why `stage` cannot run `s` (causal masking or grouped-query heads it lacks); checked before anything is loaded.
+pub fn stage_supports(stage: Stage, s: &fixtures::Shape) -> Result<()> {
+    ensure!(
+        !s.causal || stage.causal(),
+        "{} has no causal masking: stage7 has (run it with --stage stage7, or without --causal)",
+        stage.name()
+    );
+    ensure!(
+        s.group() == 1 || stage.gqa(),
+        "{} has no grouped-query attention (H = {} query heads, Hkv = {} key/value heads): stage7 has",
+        stage.name(),
+        s.h,
+        s.hkv
+    );
+    Ok(())
+}
+
+/// `spec` loaded, with `smem` bytes of dynamic shared memory allowed.
+fn load_with_smem(gpu: &Gpu, spec: &KernelSpec, smem: usize) -> Result<Kernel> {
+    let k = gpu.load(spec)?;
+    k.func
+        .set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .with_context(|| {
+            format!(
+                "{}: {smem} B of shared memory is more than this device gives a block",
+                spec.name
+            )
+        })?;
+    Ok(k)
+}
+
+/// The split tail's parts merged into O and the LSE (`stage7_merge_dD`, from the source the stage ran: a variant's
+/// too), on `st` after the stage: a block a split unit and 8 columns, a thread a row.
+fn launch_merge(
+    gpu: &Gpu,
+    st: &Arc<CudaStream>,
+    spec: &KernelSpec,
+    plan: &SplitPlan,
+    d: usize,
+    p: &Params,
+) -> Result<()> {
+    let merge = gpu.load(&KernelSpec {
+        source: spec.source,
+        ..KernelSpec::find(crate::stages::KERNELS, &format!("stage7_merge_d{d}"))
+    })?;
+    let cfg = LaunchConfig {
+        grid_dim: ((plan.units - plan.split) as u32, (d / 8) as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = st.launch_builder(&merge.func);
+    b.arg(p);
+    // SAFETY: stage7_merge_dD(sdpa::Params) after the stage 7 launch that wrote the parts, on the same stream; its
+    // grid is (split units, D / 8) blocks of 128 threads, as merge_split_tail reads it.
+    unsafe { b.launch(cfg) }.context("launching stage 7's split-tail merge")?;
+    Ok(())
+}
