@@ -135,6 +135,10 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
                                                 const tma::Map* mo, unsigned char* so) {
   const float f[2] = {inv[0] * vs, inv[1] * vs};
   if (p.o_dtype == kF32) {
+    // Every warp of the warpgroup has read the unit's destination (QBarriers::dest, read by consume_unit before the
+    // epilogue) before any goes on to its next unit, whose first thread overwrites it; the 16-bit path's panel
+    // barrier (store_o_panel) orders the same.
+    roles::sync(3 + wg, 128);  // dest read by all
     // store_rows scales every row alike: 1/l first, as osm::finish does, then V's scale.
     osm::rescale<frag::WgmmaD<D>>(o, inv);
     relayout::store_rows<float, D>(o[0].x, vs, static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D, D,

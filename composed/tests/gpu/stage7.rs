@@ -167,6 +167,42 @@ pub fn add(t: &mut Suite) {
             Ok(())
         });
     }
+    t.gpu("split::stage7::f32_parts_land_when_warps_lag", |gpu| {
+        // A split part's destination sits in shared memory across its unit; with f32 O (direct stores, no panel
+        // barrier) the warpgroup's first warp could go on to its next unit and overwrite it before a slower warp had
+        // read it: that warp's 16 rows then went elsewhere (seen once under racecheck as 1024 NaN in O). Warps 1–3
+        // are made to lag before they read it: with the epilogue's barrier O is as without the lag; without the
+        // barrier, the lag must show.
+        let lag = "if (threadIdx.x % 128 >= 32)\n    for (int i = 0; i < 200; ++i) __nanosleep(1000);\n  const int dst = blk.qb->dest[wg];";
+        let (shape, blocks, out) = (Shape::new(2, 2, 300, 64).with_kv_heads(2)?, 5, OutDtype::F32);
+        let shape = Shape { sk: 1024, ..shape };
+        let qz = quantize_per_head(&normal(shape, 73));
+        let run = |spec: Option<lab::KernelSpec>| -> Result<Attention<f32>> {
+            let mut d = OnDevice::upload_as(gpu, &qz, out)?;
+            d.use_blocks(Some(blocks));
+            d.use_kernel(spec);
+            ensure!(d.split_plan(gpu, Stage::S7)?.pieces > 0, "no split");
+            d.launch(gpu, Stage::S7)?;
+            d.download(gpu)
+        };
+        let plain = run(None)?;
+        let lagging = Stage::S7
+            .kernel(64)
+            .mutated("pingpong_attention.cuh", "const int dst = blk.qb->dest[wg];", lag)?;
+        ensure!(
+            bit_identical(&run(Some(lagging))?, &plain),
+            "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it"
+        );
+        let unguarded = lagging.mutated("pingpong_attention.cuh", "roles::sync(3 + wg, 128);  // dest read by all", "")?;
+        let broken = run(Some(unguarded));
+        ensure!(
+            !broken.as_ref().is_ok_and(|b| bit_identical(b, &plain)),
+            "without the epilogue's barrier the lagging warps' rows still landed: the test no longer shows the race"
+        );
+        eprintln!("f32 split parts: lagging warps land their rows with the barrier; without it: {}",
+            broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()));
+        Ok(())
+    });
     for (mutant, from, to) in [
         // Every part merged with weight 1: the parts' rows kept against their own maxima.
         (
