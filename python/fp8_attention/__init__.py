@@ -1,0 +1,124 @@
+# fp8_attention: scaled-dot-product attention on FP8 (E4M3) tensor cores for PyTorch CUDA tensors.
+"""FP8 (E4M3) scaled-dot-product attention for PyTorch.
+
+``sdpa(q, k, v)`` takes torch CUDA tensors [B, H, S, D] (k and v may have fewer heads than q: grouped-query
+attention, H a multiple of theirs) in bfloat16, float16 or float32, quantized to E4M3 on the GPU with one scale per
+(batch, head); or ``torch.float8_e4m3fn`` tensors with their scales. It runs on torch's current stream, allocates
+its outputs through torch, and copies nothing to the host. Every bad argument raises ``TypeError`` or ``ValueError``
+naming it before anything runs on the GPU.
+"""
+from __future__ import annotations
+
+import math
+
+__all__ = ["sdpa", "check_args"]
+
+_REAL = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
+_FP8 = "torch.float8_e4m3fn"
+_E4M3_MAX = 448.0
+
+
+def _dtype(t) -> str:
+    return str(t.dtype)
+
+
+def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None, out_dtype=None):
+    """Checks sdpa's arguments without touching the GPU; returns (B, H, Hkv, Sq, Sk, D, fp8, out dtype name).
+
+    Raises TypeError for a wrong type or dtype and ValueError for a wrong device, shape, head ratio or scale, each
+    naming the argument.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not all(hasattr(t, a) for a in ("dtype", "shape", "device", "data_ptr")):
+            raise TypeError(f"`{name}` must be a torch tensor, not {type(t).__name__}")
+        if getattr(t.device, "type", None) != "cuda":
+            raise ValueError(f"`{name}` is on {t.device}: fp8_attention runs on CUDA tensors")
+        if getattr(t.device, "index", 0) not in (0, None):
+            raise ValueError(f"`{name}` is on {t.device}: fp8_attention runs on cuda:0")
+        if len(t.shape) != 4:
+            raise ValueError(f"`{name}` has shape {tuple(t.shape)}: expected [B, H, S, D]")
+    dts = {_dtype(q), _dtype(k), _dtype(v)}
+    if len(dts) != 1:
+        raise TypeError(f"q, k and v must share a dtype; they are {_dtype(q)}, {_dtype(k)}, {_dtype(v)}")
+    dt = dts.pop()
+    fp8 = dt == _FP8
+    if not fp8 and dt not in _REAL:
+        raise TypeError(f"dtype {dt} is not supported: bfloat16, float16, float32 or float8_e4m3fn")
+    (b, h, sq, d), (bk, hkv, sk, dk) = tuple(q.shape), tuple(k.shape)
+    if tuple(v.shape) != (bk, hkv, sk, dk):
+        raise ValueError(f"`k` {tuple(k.shape)} and `v` {tuple(v.shape)} must have the same shape")
+    if (b, d) != (bk, dk):
+        raise ValueError(f"`q` {tuple(q.shape)} and `k` {tuple(k.shape)}: B and D must agree")
+    if min(b, h, sq, sk, hkv) < 1:
+        raise ValueError(f"`q` {tuple(q.shape)}, `k` {tuple(k.shape)}: every size must be at least 1")
+    if d not in (64, 128):
+        raise ValueError(f"head dimension D = {d} is not supported: D = 64 or 128")
+    if h % hkv:
+        raise ValueError(f"H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads")
+    scales = (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv))
+    if fp8:
+        for name, sc, n in scales:
+            if sc is None:
+                raise TypeError(f"float8_e4m3fn inputs need `{name}` (float32, one per (batch, head) or one)")
+            if _dtype(sc) != "torch.float32":
+                raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
+            if sc.numel() not in (1, n):
+                raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (batch, head) = {n}")
+    elif any(sc is not None for _, sc, _n in scales):
+        raise TypeError("q_scale, k_scale and v_scale go with float8_e4m3fn inputs; real inputs are quantized here")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale = {scale!r} is not a positive finite number")
+    if out_dtype is None:
+        out = "bf16" if fp8 else _REAL[dt]
+    else:
+        out = _REAL.get(str(out_dtype))
+        if out is None:
+            raise TypeError(f"out_dtype {out_dtype} is not supported: torch.bfloat16, torch.float16 or torch.float32")
+    return b, h, hkv, sq, sk, d, fp8, out
+
+
+def _quantize(x):
+    """E4M3 codes of x [B, H, S, D] with one scale per (batch, head): amax / 448 (1 for an all-zero head)."""
+    import torch
+
+    amax = x.abs().amax(dim=(2, 3)).float()
+    s = torch.where(amax > 0, amax / _E4M3_MAX, torch.ones_like(amax))
+    codes = (x.float() / s[:, :, None, None]).clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes.contiguous(), s.reshape(-1).contiguous()
+
+
+def _per_head(sc, n):
+    return (sc.reshape(1).expand(n) if sc.numel() == 1 else sc.reshape(n)).contiguous()
+
+
+def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False, q_scale=None, k_scale=None,
+         v_scale=None):
+    """softmax(scale · q·kᵀ) · v on E4M3 tensor cores.
+
+    q [B, H, Sq, D], k and v [B, Hkv, Sk, D] (H a multiple of Hkv), all on cuda:0, in bfloat16, float16 or float32
+    (quantized to E4M3 here, one scale per (batch, head)), or float8_e4m3fn with `q_scale`, `k_scale`, `v_scale`
+    (float32: one per (batch, head), or one). `causal` masks key j from query i when j > i + Sk − Sq (bottom-right).
+    `scale` defaults to 1/√D; `out_dtype` to q's dtype (bfloat16 for FP8 inputs). Returns O [B, H, Sq, D], and with
+    `return_lse` also the LSE [B, H, Sq] (float32, natural log). Runs on torch's current stream.
+    """
+    b, h, hkv, sq, sk, d, fp8, out = check_args(q, k, v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                                                scale=scale, out_dtype=out_dtype)
+    import torch
+
+    from . import _core
+
+    if fp8:
+        qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+        qs, ks, vs = _per_head(q_scale, b * h), _per_head(k_scale, b * hkv), _per_head(v_scale, b * hkv)
+    else:
+        (qc, qs), (kc, ks), (vc, vs) = _quantize(q), _quantize(k), _quantize(v)
+    rows = _core.output_rows(b, h, hkv, sq, sk, d, causal)
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
+    o = torch.empty(rows * d, dtype=tdt, device=q.device)
+    lse = torch.empty(rows, dtype=torch.float32, device=q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    _core.launch(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), qs.data_ptr(), ks.data_ptr(), vs.data_ptr(),
+                 o.data_ptr(), lse.data_ptr(), b, h, hkv, sq, sk, d, bool(causal),
+                 float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream)
+    o = o[: b * h * sq * d].view(b, h, sq, d)
+    return (o, lse[: b * h * sq].view(b, h, sq)) if return_lse else o

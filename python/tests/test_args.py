@@ -1,0 +1,85 @@
+# fp8_attention's argument checks, without a GPU or torch: every bad argument named, before anything runs.
+import pytest
+
+import fp8_attention as fa
+
+
+class Dev:
+    def __init__(self, type="cuda", index=0):
+        self.type, self.index = type, index
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+class T:
+    """What fp8_attention reads of a torch tensor: dtype, shape, device, data_ptr, numel."""
+
+    def __init__(self, shape, dtype="torch.bfloat16", device=None):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, device or Dev()
+
+    def data_ptr(self):
+        return 1 << 20
+
+    def numel(self):
+        n = 1
+        for x in self.shape:
+            n *= x
+        return n
+
+
+def qkv(b=2, h=8, hkv=2, sq=100, sk=300, d=128, dtype="torch.bfloat16"):
+    return T((b, h, sq, d), dtype), T((b, hkv, sk, d), dtype), T((b, hkv, sk, d), dtype)
+
+
+def test_good_arguments_pass():
+    assert fa.check_args(*qkv()) == (2, 8, 2, 100, 300, 128, False, "bf16")
+    q, k, v = qkv(dtype="torch.float8_e4m3fn")
+    got = fa.check_args(q, k, v, q_scale=T((2, 8), "torch.float32"), k_scale=T((1,), "torch.float32"),
+                        v_scale=T((4,), "torch.float32"), out_dtype="torch.float16")
+    assert got[-2:] == (True, "f16")
+
+
+@pytest.mark.parametrize(
+    "change, kind, words",
+    [
+        (lambda a: ([1, 2], a[1], a[2]), TypeError, "`q` must be a torch tensor"),
+        (lambda a: (T(a[0].shape, device=Dev("cpu", None)), a[1], a[2]), ValueError, "`q` is on cpu"),
+        (lambda a: (a[0], T(a[1].shape, device=Dev("cuda", 1)), a[2]), ValueError, "`k` is on cuda:1"),
+        (lambda a: (T((8, 100, 128)), a[1], a[2]), ValueError, "`q` has shape (8, 100, 128)"),
+        (lambda a: (T(a[0].shape, "torch.float16"), a[1], a[2]), TypeError, "must share a dtype"),
+        (lambda a: tuple(T(x.shape, "torch.int8") for x in a), TypeError, "dtype torch.int8 is not supported"),
+        (lambda a: (a[0], a[1], T((2, 2, 299, 128))), ValueError, "must have the same shape"),
+        (lambda a: (T((2, 8, 100, 96)), T((2, 2, 300, 96)), T((2, 2, 300, 96))), ValueError, "D = 96"),
+        (lambda a: (a[0], T((2, 3, 300, 128)), T((2, 3, 300, 128))), ValueError, "H = 8"),
+        (lambda a: (T((3, 8, 100, 128)), a[1], a[2]), ValueError, "B and D must agree"),
+        (lambda a: (T((2, 8, 0, 128)), a[1], a[2]), ValueError, "at least 1"),
+    ],
+)
+def test_bad_tensors_are_named(change, kind, words):
+    with pytest.raises(kind, match=None) as e:
+        fa.check_args(*change(qkv()))
+    assert words in str(e.value), str(e.value)
+
+
+def test_scales_and_options_are_named():
+    q, k, v = qkv(dtype="torch.float8_e4m3fn")
+    f32 = lambda n: T((n,), "torch.float32")  # noqa: E731
+    with pytest.raises(TypeError, match="need `q_scale`"):
+        fa.check_args(q, k, v)
+    with pytest.raises(TypeError, match="`k_scale` is torch.float16"):
+        fa.check_args(q, k, v, q_scale=f32(16), k_scale=T((4,), "torch.float16"), v_scale=f32(4))
+    with pytest.raises(ValueError, match="`v_scale` holds 3 scales"):
+        fa.check_args(q, k, v, q_scale=f32(16), k_scale=f32(4), v_scale=f32(3))
+    with pytest.raises(TypeError, match="go with float8_e4m3fn inputs"):
+        fa.check_args(*qkv(), q_scale=f32(16))
+    with pytest.raises(ValueError, match="scale = -1.0"):
+        fa.check_args(*qkv(), scale=-1.0)
+    with pytest.raises(TypeError, match="out_dtype torch.int32"):
+        fa.check_args(*qkv(), out_dtype="torch.int32")
+
+
+def test_sdpa_checks_before_it_needs_torch_or_a_gpu():
+    # The same errors from the op itself, before it imports torch or asks for the GPU.
+    with pytest.raises(ValueError, match="D = 80"):
+        fa.sdpa(T((1, 2, 64, 80)), T((1, 2, 64, 80)), T((1, 2, 64, 80)))
