@@ -8,10 +8,12 @@ import threading
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# (B, H, S, D, causal, Hkv): the ladder's shapes (xtask/src/ladder.rs); Hkv < H is grouped-query attention.
-SHAPES = [(1, 1, 32, 64, False, 1), (1, 8, 512, 64, False, 8), (1, 8, 2048, 64, False, 8), (2, 8, 256, 64, False, 8),
-          (4, 16, 4096, 64, False, 16), (4, 16, 4096, 128, False, 16), (1, 16, 16384, 128, False, 16),
-          (4, 16, 4096, 128, True, 16), (4, 32, 4096, 128, False, 8), (4, 32, 4096, 128, True, 8)]
+# (B, H, S, D, causal, Hkv) each: the ladder's shapes, given by xtask/src/ladder.rs as `--shapes JSON` (one list,
+# one place); Hkv < H is grouped-query attention.
+def shapes_from_args(argv):
+    if len(argv) == 3 and argv[1] == "--shapes":
+        return [tuple(x) for x in json.loads(argv[2])]
+    raise SystemExit("usage: torch_sdpa.py --shapes '[[B, H, S, D, causal, Hkv], ...]'")
 # Launches captured back to back in one CUDA graph (composed::bench::BACK_TO_BACK): per-launch time.
 BACK_TO_BACK = 20
 BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
@@ -201,8 +203,9 @@ def time_cudnn_fp8(shape, warmup=5, iters=100, sets=3, codes="unit"):
 
 
 def main():
+    shapes = shapes_from_args(sys.argv)
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
-    for shape in SHAPES:
+    for shape in shapes:
         try:
             p50, p90, mean, tel = time_cudnn_fp8(shape)
             print(json.dumps({"backend": "cudnn-fp8", "shape": shape[:4] + (shape[5],), "causal": shape[4], "p50_us": p50, "p90_us": p90, "mean_us": mean, **tel}), flush=True)

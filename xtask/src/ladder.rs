@@ -12,23 +12,37 @@ use fixtures::Shape;
 use crate::build::{device_words, today, workspace_root};
 
 /// (shape, causal). The causal and grouped-query rows are timed for the stages that take them (stage 7) and the
-/// references; the grouped-query shape is 32 query heads over 8 K/V heads.
+/// references; the grouped-query shape is 32 query heads over 8 K/V heads. D = 256 has no stage yet: its rows are the
+/// references' and "not run" for the stages. torch_sdpa.py times the same list (`shapes_json`).
 const GQA: Shape = Shape {
     hkv: 8,
     ..Shape::new(4, 32, 4096, 128)
 };
-const SHAPES: [(Shape, bool); 10] = [
+const SHAPES: [(Shape, bool); 14] = [
     (Shape::new(1, 1, 32, 64), false),
     (Shape::new(1, 8, 512, 64), false),
     (Shape::new(1, 8, 2048, 64), false),
     (Shape::new(2, 8, 256, 64), false),
     (Shape::new(4, 16, 4096, 64), false),
     (Shape::new(4, 16, 4096, 128), false),
+    (Shape::new(8, 16, 2048, 128), false),
+    (Shape::new(2, 16, 8192, 128), false),
     (Shape::new(1, 16, 16384, 128), false),
     (Shape::new(4, 16, 4096, 128), true),
     (GQA, false),
     (GQA, true),
+    (Shape::new(4, 16, 4096, 256), false),
+    (Shape::new(4, 16, 4096, 256), true),
 ];
+
+/// The shapes as torch_sdpa.py takes them (`--shapes`): [B, H, S, D, causal, Hkv] each, one JSON list.
+fn shapes_json() -> String {
+    let rows: Vec<serde_json::Value> = SHAPES
+        .iter()
+        .map(|(s, c)| serde_json::json!([s.b, s.h, s.sq, s.d, c, s.hkv]))
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
 
 fn shape_name(s: &Shape) -> String {
     if s.hkv != s.h {
@@ -46,9 +60,10 @@ fn key(s: &Shape, causal: bool) -> String {
     }
 }
 
-/// The ladder's row for a TMA stage timed with its V transpose (`prep_vt`) in every launch.
-fn with_prep(stage: Stage) -> String {
-    format!("{} + prep_vt", stage.name())
+/// The ladder's second row for a TMA stage: timed with Vᵀ made once per problem (`prep_vt` outside the timed
+/// launches, like quantization). Its main row counts every kernel the call launches, V's transpose included.
+fn vt_once(stage: Stage) -> String {
+    format!("{}, Vᵀ made once", stage.name())
 }
 
 /// FLOPs of a launch: causal attention does about half the work.
@@ -135,6 +150,7 @@ fn torch(root: &Path, results: &mut Results, refusals: &mut Refusals) -> Result<
     }
     let out = Command::new("python3")
         .arg(root.join("composed/bench/torch_sdpa.py"))
+        .args(["--shapes", &shapes_json()])
         .output()
         .context("running torch_sdpa.py")?;
     anyhow::ensure!(
@@ -278,7 +294,9 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     let mut refusals = Refusals::new();
     for (shape, causal) in SHAPES {
         for stage in Stage::ALL {
-            let why = if causal && !stage.causal() {
+            let why = if !composed::DIMS.contains(&shape.d) {
+                "no stage is built for this head dimension"
+            } else if causal && !stage.causal() {
                 "no causal masking in this stage"
             } else if shape.group() > 1 && !stage.gqa() {
                 "no grouped-query attention in this stage"
@@ -292,19 +310,22 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
         } else {
             3
         };
+        if !composed::DIMS.contains(&shape.d) {
+            continue;
+        }
         let mut sets = input_sets(gpu, shape.with_causal(causal), n_sets)?;
         for stage in Stage::ALL.into_iter().filter(|s| {
             timed(*s, &shape) && (!causal || s.causal()) && (shape.group() == 1 || s.gqa())
         }) {
+            // Every kernel a call launches: the TMA stages read V transposed, so their main row makes Vᵀ in every
+            // launch (cuDNN's FP8 SDPA reads V as it is); their second row takes Vᵀ as made once per problem.
+            sets.iter_mut().for_each(|s| s.time_vt_prep(stage.tma()));
             let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
             report(&mut results, stage.name().to_string(), &shape, causal, t);
-            // The TMA stages read V transposed, made once per problem and not in the launches timed above;
-            // cuDNN's FP8 SDPA reads V as it is. Timed again with the transpose in every launch.
             if stage.tma() {
-                sets.iter_mut().for_each(|s| s.time_vt_prep(true));
-                let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
                 sets.iter_mut().for_each(|s| s.time_vt_prep(false));
-                report(&mut results, with_prep(stage), &shape, causal, t);
+                let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
+                report(&mut results, vt_once(stage), &shape, causal, t);
             }
         }
     }
@@ -313,7 +334,7 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     for s in Stage::ALL {
         impls.push(s.name().to_string());
         if s.tma() {
-            impls.push(with_prep(s));
+            impls.push(vt_once(s));
         }
     }
     impls.extend([
@@ -331,7 +352,7 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. The TMA stages (6, 7) read V transposed in global memory (`prep_vt`; stage 7 at D = 128 `prep_vt_tiles`, Vᵀ as its tiles' shared-memory images), made once per problem, like quantization; their `+ prep_vt` rows time the transpose in every launch too, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is. The last column is the SM clock and board power over each timing (NVML every 10 ms: medians) and the share of readings with the software power cap holding the clock down (and with a thermal or hardware slowdown, where there was one): the long shapes run every implementation at the cap, where time follows energy per unit of work."
+        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. Every row counts every kernel a call launches: the TMA stages (6, 7) read V transposed in global memory (`prep_vt`; stage 7 at D = 128 `prep_vt_tiles`, Vᵀ as its tiles' shared-memory images), made in every launch in their main rows, as cuDNN's FP8 SDPA reads V as it is; their `Vᵀ made once` rows take it as made once per problem, like quantization. The last column is the SM clock and board power over each timing (NVML every 10 ms: medians) and the share of readings with the software power cap holding the clock down (and with a thermal or hardware slowdown, where there was one): the long shapes run every implementation at the cap, where time follows energy per unit of work."
     );
     let _ = writeln!(
         md,
@@ -396,6 +417,21 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shapes_go_to_the_script_as_one_list() {
+        let v: serde_json::Value = serde_json::from_str(&shapes_json()).unwrap();
+        let rows = v.as_array().unwrap();
+        assert_eq!(rows.len(), SHAPES.len());
+        assert_eq!(rows[10], serde_json::json!([4, 32, 4096, 128, false, 8]));
+        assert_eq!(rows[13], serde_json::json!([4, 16, 4096, 256, true, 16]));
+        for want in [(8, 16, 2048, 128), (2, 16, 8192, 128), (4, 16, 4096, 256)] {
+            assert!(
+                SHAPES.iter().any(|(s, _)| (s.b, s.h, s.sq, s.d) == want),
+                "{want:?}"
+            );
+        }
+    }
 
     #[test]
     fn clock_cells_from_telemetry_and_from_torch_rows() {
