@@ -60,6 +60,12 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "racecheck", "synccheck"],
     ),
     (
+        // paged-kv: every key gathered through a block table (a read outside the pool would show here).
+        "paged-kv--gpu",
+        "gpu::gather::every_key_of_every_sequence",
+        &["memcheck"],
+    ),
+    (
         // tma::Cursor: one consumer's walk over 2-, 3- and 4-stage rings, holding up to two tiles past the current.
         "tma-ring--gpu",
         "gpu::cursor::every_slot_and_parity_through_several_wraps",
