@@ -12,6 +12,7 @@ mod device;
 mod launch;
 pub mod plan;
 mod prep;
+pub mod ragged;
 mod stages;
 pub mod tables;
 pub mod trace;
