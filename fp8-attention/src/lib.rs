@@ -34,4 +34,12 @@ pub use fixtures::{
     quantize_per_head, quantize_per_tensor,
 };
 pub use lab::Gpu;
+
+/// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the
+/// architecture, the compile options and the NVRTC and headers used), so that a process's first call does not wait
+/// for NVRTC; call it once, before the first [`Attention::warm`] or call. Without it kernels are cached in the
+/// process only.
+pub fn cache_kernels_in(dir: std::path::PathBuf) {
+    lab::cache_cubins_in(dir);
+}
 pub use problem::{Problem, fastest_stage, run};

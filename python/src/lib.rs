@@ -44,8 +44,28 @@ fn shape(
     Ok(s)
 }
 
-/// The device (index 0) and the stage its kernels run.
+/// Where compiled kernels are kept across processes: $FP8_ATTENTION_CACHE (`off`: nowhere), else
+/// $XDG_CACHE_HOME/fp8_attention, else ~/.cache/fp8_attention.
+fn cache_dir() -> Option<std::path::PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    match env("FP8_ATTENTION_CACHE") {
+        Some(v) if v == "off" => None,
+        Some(v) => Some(v.into()),
+        None => env("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| env("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("fp8_attention")),
+    }
+}
+
+/// The device (index 0) and the stage its kernels run; the disk cache of kernels set on first use.
 fn gpu() -> PyResult<(&'static lab::Gpu, Stage)> {
+    static CACHE: std::sync::Once = std::sync::Once::new();
+    CACHE.call_once(|| {
+        if let Some(dir) = cache_dir() {
+            fp8_attention::cache_kernels_in(dir);
+        }
+    });
     let gpu = lab::Gpu::get()
         .map_err(|e| PyRuntimeError::new_err(format!("fp8_attention needs a CUDA GPU: {e:#}")))?;
     let stage = if matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a) {
