@@ -101,6 +101,21 @@ pub struct Lengths {
     pub v_scales: usize,
 }
 
+impl Lengths {
+    /// The counts of contiguous inputs of shape `s`: [B, H, Sq, D] and [B, Hkv, Sk, D] codes, one scale a head.
+    pub fn of(s: &Shape) -> Lengths {
+        let (q, kv) = (s.heads() * s.sq * s.d, s.kv_heads() * s.sk * s.d);
+        Lengths {
+            q,
+            k: kv,
+            v: kv,
+            q_scales: s.heads(),
+            k_scales: s.kv_heads(),
+            v_scales: s.kv_heads(),
+        }
+    }
+}
+
 /// Why `s` with inputs of `lens` cannot run: the first thing wrong, named; nothing is launched. `s.hkv` is the
 /// key/value heads (grouped-query attention when fewer than `s.h`).
 pub fn check_inputs(s: &Shape, lens: &Lengths, softmax_scale: f32) -> Result<()> {
@@ -172,8 +187,8 @@ impl Attention {
         {
             return Err(Error::SoftmaxScale(x));
         }
-        let hopper = matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a);
-        if cfg.causal && !hopper {
+        let stage = crate::stage_for(gpu);
+        if cfg.causal && !stage.causal() {
             return Err(Error::Unsupported(format!(
                 "causal masking needs an sm_90 GPU (stage 7); {} is {}",
                 gpu.name, gpu.arch
@@ -182,11 +197,7 @@ impl Attention {
         let mut ws = Workspace::new();
         // The caller's V may change between calls at the same address: Vᵀ is made from it every call.
         ws.remake_vt(true);
-        Ok(Attention {
-            cfg,
-            stage: if hopper { Stage::S7 } else { Stage::S4 },
-            ws,
-        })
+        Ok(Attention { cfg, stage, ws })
     }
 
     /// The stage the op launches.
@@ -296,29 +307,25 @@ impl Attention {
 mod tests {
     use super::*;
 
-    fn lens(s: &Shape) -> Lengths {
-        Lengths {
-            q: s.heads() * s.sq * s.d,
-            k: s.kv_heads() * s.sk * s.d,
-            v: s.kv_heads() * s.sk * s.d,
-            q_scales: s.heads(),
-            k_scales: s.kv_heads(),
-            v_scales: s.kv_heads(),
-        }
-    }
-
     #[test]
     fn every_bad_input_is_named() {
         let s = Shape::cross(2, 8, 100, 300, 128).with_kv_heads(2).unwrap();
-        assert!(check_inputs(&s, &lens(&s), 0.1).is_ok());
+        assert!(check_inputs(&s, &Lengths::of(&s), 0.1).is_ok());
         let msg = |s: &Shape, l: &Lengths, x: f32| check_inputs(s, l, x).unwrap_err().to_string();
-        let e = msg(&Shape { d: 96, ..s }, &lens(&s), 0.1);
+        let e = msg(&Shape { d: 96, ..s }, &Lengths::of(&s), 0.1);
         assert!(e.contains("D = 96 is not supported"), "{e}");
-        let e = msg(&Shape { sq: 0, ..s }, &lens(&s), 0.1);
+        let e = msg(&Shape { sq: 0, ..s }, &Lengths::of(&s), 0.1);
         assert!(e.contains("Sq = 0"), "{e}");
-        let e = msg(&Shape { hkv: 3, ..s }, &lens(&s), 0.1);
+        let e = msg(&Shape { hkv: 3, ..s }, &Lengths::of(&s), 0.1);
         assert!(e.contains("H = 8") && e.contains("Hkv = 3"), "{e}");
-        let e = msg(&s, &Lengths { k: 7, ..lens(&s) }, 0.1);
+        let e = msg(
+            &s,
+            &Lengths {
+                k: 7,
+                ..Lengths::of(&s)
+            },
+            0.1,
+        );
         assert!(
             e.contains("`k` holds 7 elements") && e.contains("[2, 2, 300, 128]"),
             "{e}"
@@ -327,7 +334,7 @@ mod tests {
             &s,
             &Lengths {
                 v_scales: 16,
-                ..lens(&s)
+                ..Lengths::of(&s)
             },
             0.1,
         );
@@ -335,7 +342,7 @@ mod tests {
             e.contains("`v scales` holds 16 scales") && e.contains("needs 4"),
             "{e}"
         );
-        let e = msg(&s, &lens(&s), f32::NAN);
+        let e = msg(&s, &Lengths::of(&s), f32::NAN);
         assert!(e.contains("softmax scale NaN"), "{e}");
     }
 }

@@ -42,4 +42,19 @@ pub use lab::Gpu;
 pub fn cache_kernels_in(dir: std::path::PathBuf) {
     lab::cache_cubins_in(dir);
 }
-pub use problem::{Problem, fastest_stage, run};
+
+/// Where a program keeps compiled kernels by default: the environment variable `var` (`off`: nowhere), else
+/// $XDG_CACHE_HOME/`subdir`, else ~/.cache/`subdir`.
+pub fn default_kernel_cache(var: &str, subdir: &str) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    match env(var) {
+        Some(v) if v == "off" => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => env("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join(subdir)),
+    }
+}
+pub use problem::{Problem, fastest_stage, run, stage_for};

@@ -75,12 +75,22 @@ impl Problem {
     }
 }
 
-/// The fastest stage `gpu` runs `s` with: stage 7 on Hopper (sm_90: TMA, wgmma, causal, grouped-query heads), stage 4
+/// The fastest stage `gpu` runs: stage 7 on Hopper (sm_90: TMA, wgmma, causal, grouped-query heads), stage 4
 /// elsewhere (sm_80 / sm_89: mma.sync), which has neither causal masking nor grouped-query heads.
+pub fn stage_for(gpu: &Gpu) -> Stage {
+    if gpu.arch == Arch::Sm90 || gpu.arch == Arch::Sm90a {
+        Stage::S7
+    } else {
+        Stage::S4
+    }
+}
+
+/// [`stage_for`] `gpu`, once `s` is checked and the stage can run it (causal masking and grouped-query heads).
 pub fn fastest_stage(gpu: &Gpu, s: &Shape) -> Result<Stage> {
     composed::validate_shape(s)?;
-    if gpu.arch == Arch::Sm90 || gpu.arch == Arch::Sm90a {
-        return Ok(Stage::S7);
+    let stage = stage_for(gpu);
+    if stage == Stage::S7 {
+        return Ok(stage);
     }
     if s.causal || s.group() > 1 {
         return Err(Error::Unsupported(format!(
@@ -88,7 +98,7 @@ pub fn fastest_stage(gpu: &Gpu, s: &Shape) -> Result<Stage> {
             gpu.name, gpu.arch
         )));
     }
-    Ok(Stage::S4)
+    Ok(stage)
 }
 
 /// One checked run: `qz` validated and uploaded, `stage` launched, O (written as `out`) and the LSE downloaded.

@@ -32,30 +32,14 @@ fn shape(
         causal,
         ..Shape::cross(b, h, sq, sk, d)
     };
-    let lens = Lengths {
-        q: s.heads() * sq * d,
-        k: s.kv_heads() * sk * d,
-        v: s.kv_heads() * sk * d,
-        q_scales: s.heads(),
-        k_scales: s.kv_heads(),
-        v_scales: s.kv_heads(),
-    };
-    check_inputs(&s, &lens, 1.0).map_err(py_err)?;
+    check_inputs(&s, &Lengths::of(&s), 1.0).map_err(py_err)?;
     Ok(s)
 }
 
 /// Where compiled kernels are kept across processes: $FP8_ATTENTION_CACHE (`off`: nowhere), else
 /// $XDG_CACHE_HOME/fp8_attention, else ~/.cache/fp8_attention.
 fn cache_dir() -> Option<std::path::PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    match env("FP8_ATTENTION_CACHE") {
-        Some(v) if v == "off" => None,
-        Some(v) => Some(v.into()),
-        None => env("XDG_CACHE_HOME")
-            .map(std::path::PathBuf::from)
-            .or_else(|| env("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
-            .map(|c| c.join("fp8_attention")),
-    }
+    fp8_attention::default_kernel_cache("FP8_ATTENTION_CACHE", "fp8_attention")
 }
 
 /// The device (index 0) and the stage its kernels run; the disk cache of kernels set on first use.
@@ -68,12 +52,7 @@ fn gpu() -> PyResult<(&'static lab::Gpu, Stage)> {
     });
     let gpu = lab::Gpu::get()
         .map_err(|e| PyRuntimeError::new_err(format!("fp8_attention needs a CUDA GPU: {e:#}")))?;
-    let stage = if matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a) {
-        Stage::S7
-    } else {
-        Stage::S4
-    };
-    Ok((gpu, stage))
+    Ok((gpu, fp8_attention::stage_for(gpu)))
 }
 
 /// One workspace (Vᵀ, the schedule's table) per CUDA stream: launches on a stream run in its order.

@@ -20,15 +20,7 @@ pub use files::{Loaded, load, save};
 /// Where `sdpa` keeps compiled kernels between runs: $LAB_CUBIN_CACHE (`off` for nowhere), else
 /// $XDG_CACHE_HOME/lab/cubins, else ~/.cache/lab/cubins.
 fn cubin_cache() -> Option<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    match env("LAB_CUBIN_CACHE") {
-        Some(v) if v == "off" => None,
-        Some(v) => Some(PathBuf::from(v)),
-        None => env("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|c| c.join("lab/cubins")),
-    }
+    fp8_attention::default_kernel_cache("LAB_CUBIN_CACHE", "lab/cubins")
 }
 
 /// Runs a parsed command, keeping compiled kernels on disk between runs (see `cubin_cache`).
