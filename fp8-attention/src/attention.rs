@@ -176,6 +176,7 @@ pub struct Attention {
     cfg: Config,
     stage: Stage,
     ws: Workspace,
+    pub(crate) staging: crate::staging::Staging,
 }
 
 impl Attention {
@@ -197,7 +198,12 @@ impl Attention {
         let mut ws = Workspace::new();
         // The caller's V may change between calls at the same address: Vᵀ is made from it every call.
         ws.remake_vt(true);
-        Ok(Attention { cfg, stage, ws })
+        Ok(Attention {
+            cfg,
+            stage,
+            ws,
+            staging: Default::default(),
+        })
     }
 
     /// The stage the op launches.
@@ -235,29 +241,49 @@ impl Attention {
         k: Fp8,
         v: Fp8,
     ) -> Result<Output> {
+        let lens = Lengths {
+            q: q.codes.len(),
+            k: k.codes.len(),
+            v: v.codes.len(),
+            q_scales: q.scales.len(),
+            k_scales: k.scales.len(),
+            v_scales: v.scales.len(),
+        };
+        let (s, scale) = self.checked(gpu, s, &lens)?;
+        self.launch(gpu, stream, s, scale, q, k, v)
+    }
+
+    /// `s` with the op's causal flag and the softmax scale, once both and the inputs' counts `lens` are checked
+    /// against what this op and device run.
+    pub(crate) fn checked(&self, gpu: &Gpu, s: Shape, lens: &Lengths) -> Result<(Shape, f32)> {
         let s = Shape {
             causal: self.cfg.causal,
             ..s
         };
         let scale = self.cfg.softmax_scale.unwrap_or(1.0 / (s.d as f32).sqrt());
-        check_inputs(
-            &s,
-            &Lengths {
-                q: q.codes.len(),
-                k: k.codes.len(),
-                v: v.codes.len(),
-                q_scales: q.scales.len(),
-                k_scales: k.scales.len(),
-                v_scales: v.scales.len(),
-            },
-            scale,
-        )?;
+        check_inputs(&s, lens, scale)?;
         if s.group() > 1 && !self.stage.gqa() {
             return Err(Error::Unsupported(format!(
                 "grouped-query heads (H = {}, Hkv = {}) need an sm_90 GPU (stage 7); {} is {}",
                 s.h, s.hkv, gpu.name, gpu.arch
             )));
         }
+        Ok((s, scale))
+    }
+
+    /// Queues the call on checked inputs ([`Attention::checked`]); the codes and scales may be longer than `s`
+    /// needs (the first elements are read).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        s: Shape,
+        scale: f32,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+    ) -> Result<Output> {
         let rows = self.ws.output_rows(gpu, self.stage, &s)?;
         let n = rows * s.d;
         let alloc = |e: lab::cudarc::driver::DriverError| {

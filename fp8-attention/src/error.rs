@@ -30,6 +30,9 @@ pub enum Error {
         got: usize,
         want: usize,
     },
+    /// A real-valued input's view that the quantizer cannot read (strides, alignment, or past its buffer).
+    #[error("`{tensor}`: {why}")]
+    Layout { tensor: &'static str, why: String },
     /// A softmax scale that is zero, negative, infinite or NaN.
     #[error("softmax scale {0} is not positive and finite")]
     SoftmaxScale(f32),

@@ -24,6 +24,8 @@
 mod attention;
 mod error;
 mod problem;
+mod real;
+mod staging;
 
 pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs};
 pub use composed::bench::Timing;
@@ -34,6 +36,7 @@ pub use fixtures::{
     quantize_per_head, quantize_per_tensor,
 };
 pub use lab::Gpu;
+pub use real::{Real, RealDtype, RealElem};
 
 /// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the
 /// architecture, the compile options and the NVRTC and headers used), so that a process's first call does not wait

@@ -9,6 +9,7 @@ naming it before anything runs on the GPU.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 __all__ = ["sdpa", "check_args"]
@@ -62,6 +63,8 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
                 raise TypeError(f"float8_e4m3fn inputs need `{name}` (float32, one per (batch, head) or one)")
             if _dtype(sc) != "torch.float32":
                 raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
+            if getattr(getattr(sc, "device", None), "type", None) != "cuda":
+                raise ValueError(f"`{name}` is on {getattr(sc, 'device', '?')}: it must be on the GPU with q, k, v")
             if sc.numel() not in (1, n):
                 raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (batch, head) = {n}")
     elif any(sc is not None for _, sc, _n in scales):
@@ -77,18 +80,51 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
     return b, h, hkv, sq, sk, d, fp8, out
 
 
-def _quantize(x):
-    """E4M3 codes of x [B, H, S, D] with one scale per (batch, head): amax / 448 (1 for an all-zero head)."""
+def _readable(t, d):
+    """t, or a contiguous copy when the device quantizer cannot read it in place (D not contiguous, an address or
+    a stride not a multiple of 16 bytes, rows overlapping)."""
+    st, es = t.stride(), t.element_size()
+    if st[3] == 1 and st[2] >= d and t.data_ptr() % 16 == 0 and all(x * es % 16 == 0 for x in st[:3]):
+        return t
+    return t.contiguous()
+
+
+def _pad4(n):
+    return (n + 3) // 4 * 4
+
+
+def _quantize(q, k, v, dt, b, h, hkv, sq, sk, d, stream):
+    """E4M3 codes of q, k, v (their own layouts, read in place) with one scale per (batch, head), made on the GPU
+    by one amax and one quantize kernel a tensor, into buffers torch allocates (so a CUDA graph can capture it)."""
     import torch
 
-    amax = x.abs().amax(dim=(2, 3)).float()
-    s = torch.where(amax > 0, amax / _E4M3_MAX, torch.ones_like(amax))
-    codes = (x.float() / s[:, :, None, None]).clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn)
-    return codes.contiguous(), s.reshape(-1).contiguous()
+    from . import _core
+
+    q, k, v = (_readable(t, d) for t in (q, k, v))
+    nq, nkv = b * h * sq * d, b * hkv * sk * d
+    codes = torch.empty(nq + 2 * nkv, dtype=torch.uint8, device=q.device)
+    sq4, skv4 = _pad4(b * h), _pad4(b * hkv)
+    scales = torch.empty(sq4 + 2 * skv4, dtype=torch.float32, device=q.device)
+    amax = torch.zeros(b * h + 2 * b * hkv, dtype=torch.int32, device=q.device)
+    cp, sp = codes.data_ptr(), scales.data_ptr()
+    c = (cp, cp + nq, cp + nq + nkv)
+    s = (sp, sp + 4 * sq4, sp + 4 * (sq4 + skv4))
+    _core.quantize([(t.data_ptr(), tuple(t.stride()[:3])) for t in (q, k, v)], dt, c, s, amax.data_ptr(),
+                   b, h, hkv, sq, sk, d, stream)
+    return c, s, (codes, scales)
 
 
 def _per_head(sc, n):
+    if sc.numel() == n and sc.is_contiguous():
+        return sc
     return (sc.reshape(1).expand(n) if sc.numel() == 1 else sc.reshape(n)).contiguous()
+
+
+@functools.lru_cache(maxsize=1024)
+def _output_rows(b, h, hkv, sq, sk, d, causal):
+    from . import _core
+
+    return _core.output_rows(b, h, hkv, sq, sk, d, causal)
 
 
 def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False, q_scale=None, k_scale=None,
@@ -107,18 +143,19 @@ def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False,
 
     from . import _core
 
+    stream = torch.cuda.current_stream(q.device).cuda_stream
     if fp8:
         qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
         qs, ks, vs = _per_head(q_scale, b * h), _per_head(k_scale, b * hkv), _per_head(v_scale, b * hkv)
+        c = (qc.data_ptr(), kc.data_ptr(), vc.data_ptr())
+        sc = (qs.data_ptr(), ks.data_ptr(), vs.data_ptr())
     else:
-        (qc, qs), (kc, ks), (vc, vs) = _quantize(q), _quantize(k), _quantize(v)
-    rows = _core.output_rows(b, h, hkv, sq, sk, d, causal)
+        c, sc, _keep = _quantize(q, k, v, _REAL[_dtype(q)], b, h, hkv, sq, sk, d, stream)
+    rows = _output_rows(b, h, hkv, sq, sk, d, bool(causal))
     tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
     o = torch.empty(rows * d, dtype=tdt, device=q.device)
     lse = torch.empty(rows, dtype=torch.float32, device=q.device)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    _core.launch(qc.data_ptr(), kc.data_ptr(), vc.data_ptr(), qs.data_ptr(), ks.data_ptr(), vs.data_ptr(),
-                 o.data_ptr(), lse.data_ptr(), b, h, hkv, sq, sk, d, bool(causal),
+    _core.launch(*c, *sc, o.data_ptr(), lse.data_ptr(), b, h, hkv, sq, sk, d, bool(causal),
                  float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream)
     o = o[: b * h * sq * d].view(b, h, sq, d)
     return (o, lse[: b * h * sq].view(b, h, sq)) if return_lse else o

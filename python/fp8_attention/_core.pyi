@@ -5,3 +5,7 @@ def launch(
     b: int, h: int, hkv: int, sq: int, sk: int, d: int, causal: bool, softmax_scale: float, out_dtype: str,
     stream: int,
 ) -> None: ...
+def quantize(
+    views: list[tuple[int, tuple[int, int, int]]], dtype: str, codes: tuple[int, int, int],
+    scales: tuple[int, int, int], amax: int, b: int, h: int, hkv: int, sq: int, sk: int, d: int, stream: int,
+) -> None: ...

@@ -135,13 +135,13 @@ fn launch(
         }
     }
     let (gpu, stage) = gpu()?;
-    // SAFETY: `stream` is a CUDA stream of this device's primary context (the caller's current one), alive for the
-    // call; the wrapper neither destroys nor synchronises it on drop.
-    let st = unsafe {
-        gpu.ctx
-            .wrap_borrowed_stream(stream as lab::cudarc::driver::sys::CUstream)
-    };
-    let t = Tensors {
+    run(gpu, stage, &s, softmax_scale, out, &t_of(q, k, v, q_scale, k_scale, v_scale, o, lse), stream)
+}
+
+/// The eight device addresses of a call.
+#[allow(clippy::too_many_arguments)]
+fn t_of(q: u64, k: u64, v: u64, q_scale: u64, k_scale: u64, v_scale: u64, o: u64, lse: u64) -> Tensors {
+    Tensors {
         q,
         k,
         v,
@@ -150,6 +150,24 @@ fn launch(
         v_scale,
         o,
         lse,
+    }
+}
+
+/// Queues the attention on `stream` through this stream's workspace.
+fn run(
+    gpu: &lab::Gpu,
+    stage: Stage,
+    s: &Shape,
+    softmax_scale: f32,
+    out: OutDtype,
+    t: &Tensors,
+    stream: usize,
+) -> PyResult<()> {
+    // SAFETY: `stream` is a CUDA stream of this device's primary context (the caller's current one), alive for the
+    // call; the wrapper neither destroys nor synchronises it on drop.
+    let st = unsafe {
+        gpu.ctx
+            .wrap_borrowed_stream(stream as lab::cudarc::driver::sys::CUstream)
     };
     let mut ws = workspaces()
         .lock()
@@ -159,14 +177,89 @@ fn launch(
         w.remake_vt(true);
         w
     });
-    w.launch(gpu, stage, &st, &s, softmax_scale, out, &t)
+    w.launch(gpu, stage, &st, s, softmax_scale, out, t)
         .map_err(|e| py_err(e.into()))
 }
 
-/// The extension: `output_rows` and `launch`; `fp8_attention.sdpa` is the API.
+/// Queues, on the CUDA stream `stream`, the per-(batch, head) E4M3 quantization of three real-valued views
+/// (`dtype` "f32", "f16" or "bf16"; q [B, H, Sq, D], k and v [B, Hkv, Sk, D], each at an address with element
+/// strides (B, heads, S), D contiguous) into `codes` (q's, then k's, then v's, contiguous), `scales` (q's at
+/// `scales[0]`, k's and v's at the addresses given) and `amax` (B·H + 2·B·Hkv u32, zero on entry). Every view is
+/// checked before anything is queued.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn quantize(
+    views: [(u64, [usize; 3]); 3],
+    dtype: &str,
+    codes: [u64; 3],
+    scales: [u64; 3],
+    amax: u64,
+    b: usize,
+    h: usize,
+    hkv: usize,
+    sq: usize,
+    sk: usize,
+    d: usize,
+    stream: usize,
+) -> PyResult<()> {
+    let dtype = match dtype {
+        "f32" => fp8_codec::Real::F32,
+        "f16" => fp8_codec::Real::F16,
+        "bf16" => fp8_codec::Real::Bf16,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "dtype {other:?}: f32, f16 or bf16"
+            )));
+        }
+    };
+    let dims = [[b, h, sq, d], [b, hkv, sk, d], [b, hkv, sk, d]];
+    let mut vs = Vec::with_capacity(3);
+    for (i, ((addr, strides), dims)) in views.into_iter().zip(dims).enumerate() {
+        let v = fp8_codec::View {
+            addr,
+            dtype,
+            dims,
+            strides,
+        };
+        v.check(["q", "k", "v"][i])
+            .map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
+        vs.push(v);
+    }
+    let (gpu, _) = gpu()?;
+    // SAFETY: as in `launch`: a live stream of this device's primary context, not destroyed here.
+    let st = unsafe {
+        gpu.ctx
+            .wrap_borrowed_stream(stream as lab::cudarc::driver::sys::CUstream)
+    };
+    let vq = fp8_codec::ViewQuantizer::default();
+    let mut at = amax;
+    for (i, v) in vs.iter().enumerate() {
+        // SAFETY: the views are torch tensors' (inside their storage); codes, scales and amax are torch buffers
+        // the caller allocated for them, of the sizes named above, alive while the stream runs the kernels.
+        unsafe {
+            vq.run(
+                gpu,
+                &st,
+                ["q", "k", "v"][i],
+                v,
+                fp8_codec::ViewOut {
+                    codes: codes[i],
+                    scales: scales[i],
+                    amax: at,
+                },
+            )
+        }
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
+        at += (v.dims[0] * v.dims[1] * 4) as u64;
+    }
+    Ok(())
+}
+
+/// The extension: `output_rows`, `quantize` and `launch`; `fp8_attention.sdpa` is the API.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(output_rows, m)?)?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize, m)?)?;
     Ok(())
 }

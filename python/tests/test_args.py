@@ -71,6 +71,8 @@ def test_scales_and_options_are_named():
         fa.check_args(q, k, v, q_scale=f32(16), k_scale=T((4,), "torch.float16"), v_scale=f32(4))
     with pytest.raises(ValueError, match="`v_scale` holds 3 scales"):
         fa.check_args(q, k, v, q_scale=f32(16), k_scale=f32(4), v_scale=f32(3))
+    with pytest.raises(ValueError, match="`q_scale` is on cpu"):
+        fa.check_args(q, k, v, q_scale=T((16,), "torch.float32", Dev("cpu", None)), k_scale=f32(4), v_scale=f32(4))
     with pytest.raises(TypeError, match="go with float8_e4m3fn inputs"):
         fa.check_args(*qkv(), q_scale=f32(16))
     with pytest.raises(ValueError, match="scale = -1.0"):

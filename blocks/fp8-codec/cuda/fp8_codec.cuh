@@ -63,6 +63,85 @@ __device__ __forceinline__ void quantize_tensor(const float4* x, long long n16, 
   }
 }
 
+// ---- Views: [B][H][S][D] of T (f32, f16, bf16) with element strides, D contiguous -> contiguous E4M3 codes
+// [B][H][S][D] with one scale per (b, h), in two grid-wide steps. A chunk is 8 consecutive elements of one row: D is a
+// multiple of 8 and every chunk starts 16-byte aligned (the host checks the address and the strides). Widening
+// f16 / bf16 to f32 is exact, so the codes are the whole-tensor quantizer's of the widened values, bit for bit.
+
+__device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __half* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+    v[2 * j] = f.x; v[2 * j + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+    v[2 * j] = f.x; v[2 * j + 1] = f.y;
+  }
+}
+
+// Where a view's elements are: x + b·sb + h·sh + s·ss + d. `heads` heads a batch, `rows` rows (S) a head.
+template <class T>
+struct View {
+  const T* x;
+  long long sb, sh, ss;
+  int heads, rows, d;
+  __device__ __forceinline__ const T* chunk(long long head, long long c) const {
+    const long long cpr = d / 8, r = c / cpr;
+    return x + (head / heads) * sb + (head % heads) * sh + r * ss + (c - r * cpr) * 8;
+  }
+};
+
+// Step 1. Block b of a grid of (B·heads) x parts folds max |x| over its part of head b / parts into
+// amax_bits[b / parts] (zeroed before), as group_amax does.
+template <class T>
+__device__ __forceinline__ void view_amax(View<T> v, int parts, unsigned* amax_bits) {
+  const long long head = blockIdx.x / parts, n = (long long)v.rows * (v.d / 8);
+  const int part = blockIdx.x % parts;
+  float m = 0.0f;
+  for (long long c = (long long)part * blockDim.x + threadIdx.x; c < n; c += (long long)parts * blockDim.x) {
+    float e[8];
+    load8(v.chunk(head, c), e);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(e[j]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits + head, __float_as_uint(m));
+}
+
+// Step 2. Every chunk of `chunks` (B·heads·rows·d/8), grid-stride: eight codes (one 8-byte store) at the chunk's
+// place in the contiguous output, with its head's scale from step 1's amax; each head's first chunk stores the scale.
+template <class T>
+__device__ __forceinline__ void view_quantize(View<T> v, long long chunks, const unsigned* amax_bits, uint2* q,
+                                              float* scales) {
+  const long long per_head = (long long)v.rows * (v.d / 8);
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x) {
+    const long long head = i / per_head, c = i - head * per_head;
+    const float s = scale_from_amax(__uint_as_float(amax_bits[head]));
+    float e[8];
+    load8(v.chunk(head, c), e);
+    unsigned w[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      w[j] = (unsigned)quantize(e[4 * j], s) | ((unsigned)quantize(e[4 * j + 1], s) << 8) |
+             ((unsigned)quantize(e[4 * j + 2], s) << 16) | ((unsigned)quantize(e[4 * j + 3], s) << 24);
+    q[i] = make_uint2(w[0], w[1]);
+    if (c == 0) scales[head] = s;
+  }
+}
+
 // Four E4M3 codes in one 32-bit word (one 4-byte shared-memory load) as two half2, exactly: every E4M3 value
 // is an f16. The lowest byte becomes lo.x.
 __device__ __forceinline__ void decode4(unsigned w, __half2& lo, __half2& hi) {

@@ -47,6 +47,18 @@ const fn t(name: &'static str) -> KernelSpec {
 pub const TENSOR_AMAX: KernelSpec = t("fp8_tensor_amax");
 pub const TENSOR_SCALES: KernelSpec = t("fp8_tensor_scales");
 pub const TENSOR_QUANTIZE: KernelSpec = t("fp8_tensor_quantize");
+/// The library kernels of [`crate::ViewQuantizer`], by input type (f32, f16, bf16): step 1 (amax).
+pub const VIEW_AMAX: [KernelSpec; 3] = [
+    t("fp8_view_amax_f32"),
+    t("fp8_view_amax_f16"),
+    t("fp8_view_amax_bf16"),
+];
+/// Step 2 of [`crate::ViewQuantizer`] (codes and scales), by input type (f32, f16, bf16).
+pub const VIEW_QUANTIZE: [KernelSpec; 3] = [
+    t("fp8_view_quantize_f32"),
+    t("fp8_view_quantize_f16"),
+    t("fp8_view_quantize_bf16"),
+];
 pub const KERNELS: &[KernelSpec] = &[
     ENCODE_ALL,
     DECODE_ALL,
@@ -57,4 +69,10 @@ pub const KERNELS: &[KernelSpec] = &[
     TENSOR_AMAX,
     TENSOR_SCALES,
     TENSOR_QUANTIZE,
+    VIEW_AMAX[0],
+    VIEW_AMAX[1],
+    VIEW_AMAX[2],
+    VIEW_QUANTIZE[0],
+    VIEW_QUANTIZE[1],
+    VIEW_QUANTIZE[2],
 ];

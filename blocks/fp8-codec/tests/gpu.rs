@@ -1,8 +1,8 @@
 // fp8-codec's test binary: the model against cuda_fp8.h on the device, bit for bit, and the quantizer round trip.
 use anyhow::{Result, bail, ensure};
 use fp8_codec::*;
-use half::f16;
-use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
+use half::{bf16, f16};
+use lab::cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use lab::numerics::{Inputs, check_written, poisoned};
 use lab::{Gpu, KernelSpec, Suite};
 
@@ -206,6 +206,168 @@ fn check_tensor_quantizer(gpu: &Gpu, tq: &TensorQuantizer) -> Result<()> {
                     "{what}, {}: element {i} = {:e}: device {:#04x}, model {:#04x}",
                     per.name(),
                     x[i],
+                    q[i],
+                    wq[i]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A view-quantizer case: [B, H, S, D] `dims` with element `strides`, starting `start` elements into `buf`.
+struct ViewCase {
+    what: &'static str,
+    dims: [usize; 4],
+    strides: [usize; 3],
+    start: usize,
+    buf: Vec<f32>,
+}
+
+/// Contiguous heads of very different magnitudes (one all zero); a [B, S, H, D] tensor read as [B, H, S, D]; the
+/// k slice of a fused [B, S, 3, H, D] projection; heads holding every E4M3 rounding boundary beside a negative
+/// amax; one long head (64 blocks fold its amax, the largest magnitude last).
+fn view_cases() -> Vec<ViewCase> {
+    let (x, _) = tensor();
+    let mut cases = vec![ViewCase {
+        what: "contiguous [2, 3, 37, 64]",
+        dims: [2, 3, 37, 64],
+        strides: [3 * 37 * 64, 37 * 64, 64],
+        start: 0,
+        buf: x,
+    }];
+    let (b, h, s, d) = (2, 5, 40, 128);
+    cases.push(ViewCase {
+        what: "[B, S, H, D] storage as [2, 5, 40, 128]",
+        dims: [b, h, s, d],
+        strides: [s * h * d, d, h * d],
+        start: 0,
+        buf: Inputs::seeded(11).normal(b * s * h * d, 0.0, 4.0),
+    });
+    let (b, h, s, d) = (2, 4, 33, 64);
+    let mut fused = Inputs::seeded(12).normal(b * s * 3 * h * d, 0.0, 1.0);
+    fused[s * 3 * h * d + 7 * 3 * h * d + h * d + 2 * d + 5] = -90.0; // k of batch 1, row 7, head 2
+    cases.push(ViewCase {
+        what: "k of a fused [B, S, 3, H, D] projection, [2, 4, 33, 64]",
+        dims: [b, h, s, d],
+        strides: [s * 3 * h * d, d, 3 * h * d],
+        start: h * d,
+        buf: fused,
+    });
+    let mut edges: Vec<f32> = boundary_inputs(Format::E4M3)
+        .into_iter()
+        .filter(|v| v.is_finite() && v.abs() <= 448.0)
+        .collect();
+    edges.push(448.0);
+    let len = edges.len().next_multiple_of(64);
+    edges.resize(len, 0.0);
+    let mut neg = Inputs::seeded(5).normal(len, 0.0, 3.0);
+    neg[len / 2 + 3] = -1000.0;
+    edges.extend(neg);
+    cases.push(ViewCase {
+        what: "rounding boundaries; a negative amax",
+        dims: [1, 2, len / 64, 64],
+        strides: [2 * len, len, 64],
+        start: 0,
+        buf: edges,
+    });
+    let mut long = Inputs::seeded(7).normal(8192 * 128, 0.0, 1.0);
+    *long.last_mut().expect("non-empty") = -77.0;
+    cases.push(ViewCase {
+        what: "one head of 8192 × 128",
+        dims: [1, 1, 8192, 128],
+        strides: [8192 * 128, 8192 * 128, 128],
+        start: 0,
+        buf: long,
+    });
+    cases
+}
+
+/// `x` as the device holds it in `dtype`, widened back to f32 (exact).
+fn as_dtype(x: &[f32], dtype: Real) -> Vec<f32> {
+    match dtype {
+        Real::F32 => x.to_vec(),
+        Real::F16 => x.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
+        Real::Bf16 => x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect(),
+    }
+}
+
+/// The view quantizer against the model (the view gathered, widened, quantized per head) on every case and input
+/// type; the first difference.
+fn check_view_quantizer(gpu: &Gpu, vq: &ViewQuantizer) -> Result<()> {
+    let st = &gpu.stream;
+    for c in view_cases() {
+        for dtype in [Real::F32, Real::F16, Real::Bf16] {
+            let vals = as_dtype(&c.buf, dtype);
+            let [b, h, s, d] = c.dims;
+            let mut gathered = Vec::with_capacity(b * h * s * d);
+            for (bi, hi, si) in
+                (0..b).flat_map(|bi| (0..h).flat_map(move |hi| (0..s).map(move |si| (bi, hi, si))))
+            {
+                let at = c.start + bi * c.strides[0] + hi * c.strides[1] + si * c.strides[2];
+                gathered.extend_from_slice(&vals[at..at + d]);
+            }
+            let (wq, ws) = quantize_tensor(&gathered, s * d, Granularity::PerHead);
+            let bytes: Vec<u8> = match dtype {
+                Real::F32 => vals.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                Real::F16 => vals
+                    .iter()
+                    .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                    .collect(),
+                Real::Bf16 => vals
+                    .iter()
+                    .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                    .collect(),
+            };
+            let buf = st.clone_htod(&bytes)?;
+            let mut codes = st.clone_htod(&vec![0xA5u8; gathered.len()])?;
+            let mut scales = st.clone_htod(&poisoned::<f32>(b * h))?;
+            let mut amax = st.alloc_zeros::<u32>(b * h)?;
+            {
+                let (base, _g0) = buf.device_ptr(st);
+                let (q, _g1) = codes.device_ptr_mut(st);
+                let (sc, _g2) = scales.device_ptr_mut(st);
+                let (am, _g3) = amax.device_ptr_mut(st);
+                let view = View {
+                    addr: base + (c.start * dtype.size()) as u64,
+                    dtype,
+                    dims: c.dims,
+                    strides: c.strides,
+                };
+                ensure!(
+                    c.start + view.extent() <= vals.len(),
+                    "{}: the view leaves its buffer",
+                    c.what
+                );
+                // SAFETY: the view lies inside `buf` (checked just above); codes, scales and amax are separate
+                // allocations of the sizes run asks for, amax zeroed; all outlive the kernels (synchronised below).
+                unsafe {
+                    vq.run(
+                        gpu,
+                        st,
+                        "x",
+                        &view,
+                        ViewOut {
+                            codes: q,
+                            scales: sc,
+                            amax: am,
+                        },
+                    )?
+                };
+            }
+            let (q, sc) = (st.clone_dtoh(&codes)?, st.clone_dtoh(&scales)?);
+            let what = format!("{}, {}", c.what, dtype.name());
+            if let Some(i) = (0..ws.len()).find(|&i| sc[i].to_bits() != ws[i].to_bits()) {
+                bail!(
+                    "{what}: scale of head {i}: device {:e}, model {:e}",
+                    sc[i],
+                    ws[i]
+                );
+            }
+            if let Some(i) = (0..wq.len()).find(|&i| q[i] != wq[i]) {
+                bail!(
+                    "{what}: element {i} = {:e}: device {:#04x}, model {:#04x}",
+                    gathered[i],
                     q[i],
                     wq[i]
                 );
@@ -443,6 +605,45 @@ fn main() {
         ] {
             let m = TensorQuantizer::default().mutated("fp8_codec.cuh", from, to)?;
             match check_tensor_quantizer(gpu, &m) {
+                Err(e) => eprintln!("mutant `{what}` caught: {e}"),
+                Ok(()) => bail!("the mutant `{what}` passed every case"),
+            }
+        }
+        Ok(())
+    });
+    t.gpu("view_quantizer_is_bit_exact_for_every_input_type", |gpu| {
+        check_view_quantizer(gpu, &ViewQuantizer::default())?;
+        eprintln!(
+            "view quantizer: {} strided cases × (f32, f16, bf16): codes and scales bit-exact to the model",
+            view_cases().len()
+        );
+        Ok(())
+    });
+    t.gpu("mutant_view_quantizers_are_caught", |gpu| {
+        for (what, from, to) in [
+            (
+                "rows read at D apart, not at the S stride",
+                "+ r * ss +",
+                "+ r * d +",
+            ),
+            (
+                "the batch and head strides swapped",
+                "(head / heads) * sb + (head % heads) * sh",
+                "(head / heads) * sh + (head % heads) * sb",
+            ),
+            (
+                "amax without |x|",
+                "m = fmaxf(m, fabsf(e[j]))",
+                "m = fmaxf(m, e[j])",
+            ),
+            (
+                "bf16 pairs swapped when widened",
+                "v[2 * j] = f.x; v[2 * j + 1] = f.y;\n  }\n}\n\n// Where",
+                "v[2 * j] = f.y; v[2 * j + 1] = f.x;\n  }\n}\n\n// Where",
+            ),
+        ] {
+            let m = ViewQuantizer::default().mutated("fp8_codec.cuh", from, to)?;
+            match check_view_quantizer(gpu, &m) {
                 Err(e) => eprintln!("mutant `{what}` caught: {e}"),
                 Ok(()) => bail!("the mutant `{what}` passed every case"),
             }

@@ -1,0 +1,164 @@
+// Real-valued inputs (f32, f16, bf16; strided [B, H, S, D] views) quantized to E4M3 on the device, then attended.
+use std::sync::Arc;
+
+use fixtures::Shape;
+use fp8_codec::{View, ViewOut, ViewQuantizer};
+use half::{bf16, f16};
+use lab::Gpu;
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+
+use crate::attention::{Attention, Fp8, Output};
+use crate::error::{Error, Result};
+use crate::staging::grown;
+
+pub use fp8_codec::Real as RealDtype;
+
+/// An element type a model's tensors hold: f32, f16 or bf16.
+pub trait RealElem: lab::cudarc::driver::DeviceRepr {
+    const DTYPE: RealDtype;
+}
+impl RealElem for f32 {
+    const DTYPE: RealDtype = RealDtype::F32;
+}
+impl RealElem for f16 {
+    const DTYPE: RealDtype = RealDtype::F16;
+}
+impl RealElem for bf16 {
+    const DTYPE: RealDtype = RealDtype::Bf16;
+}
+
+/// A real-valued [B, heads, S, D] tensor on the device: element (b, h, s, d) is `data[offset + b·strides[0] +
+/// h·strides[1] + s·strides[2] + d]` (D contiguous; `strides` None: row-major [B, heads, S, D]). A [B, S, H, D]
+/// tensor is `strides: Some([S·H·D, D, H·D])`; the q of a fused [B, S, 3, H, D] projection adds nothing else.
+#[derive(Debug, Clone, Copy)]
+pub struct Real<'a, T> {
+    pub data: &'a CudaSlice<T>,
+    pub offset: usize,
+    pub strides: Option<[usize; 3]>,
+}
+
+impl<'a, T> Real<'a, T> {
+    /// A row-major [B, heads, S, D] tensor: the whole of `data`.
+    pub fn contiguous(data: &'a CudaSlice<T>) -> Self {
+        Real {
+            data,
+            offset: 0,
+            strides: None,
+        }
+    }
+    /// The tensor with element strides (B, heads, S), starting `offset` elements into `data`.
+    pub fn strided(data: &'a CudaSlice<T>, offset: usize, strides: [usize; 3]) -> Self {
+        Real {
+            data,
+            offset,
+            strides: Some(strides),
+        }
+    }
+}
+
+impl Attention {
+    /// Attention of real-valued `q` over `k` and `v` (shape `s` as [`Attention::forward`] takes it): each tensor
+    /// quantized to E4M3 on `stream` with one scale per (batch, head) — the codes and scales bit for bit those of
+    /// `fixtures::quantize_per_head` — then attended as [`Attention::forward`] does. Every view is checked before
+    /// anything is queued. The op keeps the codes between calls (calls on one op go on one stream at a time).
+    pub fn forward_real<T: RealElem>(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        s: Shape,
+        q: Real<T>,
+        k: Real<T>,
+        v: Real<T>,
+    ) -> Result<Output> {
+        let (s, scale) = self.checked(gpu, s, &crate::Lengths::of(&s))?;
+        let dims = [
+            [s.b, s.h, s.sq, s.d],
+            [s.b, s.hkv, s.sk, s.d],
+            [s.b, s.hkv, s.sk, s.d],
+        ];
+        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(12);
+        let mut views = Vec::with_capacity(3);
+        for ((tensor, x), dims) in [("q", &q), ("k", &k), ("v", &v)].into_iter().zip(dims) {
+            let (base, g) = x.data.device_ptr(stream);
+            guards.push(g);
+            let view = match x.strides {
+                None => View::contiguous(0, T::DTYPE, dims),
+                Some(strides) => View {
+                    addr: 0,
+                    dtype: T::DTYPE,
+                    dims,
+                    strides,
+                },
+            };
+            let view = View {
+                addr: base + (x.offset * T::DTYPE.size()) as u64,
+                ..view
+            };
+            let layout = |why: String| Error::Layout { tensor, why };
+            if x.offset + view.extent() > x.data.len() {
+                return Err(layout(format!(
+                    "the view {dims:?} with strides {:?} from element {} reaches element {}, past the {} the \
+                     buffer holds",
+                    view.strides,
+                    x.offset,
+                    x.offset + view.extent(),
+                    x.data.len()
+                )));
+            }
+            view.check(tensor).map_err(|e| layout(format!("{e:#}")))?;
+            views.push(view);
+        }
+        let mut st = std::mem::take(&mut self.staging);
+        let counts = dims.map(|[b, h, s, d]| (b * h * s * d, b * h));
+        for (i, &(n, heads)) in counts.iter().enumerate() {
+            grown(&mut st.codes[i], stream, n)?;
+            grown(&mut st.scales[i], stream, heads)?;
+        }
+        let heads_all: usize = counts.iter().map(|c| c.1).sum();
+        grown(&mut st.amax, stream, heads_all)?;
+        let result = (|| {
+            let amax = st.amax.as_mut().expect("grown above");
+            stream.memset_zeros(amax).map_err(anyhow::Error::from)?;
+            let (amax0, g) = amax.device_ptr_mut(stream);
+            guards.push(g);
+            let vq = ViewQuantizer::default();
+            let mut at = amax0;
+            for (i, view) in views.iter().enumerate() {
+                let (codes, g1) = st.codes[i]
+                    .as_mut()
+                    .expect("grown above")
+                    .device_ptr_mut(stream);
+                let (scales, g2) = st.scales[i]
+                    .as_mut()
+                    .expect("grown above")
+                    .device_ptr_mut(stream);
+                // SAFETY: the view lies inside its slice (checked above); codes, scales and the amax range are this
+                // op's own buffers, each at least the view's size, distinct from the inputs and from each other;
+                // all outlive the kernels (the slices are dropped only in stream order).
+                unsafe {
+                    vq.run(
+                        gpu,
+                        stream,
+                        ["q", "k", "v"][i],
+                        view,
+                        ViewOut {
+                            codes,
+                            scales,
+                            amax: at,
+                        },
+                    )
+                }?;
+                drop((g1, g2));
+                at += (counts[i].1 * 4) as u64;
+            }
+            drop(guards);
+            let f = |i: usize| Fp8 {
+                codes: st.codes[i].as_ref().expect("grown above"),
+                scales: st.scales[i].as_ref().expect("grown above"),
+            };
+            self.launch(gpu, stream, s, scale, f(0), f(1), f(2))
+        })();
+        self.staging = st;
+        result
+    }
+}
