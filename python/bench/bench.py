@@ -49,21 +49,22 @@ def cpu_us(fn, n, reps=7):
 
 
 def kernels_us(fn, calls=50):
-    """Median over calls of the summed device time of the kernels one call launches, and their names."""
+    """The summed device time of the kernels one call launches (median call), kernels a call, and each kernel's
+    mean time a call by name."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
     evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    names = sorted({e.name for e in evs})
-    total = sum(e.device_time for e in evs) if evs and hasattr(evs[0], "device_time") else sum(
-        e.cuda_time for e in evs)
-    return total / calls, names, len(evs) / calls
+    by_name = {}
+    for e in evs:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.device_time / calls
+    return sum(by_name.values()), len(evs) / calls, by_name
 
 
 def per_call():
@@ -84,7 +85,7 @@ def per_call():
     ours()
     torch_sdpa()
     torch.cuda.synchronize()
-    k_us, names, launches = kernels_us(ours)
+    k_us, launches, names = kernels_us(ours)
     st = torch.cuda.Stream()
     with torch.cuda.stream(st):
         ours()
@@ -113,7 +114,7 @@ def per_call():
         "shape": [b, h, s, d],
         "eager_parts_cpu_us": parts,
         "bf16_eager_us": events_us(lambda: fa.sdpa(*xr), 1000),
-        "bf16_kernels_us": kernels_us(lambda: fa.sdpa(*xr))[0:3:2],
+        "bf16_kernels_us": kernels_us(lambda: fa.sdpa(*xr)),
         "kernels_us": k_us,
         "kernels": names,
         "launches_per_call": launches,
@@ -178,6 +179,7 @@ def drop_in(seq, causal):
         q = torch.randn(1, 16, seq, 64, device="cuda", dtype=torch.bfloat16)
         a_ref = events_us(lambda: theirs(q, q, q), 20, reps=9)
         a_ours = events_us(lambda: ours(q, q, q), 20, reps=9)
+        a_kernels = kernels_us(lambda: ours(q, q, q), calls=10)
     return {
         "seq": seq,
         "causal": causal,
@@ -188,6 +190,7 @@ def drop_in(seq, causal):
         "forward_speedup": t_ref / t_ours,
         "attention_sdpa_us": a_ref,
         "attention_ours_us": a_ours,
+        "attention_ours_kernels_us": a_kernels,
     }
 
 

@@ -86,7 +86,9 @@ def _readable(t, d):
     st, es = t.stride(), t.element_size()
     if st[3] == 1 and st[2] >= d and t.data_ptr() % 16 == 0 and all(x * es % 16 == 0 for x in st[:3]):
         return t
-    return t.contiguous()
+    import torch
+
+    return t.clone(memory_format=torch.contiguous_format)  # a new allocation: aligned, whatever t's offset
 
 
 def _pad4(n):

@@ -91,55 +91,80 @@ __device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&v)[8]) {
   }
 }
 
-// Where a view's elements are: x + b·sb + h·sh + s·ss + d. `heads` heads a batch, `rows` rows (S) a head.
+// Where a view's elements are: x + b·sb + h·sh + s·ss + d. `heads` heads a batch, `rows` rows (S) a head; a head
+// holds rows·d/8 < 2^31 chunks (the host checks), so chunk indices within a head are 32-bit.
 template <class T>
 struct View {
   const T* x;
   long long sb, sh, ss;
   int heads, rows, d;
-  __device__ __forceinline__ const T* chunk(long long head, long long c) const {
-    const long long cpr = d / 8, r = c / cpr;
-    return x + (head / heads) * sb + (head % heads) * sh + r * ss + (c - r * cpr) * 8;
+  __device__ __forceinline__ const T* head(long long hd) const { return x + (hd / heads) * sb + (hd % heads) * sh; }
+  __device__ __forceinline__ const T* at(const T* head, unsigned c) const {
+    const unsigned cpr = d >> 3, r = c / cpr;
+    return head + r * ss + (c - r * cpr) * 8;
   }
+  __device__ __forceinline__ unsigned chunks() const { return (unsigned)rows * (unsigned)(d >> 3); }
 };
 
-// Step 1. Block b of a grid of (B·heads) x parts folds max |x| over its part of head b / parts into
-// amax_bits[b / parts] (zeroed before), as group_amax does.
-template <class T>
-__device__ __forceinline__ void view_amax(View<T> v, int parts, unsigned* amax_bits) {
-  const long long head = blockIdx.x / parts, n = (long long)v.rows * (v.d / 8);
-  const int part = blockIdx.x % parts;
-  float m = 0.0f;
-  for (long long c = (long long)part * blockDim.x + threadIdx.x; c < n; c += (long long)parts * blockDim.x) {
-    float e[8];
-    load8(v.chunk(head, c), e);
+__device__ __forceinline__ float amax8(const float (&e)[8], float m) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(e[j]));
+  for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(e[j]));
+  return m;
+}
+
+// Step 1. Block (x, y) of a grid of (B·heads) x parts folds max |x| over part y of head x into amax_bits[x] (zeroed
+// before), as group_amax does; four loads in flight a thread.
+template <class T>
+__device__ __forceinline__ void view_amax(View<T> v, unsigned* amax_bits) {
+  const T* hb = v.head(blockIdx.x);
+  const unsigned n = v.chunks(), step = gridDim.y * blockDim.x;
+  unsigned c = blockIdx.y * blockDim.x + threadIdx.x;
+  float m = 0.0f;
+  for (; c + 3 * step < n; c += 4 * step) {
+    float e[4][8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) load8(v.at(hb, c + u * step), e[u]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) m = amax8(e[u], m);
+  }
+  for (; c < n; c += step) {
+    float e[8];
+    load8(v.at(hb, c), e);
+    m = amax8(e, m);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits + head, __float_as_uint(m));
+  if ((threadIdx.x & 31) == 0) atomicMax(amax_bits + blockIdx.x, __float_as_uint(m));
 }
 
-// Step 2. Every chunk of `chunks` (B·heads·rows·d/8), grid-stride: eight codes (one 8-byte store) at the chunk's
-// place in the contiguous output, with its head's scale from step 1's amax; each head's first chunk stores the scale.
-template <class T>
-__device__ __forceinline__ void view_quantize(View<T> v, long long chunks, const unsigned* amax_bits, uint2* q,
-                                              float* scales) {
-  const long long per_head = (long long)v.rows * (v.d / 8);
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x) {
-    const long long head = i / per_head, c = i - head * per_head;
-    const float s = scale_from_amax(__uint_as_float(amax_bits[head]));
-    float e[8];
-    load8(v.chunk(head, c), e);
-    unsigned w[2];
+// Eight codes of e at scale s, as one 8-byte word.
+__device__ __forceinline__ uint2 quantize8(const float (&e)[8], float s) {
+  unsigned w[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      w[j] = (unsigned)quantize(e[4 * j], s) | ((unsigned)quantize(e[4 * j + 1], s) << 8) |
-             ((unsigned)quantize(e[4 * j + 2], s) << 16) | ((unsigned)quantize(e[4 * j + 3], s) << 24);
-    q[i] = make_uint2(w[0], w[1]);
-    if (c == 0) scales[head] = s;
+  for (int j = 0; j < 2; ++j)
+    w[j] = (unsigned)quantize(e[4 * j], s) | ((unsigned)quantize(e[4 * j + 1], s) << 8) |
+           ((unsigned)quantize(e[4 * j + 2], s) << 16) | ((unsigned)quantize(e[4 * j + 3], s) << 24);
+  return make_uint2(w[0], w[1]);
+}
+
+// Step 2. Block (x, y) of a grid of (B·heads) x parts: chunks c and c + step of head x a thread (both loads before
+// either store), eight codes (one 8-byte store) each at their place in the contiguous output, with the head's scale
+// from step 1's amax; block (x, 0)'s first thread stores the scale.
+template <class T>
+__device__ __forceinline__ void view_quantize(View<T> v, const unsigned* amax_bits, uint2* q, float* scales) {
+  const T* hb = v.head(blockIdx.x);
+  const unsigned n = v.chunks(), step = gridDim.y * blockDim.x;
+  uint2* qh = q + (long long)blockIdx.x * n;
+  const float s = scale_from_amax(__uint_as_float(amax_bits[blockIdx.x]));
+  for (unsigned c = blockIdx.y * blockDim.x + threadIdx.x; c < n; c += 2 * step) {
+    float e[2][8];
+    const bool second = c + step < n;
+    load8(v.at(hb, c), e[0]);
+    if (second) load8(v.at(hb, c + step), e[1]);
+    qh[c] = quantize8(e[0], s);
+    if (second) qh[c + step] = quantize8(e[1], s);
   }
+  if (blockIdx.y == 0 && threadIdx.x == 0) scales[blockIdx.x] = s;
 }
 
 // Four E4M3 codes in one 32-bit word (one 4-byte shared-memory load) as two half2, exactly: every E4M3 value

@@ -17,24 +17,24 @@ extern "C" __global__ void fp8_tensor_quantize(const float4* x, long long n16, l
 
 // Views [B][H][S][D] of f32, f16 or bf16 with strides (fp8_codec::ViewQuantizer): amax, then codes and scales.
 #define FP8_VIEW_ARGS(T) const T *x, long long sb, long long sh, long long ss, int heads, int rows, int d
-extern "C" __global__ void fp8_view_amax_f32(FP8_VIEW_ARGS(float), int parts, unsigned* amax_bits) {
-  fp8::view_amax(fp8::View<float>{x, sb, sh, ss, heads, rows, d}, parts, amax_bits);
+extern "C" __global__ void fp8_view_amax_f32(FP8_VIEW_ARGS(float), unsigned* amax_bits) {
+  fp8::view_amax(fp8::View<float>{x, sb, sh, ss, heads, rows, d}, amax_bits);
 }
-extern "C" __global__ void fp8_view_amax_f16(FP8_VIEW_ARGS(__half), int parts, unsigned* amax_bits) {
-  fp8::view_amax(fp8::View<__half>{x, sb, sh, ss, heads, rows, d}, parts, amax_bits);
+extern "C" __global__ void fp8_view_amax_f16(FP8_VIEW_ARGS(__half), unsigned* amax_bits) {
+  fp8::view_amax(fp8::View<__half>{x, sb, sh, ss, heads, rows, d}, amax_bits);
 }
-extern "C" __global__ void fp8_view_amax_bf16(FP8_VIEW_ARGS(__nv_bfloat16), int parts, unsigned* amax_bits) {
-  fp8::view_amax(fp8::View<__nv_bfloat16>{x, sb, sh, ss, heads, rows, d}, parts, amax_bits);
+extern "C" __global__ void fp8_view_amax_bf16(FP8_VIEW_ARGS(__nv_bfloat16), unsigned* amax_bits) {
+  fp8::view_amax(fp8::View<__nv_bfloat16>{x, sb, sh, ss, heads, rows, d}, amax_bits);
 }
-extern "C" __global__ void fp8_view_quantize_f32(FP8_VIEW_ARGS(float), long long chunks, const unsigned* amax_bits,
+extern "C" __global__ void fp8_view_quantize_f32(FP8_VIEW_ARGS(float), const unsigned* amax_bits,
                                                  uint2* q, float* scales) {
-  fp8::view_quantize(fp8::View<float>{x, sb, sh, ss, heads, rows, d}, chunks, amax_bits, q, scales);
+  fp8::view_quantize(fp8::View<float>{x, sb, sh, ss, heads, rows, d}, amax_bits, q, scales);
 }
-extern "C" __global__ void fp8_view_quantize_f16(FP8_VIEW_ARGS(__half), long long chunks, const unsigned* amax_bits,
+extern "C" __global__ void fp8_view_quantize_f16(FP8_VIEW_ARGS(__half), const unsigned* amax_bits,
                                                  uint2* q, float* scales) {
-  fp8::view_quantize(fp8::View<__half>{x, sb, sh, ss, heads, rows, d}, chunks, amax_bits, q, scales);
+  fp8::view_quantize(fp8::View<__half>{x, sb, sh, ss, heads, rows, d}, amax_bits, q, scales);
 }
-extern "C" __global__ void fp8_view_quantize_bf16(FP8_VIEW_ARGS(__nv_bfloat16), long long chunks,
-                                                  const unsigned* amax_bits, uint2* q, float* scales) {
-  fp8::view_quantize(fp8::View<__nv_bfloat16>{x, sb, sh, ss, heads, rows, d}, chunks, amax_bits, q, scales);
+extern "C" __global__ void fp8_view_quantize_bf16(FP8_VIEW_ARGS(__nv_bfloat16), const unsigned* amax_bits,
+                                                  uint2* q, float* scales) {
+  fp8::view_quantize(fp8::View<__nv_bfloat16>{x, sb, sh, ss, heads, rows, d}, amax_bits, q, scales);
 }

@@ -102,8 +102,8 @@ impl View {
             self.strides[2]
         );
         ensure!(
-            b * h <= i32::MAX as usize && s <= i32::MAX as usize,
-            "`{what}` {:?}: more heads or rows than one grid holds",
+            b * h <= i32::MAX as usize && s * d / 8 <= i32::MAX as usize,
+            "`{what}` {:?}: more heads, or more elements a head, than one grid holds",
             self.dims
         );
         Ok(())
@@ -193,18 +193,20 @@ impl ViewQuantizer {
         let (heads, rows, dd) = (h as i32, s as i32, d as i32);
         let [sb, sh, ss] = x.strides.map(|v| v as i64);
         let chunks_per_head = s * d / 8;
-        // About 8 chunks a thread in step 1: loads in flight without a second pass.
-        let parts = chunks_per_head
-            .div_ceil(THREADS as usize * 8)
-            .clamp(1, (i32::MAX as usize / (b * h)).max(1)) as i32;
+        // Step 1: about 16 chunks a thread (four rounds of four loads in flight); step 2: about 4 (two rounds of two).
+        let parts = |per_thread: usize| {
+            chunks_per_head
+                .div_ceil(THREADS as usize * per_thread)
+                .clamp(1, 65535) as u32
+        };
         let amax_k = gpu.load(&self.amax[x.dtype.index()])?;
         let quant_k = gpu.load(&self.quantize[x.dtype.index()])?;
-        let cfg = |blocks: usize| LaunchConfig {
-            grid_dim: (blocks as u32, 1, 1),
+        let cfg = |parts: u32| LaunchConfig {
+            grid_dim: ((b * h) as u32, parts, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: fp8_view_amax_T(const T* x, long long sb, sh, ss, int heads, rows, d, int parts, unsigned* amax),
+        // SAFETY: fp8_view_amax_T(const T* x, long long sb, sh, ss, int heads, rows, d, unsigned* amax), a grid of
         // (B·H) × parts blocks; the caller vouches for the addresses, the view was checked above.
         unsafe {
             stream
@@ -216,14 +218,11 @@ impl ViewQuantizer {
                 .arg(&heads)
                 .arg(&rows)
                 .arg(&dd)
-                .arg(&parts)
                 .arg(&amax)
-                .launch(cfg(b * h * parts as usize))
+                .launch(cfg(parts(16)))
         }
         .with_context(|| format!("launching {} on `{what}`", self.amax[x.dtype.index()].name))?;
-        let chunks = (b * h * chunks_per_head) as i64;
-        // SAFETY: fp8_view_quantize_T(view..., long long chunks, const unsigned* amax, uint2* q, float* scales),
-        // grid-stride over every chunk.
+        // SAFETY: fp8_view_quantize_T(view..., const unsigned* amax, uint2* q, float* scales), (B·H) × parts blocks.
         unsafe {
             stream
                 .launch_builder(&quant_k.func)
@@ -234,20 +233,12 @@ impl ViewQuantizer {
                 .arg(&heads)
                 .arg(&rows)
                 .arg(&dd)
-                .arg(&chunks)
                 .arg(&amax)
                 .arg(&codes)
                 .arg(&scales)
-                .launch(cfg((chunks as usize)
-                    .div_ceil(THREADS as usize)
-                    .min(1 << 20)))
+                .launch(cfg(parts(4)))
         }
-        .with_context(|| {
-            format!(
-                "launching {} on `{what}`",
-                self.quantize[x.dtype.index()].name
-            )
-        })?;
+        .with_context(|| format!("launching {} on `{what}`", self.quantize[x.dtype.index()].name))?;
         Ok(())
     }
 }

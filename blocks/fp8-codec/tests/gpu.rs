@@ -623,13 +623,13 @@ fn main() {
         for (what, from, to) in [
             (
                 "rows read at D apart, not at the S stride",
-                "+ r * ss +",
-                "+ r * d +",
+                "head + r * ss +",
+                "head + r * d +",
             ),
             (
                 "the batch and head strides swapped",
-                "(head / heads) * sb + (head % heads) * sh",
-                "(head / heads) * sh + (head % heads) * sb",
+                "(hd / heads) * sb + (hd % heads) * sh",
+                "(hd / heads) * sh + (hd % heads) * sb",
             ),
             (
                 "amax without |x|",
