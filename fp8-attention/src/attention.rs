@@ -5,7 +5,7 @@ use composed::{Stage, Tensors, Workspace};
 use fixtures::{OutDtype, Shape};
 use half::{bf16, f16};
 use lab::Gpu;
-use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::error::{Error, Result};
 
@@ -271,8 +271,74 @@ impl Attention {
         Ok((s, scale))
     }
 
-    /// Queues the call on checked inputs ([`Attention::checked`]); the codes and scales may be longer than `s`
-    /// needs (the first elements are read).
+    /// Rows O (each D wide) and the LSE must hold for a call on `s` ([`Attention::forward_into`]'s outputs): B·H·Sq,
+    /// and room for the kernel's partial results after them where the work splits.
+    pub fn output_rows(&self, gpu: &Gpu, s: &Shape) -> Result<usize> {
+        let s = Shape {
+            causal: self.cfg.causal,
+            ..*s
+        };
+        Ok(self.ws.output_rows(gpu, self.stage, &s)?)
+    }
+
+    /// New buffers (on `stream`, not initialised) for the outputs of calls on `s`, in the op's output dtype, to pass
+    /// to [`Attention::forward_into`] call after call.
+    pub fn alloc_output(&self, gpu: &Gpu, stream: &Arc<CudaStream>, s: &Shape) -> Result<Output> {
+        let rows = self.output_rows(gpu, s)?;
+        let n = rows * s.d;
+        let alloc = |e: lab::cudarc::driver::DriverError| {
+            Error::Device(anyhow::Error::from(e).context(format!(
+                "allocating O and the LSE ({rows} rows of D = {})",
+                s.d
+            )))
+        };
+        // SAFETY: every element a caller reads (the first o_len / lse_len) is written by a call before it is read
+        // in stream order; the rest holds the split tail's parts, written before the merge reads them.
+        let o = unsafe {
+            match self.cfg.out_dtype {
+                OutDtype::F16 => OutBuf::F16(stream.alloc::<f16>(n).map_err(alloc)?),
+                OutDtype::Bf16 => OutBuf::Bf16(stream.alloc::<bf16>(n).map_err(alloc)?),
+                OutDtype::F32 => OutBuf::F32(stream.alloc::<f32>(n).map_err(alloc)?),
+            }
+        };
+        let lse = unsafe { stream.alloc::<f32>(rows).map_err(alloc)? };
+        Ok(Output {
+            shape: Shape {
+                causal: self.cfg.causal,
+                ..*s
+            },
+            o,
+            lse,
+        })
+    }
+
+    /// As [`Attention::forward`], into the caller's `out` ([`Attention::alloc_output`], or any buffers of the op's
+    /// output dtype holding [`Attention::output_rows`] rows): no allocation in the call. `out.shape` becomes `s`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        s: Shape,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+        out: &mut Output,
+    ) -> Result<()> {
+        let lens = Lengths {
+            q: q.codes.len(),
+            k: k.codes.len(),
+            v: v.codes.len(),
+            q_scales: q.scales.len(),
+            k_scales: k.scales.len(),
+            v_scales: v.scales.len(),
+        };
+        let (s, scale) = self.checked(gpu, s, &lens)?;
+        self.launch_into(gpu, stream, s, scale, q, k, v, out)
+    }
+
+    /// Queues the call on checked inputs ([`Attention::checked`]) into new outputs; the codes and scales may be
+    /// longer than `s` needs (the first elements are read).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch(
         &mut self,
@@ -284,48 +350,68 @@ impl Attention {
         k: Fp8,
         v: Fp8,
     ) -> Result<Output> {
+        let mut out = self.alloc_output(gpu, stream, &s)?;
+        self.launch_into(gpu, stream, s, scale, q, k, v, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`Attention::launch`], into `out` once its dtype and sizes are checked.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_into(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        s: Shape,
+        scale: f32,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+        out: &mut Output,
+    ) -> Result<()> {
         let rows = self.ws.output_rows(gpu, self.stage, &s)?;
-        let n = rows * s.d;
-        let alloc = |e: lab::cudarc::driver::DriverError| {
-            Error::Device(anyhow::Error::from(e).context(format!(
-                "allocating O and the LSE ({rows} rows of D = {})",
-                s.d
-            )))
+        let (dtype, o_len) = match &out.o {
+            OutBuf::F16(b) => (OutDtype::F16, b.len()),
+            OutBuf::Bf16(b) => (OutDtype::Bf16, b.len()),
+            OutBuf::F32(b) => (OutDtype::F32, b.len()),
         };
-        // SAFETY: every element a caller reads (the first o_len / lse_len) is written by the launch below; the rest
-        // holds the split tail's parts, written before the merge reads them.
-        let o = unsafe {
-            match self.cfg.out_dtype {
-                OutDtype::F16 => OutBuf::F16(stream.alloc::<f16>(n).map_err(alloc)?),
-                OutDtype::Bf16 => OutBuf::Bf16(stream.alloc::<bf16>(n).map_err(alloc)?),
-                OutDtype::F32 => OutBuf::F32(stream.alloc::<f32>(n).map_err(alloc)?),
-            }
-        };
-        let lse = unsafe { stream.alloc::<f32>(rows).map_err(alloc)? };
-        {
-            let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
-            let mut at = |(ptr, g)| {
-                guards.push(g);
-                ptr
-            };
-            let t = Tensors {
-                q: at(q.codes.device_ptr(stream)),
-                k: at(k.codes.device_ptr(stream)),
-                v: at(v.codes.device_ptr(stream)),
-                q_scale: at(q.scales.device_ptr(stream)),
-                k_scale: at(k.scales.device_ptr(stream)),
-                v_scale: at(v.scales.device_ptr(stream)),
-                o: at(match &o {
-                    OutBuf::F16(b) => b.device_ptr(stream),
-                    OutBuf::Bf16(b) => b.device_ptr(stream),
-                    OutBuf::F32(b) => b.device_ptr(stream),
-                }),
-                lse: at(lse.device_ptr(stream)),
-            };
-            self.ws
-                .launch(gpu, self.stage, stream, &s, scale, self.cfg.out_dtype, &t)?;
+        if dtype != self.cfg.out_dtype {
+            return Err(Error::Output(format!(
+                "O is {dtype:?}, and the op writes {:?}",
+                self.cfg.out_dtype
+            )));
         }
-        Ok(Output { shape: s, o, lse })
+        if o_len < rows * s.d || out.lse.len() < rows {
+            return Err(Error::Output(format!(
+                "O holds {o_len} elements and the LSE {}: this call needs {} and {rows} ({rows} rows of D = {}; \
+                 Attention::output_rows)",
+                out.lse.len(),
+                rows * s.d,
+                s.d
+            )));
+        }
+        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
+        let mut at = |(ptr, g)| {
+            guards.push(g);
+            ptr
+        };
+        let t = Tensors {
+            q: at(q.codes.device_ptr(stream)),
+            k: at(k.codes.device_ptr(stream)),
+            v: at(v.codes.device_ptr(stream)),
+            q_scale: at(q.scales.device_ptr(stream)),
+            k_scale: at(k.scales.device_ptr(stream)),
+            v_scale: at(v.scales.device_ptr(stream)),
+            o: at(match &mut out.o {
+                OutBuf::F16(b) => b.device_ptr_mut(stream),
+                OutBuf::Bf16(b) => b.device_ptr_mut(stream),
+                OutBuf::F32(b) => b.device_ptr_mut(stream),
+            }),
+            lse: at(out.lse.device_ptr_mut(stream)),
+        };
+        self.ws
+            .launch(gpu, self.stage, stream, &s, scale, self.cfg.out_dtype, &t)?;
+        out.shape = s;
+        Ok(())
     }
 }
 

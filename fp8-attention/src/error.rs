@@ -33,6 +33,9 @@ pub enum Error {
     /// A real-valued input's view that the quantizer cannot read (strides, alignment, or past its buffer).
     #[error("`{tensor}`: {why}")]
     Layout { tensor: &'static str, why: String },
+    /// Caller-provided outputs of the wrong dtype or too small.
+    #[error("outputs: {0}")]
+    Output(String),
     /// A softmax scale that is zero, negative, infinite or NaN.
     #[error("softmax scale {0} is not positive and finite")]
     SoftmaxScale(f32),

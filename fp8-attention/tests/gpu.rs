@@ -410,5 +410,38 @@ fn main() {
             Ok(())
         },
     );
+    t.gpu("forward_into::caller_outputs_get_the_same_bits", |gpu| {
+        let s = Shape::cross(2, 8, 300, 700, 128).with_kv_heads(2)?.with_causal(true);
+        let qz = quantize_per_head(&Raw::random(s, 29, 1.0));
+        let st = gpu.ctx.new_stream()?;
+        let x = inputs(&st, &qz)?;
+        let cfg = Config {
+            causal: true,
+            out_dtype: OutDtype::F16,
+            softmax_scale: None,
+        };
+        let mut op = Attention::new(gpu, cfg)?;
+        let f = |codes, scales| Fp8 { codes, scales };
+        let mut out = op.alloc_output(gpu, &st, &s)?;
+        for _ in 0..2 {
+            op.forward_into(gpu, &st, s, f(&x.q, &x.qs), f(&x.k, &x.ks), f(&x.v, &x.vs), &mut out)?;
+        }
+        let want = lab_path(gpu, &qz, OutDtype::F16)?;
+        ensure!(same_bits(&out.to_host(&st)?, &want), "forward_into differs from the lab's path");
+        let mut other = Attention::new(gpu, Config { out_dtype: OutDtype::Bf16, ..cfg })?;
+        let e = other
+            .forward_into(gpu, &st, s, f(&x.q, &x.qs), f(&x.k, &x.ks), f(&x.v, &x.vs), &mut out)
+            .unwrap_err()
+            .to_string();
+        ensure!(e.contains("O is F16") && e.contains("writes Bf16"), "{e}");
+        let mut small = op.alloc_output(gpu, &st, &Shape { sq: 100, ..s })?;
+        let e = op
+            .forward_into(gpu, &st, s, f(&x.q, &x.qs), f(&x.k, &x.ks), f(&x.v, &x.vs), &mut small)
+            .unwrap_err()
+            .to_string();
+        ensure!(e.contains("this call needs") && e.contains("output_rows"), "{e}");
+        eprintln!("forward_into: caller-provided O and LSE bit-identical to the lab's path; wrong dtype and short buffers named");
+        Ok(())
+    });
     t.run()
 }

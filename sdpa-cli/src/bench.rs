@@ -168,18 +168,27 @@ pub fn api(s: Shape, dist: Dist) -> Result<()> {
         },
     )?;
     op.warm(gpu, s.d)?;
-    let mut call = || op.forward(gpu, &st, s, f(&q, &qs), f(&k, &ks), f(&v, &vs));
+    let mut out = op.alloc_output(gpu, &st, &s)?;
+    // `into`: into `out` (no allocation in the call), else into new outputs (two allocations a call).
+    let mut call = |into: bool| -> fp8_attention::Result<()> {
+        if into {
+            op.forward_into(gpu, &st, s, f(&q, &qs), f(&k, &ks), f(&v, &vs), &mut out)
+        } else {
+            op.forward(gpu, &st, s, f(&q, &qs), f(&k, &ks), f(&v, &vs))
+                .map(drop)
+        }
+    };
     // Per call: device time between CUDA events over `calls` calls back to back, and host time to queue one.
-    let mut time = |calls: usize| -> Result<(f64, f64)> {
+    let mut time = |calls: usize, into: bool| -> Result<(f64, f64)> {
         for _ in 0..20 {
-            drop(call()?);
+            call(into)?;
         }
         st.synchronize()?;
         let flags = Some(lab::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let t0 = std::time::Instant::now();
         let e0 = st.record_event(flags)?;
         for _ in 0..calls {
-            drop(call()?);
+            call(into)?;
         }
         let e1 = st.record_event(flags)?;
         let host_us = t0.elapsed().as_secs_f64() * 1e6 / calls as f64;
@@ -187,16 +196,19 @@ pub fn api(s: Shape, dist: Dist) -> Result<()> {
         Ok((f64::from(e0.elapsed_ms(&e1)?) * 1e3 / calls as f64, host_us))
     };
     let calls = 200;
-    let (device_us, host_us) = time(calls)?;
+    let (device_us, host_us) = time(calls, false)?;
+    let (device_into, host_into) = time(calls, true)?;
     // cudarc orders each buffer's uses across streams with events (a wait and a record per buffer a call); a
-    // program on one stream can turn that off, as the timing below does.
+    // program on one stream can turn that off, as the timings below do.
     // SAFETY: this process does nothing else on the device meanwhile; every use is on `st`.
     unsafe { gpu.ctx.disable_event_tracking() };
-    let (device_un, host_un) = time(calls)?;
+    let (device_un, host_un) = time(calls, false)?;
+    let (device_un_into, host_un_into) = time(calls, true)?;
     println!(
-        "{} {} [fp8_attention::Attention::forward, {calls} back to back]: {device_us:.1} µs a call on the device \
-         (every kernel of the call), {host_us:.1} µs of host time to queue one; without cudarc's event tracking \
-         {device_un:.1} µs and {host_un:.1} µs",
+        "{} {} [fp8_attention::Attention, {calls} calls back to back; µs a call on the device (every kernel of the \
+         call, CUDA events) / µs of host time to queue one]: forward {device_us:.1} / {host_us:.1}, forward_into \
+         {device_into:.1} / {host_into:.1}; without cudarc's event tracking: forward {device_un:.1} / \
+         {host_un:.1}, forward_into {device_un_into:.1} / {host_un_into:.1}",
         op.stage().name(),
         shape_text(&s),
     );

@@ -238,7 +238,12 @@ impl ViewQuantizer {
                 .arg(&scales)
                 .launch(cfg(parts(4)))
         }
-        .with_context(|| format!("launching {} on `{what}`", self.quantize[x.dtype.index()].name))?;
+        .with_context(|| {
+            format!(
+                "launching {} on `{what}`",
+                self.quantize[x.dtype.index()].name
+            )
+        })?;
         Ok(())
     }
 }
