@@ -308,8 +308,12 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   // Whether any block takes a second unit. If not (at most one unit an SM: the mission shape), each block runs
   // unit blockIdx.x alone, and neither the counter nor the slots are touched: they cost ~0.3 µs a launch there.
   const bool tickets = int(gridDim.x) < p.work;
+  // Registers after setmaxnreg: the producer's and each consumer's (128·producer + 256·consumer ≤ 64K). At D = 256 a
+  // consumer holds O (128 a thread), S (64) and P (16): 232 left ptxas 16 bytes short (a spill and wgmma serialised,
+  // C7512), so the producer gives up 16 more.
+  constexpr int kProducerRegs = D == 256 ? 24 : 40, kConsumerRegs = D == 256 ? 240 : 232;
   if (roles::warpgroup() == 0) {
-    roles::release_registers<40>();
+    roles::release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
       Block::prefetch(mq, mk, mvt);
       int r0 = 0, n = 0;
@@ -339,7 +343,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       }
     }
   } else {
-    roles::claim_registers<232>();
+    roles::claim_registers<kConsumerRegs>();
     const int wg = roles::warpgroup() - 1;
     // The consumer's place in the K/Vᵀ ring, carried across units (tma::Cursor: stages and parity kept in registers,
     // not divided out of a tile number at each access, which put a chain of uniform-datapath ops between the barrier

@@ -8,10 +8,12 @@
     sdpa::pingpong_attention<D, ST, BC>(p, &mq, &mk, &mvt, &mo);                                             \
   }
 // Keys a tile and ring stages: Stage::bc and Stage::ring_stages on the host, which size the tensor maps' boxes and
-// the shared memory from them (224-key tiles, FlashAttention-3's FP8 choice at D = 128, fit three stages). Blocks
+// the shared memory from them (224-key tiles, FlashAttention-3's FP8 choice at D = 128, fit three stages; at D = 256
+// two stages of 128-key tiles fit beside Q's two buffers). Blocks
 // are persistent (Stage::persistent), taking units from a counter (docs/decisions.md, "Stage 7's grid").
 STAGE7(64, 128, 4)
 STAGE7(128, 224, 3)
+STAGE7(256, 128, 2)
 
 // The split tail's merge (sdpa::merge_split_tail), launched after stage7_dD where the host split the tail.
 #define STAGE7_MERGE(D)                                                                                            \
@@ -20,3 +22,4 @@ STAGE7(128, 224, 3)
   }
 STAGE7_MERGE(64)
 STAGE7_MERGE(128)
+STAGE7_MERGE(256)

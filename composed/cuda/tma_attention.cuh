@@ -47,6 +47,10 @@ struct TmaBlock {
   // all of them made stage 7 4–6% faster (docs/decisions.md, "Vᵀ as tile images").
   static constexpr bool kVtImage = kSwVt == wgmma::Swizzle::B32;
   static_assert(BC % kVtPanel == 0 && BC <= 256, "a key tile is whole Vᵀ panels and one wgmma N");
+  // Q and K rows are D bytes, and a TMA box under the 128-byte swizzle is at most 128 bytes wide: at D = 256 a Q or K
+  // tile is two K panels of 128 bytes, rows × 128 bytes apart (wgmma::k_major's panels), one box each; one below.
+  static constexpr int kQkPanel = D < 128 ? D : 128;
+  static constexpr int kQkPanels = D / kQkPanel;
   unsigned char* sq;
   unsigned char* sk;
   unsigned char* svt;
@@ -115,7 +119,10 @@ struct TmaBlock {
       }
     }
     tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
-    for (int w = 0; w < consumers; ++w) tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D, 0, q0 + 64 * w, bh, 0);
+    for (int w = 0; w < consumers; ++w)
+#pragma unroll
+      for (int c = 0; c < kQkPanels; ++c)
+        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, 0);
   }
   // A persistent block's n-th unit is none (w >= Params::work): its slot says so, its full barrier completes on the
   // arrival alone, and the consumers' loop ends when they read it.
@@ -132,7 +139,9 @@ struct TmaBlock {
     for (int t = k0; t < k0 + tiles; ++t) {
       const int r = r0 + t - k0;
       ring.acquire(r, 2 * kTile);
-      tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile, 0, t * BC, kv, 0);
+#pragma unroll
+      for (int c = 0; c < kQkPanels; ++c)
+        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC, kv, 0);
       if constexpr (kVtImage) {
         tma::bulk_load(svt + ring.stage(r) * kTile, vt_head + (long long)t * kTile, kTile, ring.full(r));
       } else {

@@ -136,7 +136,7 @@ impl Stage {
     pub fn needs(self) -> String {
         let archs: Vec<&str> = self.kernel(64).archs.iter().map(|a| a.name()).collect();
         format!(
-            "{}; {} threads a block, {} query rows a block{}, {} keys a tile, D = 64 or 128",
+            "{}; {} threads a block, {} query rows a block{}, {} keys a tile, D = {}",
             archs.join(" / "),
             self.threads(),
             self.rows_per_block(),
@@ -149,8 +149,22 @@ impl Stage {
                 self.bc(64).to_string()
             } else {
                 format!("{} (D = 64) or {} (D = 128)", self.bc(64), self.bc(128))
-            }
+            },
+            self.dims()
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
+    }
+
+    /// The head dimensions the stage is built for: stage 7 also 256, every stage 64 and 128.
+    pub fn dims(self) -> &'static [usize] {
+        if self == Stage::S7 {
+            &[64, 128, 256]
+        } else {
+            &[64, 128]
+        }
     }
 
     /// Threads of one block.
@@ -247,6 +261,7 @@ impl Stage {
     pub fn ring_stages(self, d: usize) -> usize {
         match self {
             Stage::S7 if d == 128 => 3,
+            Stage::S7 if d == 256 => 2,
             Stage::S4 => 3,
             Stage::S6 | Stage::S7 => 4,
             _ => 2,
@@ -303,8 +318,8 @@ pub fn bc(d: usize) -> usize {
 /// P's scale in the FP8 wgmma stage, log2 units: P = exp2(s·c − m·c + 8), in (0, 256] (`kFp8POffset`).
 pub const FP8_P_OFFSET: i32 = 8;
 
-/// The head dimensions the stages are built for.
-pub const DIMS: [usize; 2] = [64, 128];
+/// The head dimensions some stage is built for (each stage's own: [`Stage::dims`]).
+pub const DIMS: [usize; 3] = [64, 128, 256];
 
 const fn k(name: &'static str, source: &'static Source) -> KernelSpec {
     // 168 registers × 128 threads still lets 3 blocks share an SM's 64K registers; the stages' 40–65 KB of
@@ -378,6 +393,8 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma("stage6_d128", &STAGE6),
     k90a_tma("stage7_d64", &STAGE7),
     k90a_tma("stage7_d128", &STAGE7),
+    k90a_tma("stage7_d256", &STAGE7),
     k90a_merge("stage7_merge_d64"),
     k90a_merge("stage7_merge_d128"),
+    k90a_merge("stage7_merge_d256"),
 ];

@@ -20,7 +20,7 @@ pub fn validate_shape(s: &fixtures::Shape) -> Result<()> {
     );
     ensure!(
         DIMS.contains(&s.d),
-        "head dimension D = {} is not supported: the stages are built for D = 64 and 128",
+        "head dimension D = {} is not supported: the stages are built for D = 64 and 128 (stage7 also 256)",
         s.d
     );
     Ok(())

@@ -267,6 +267,12 @@ impl Workspace {
 /// Why `stage` cannot run `s` (causal masking or grouped-query heads it lacks); checked before anything is loaded.
 pub fn stage_supports(stage: Stage, s: &fixtures::Shape) -> Result<()> {
     ensure!(
+        stage.dims().contains(&s.d),
+        "{} is not built for head dimension D = {}: stage7 is (D = 64, 128 and 256)",
+        stage.name(),
+        s.d
+    );
+    ensure!(
         !s.causal || stage.causal(),
         "{} has no causal masking: stage7 has (run it with --stage stage7, or without --causal)",
         stage.name()

@@ -180,7 +180,7 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// The op for `gpu`: stage 7 on Hopper (sm_90: causal, grouped-query heads, D = 64 or 128), stage 4 elsewhere
+    /// The op for `gpu`: stage 7 on Hopper (sm_90: causal, grouped-query heads, D = 64, 128 or 256), stage 4 elsewhere
     /// (sm_80 / sm_89, neither causal nor grouped); a configuration the device cannot run is refused here.
     pub fn new(gpu: &Gpu, cfg: Config) -> Result<Attention> {
         if let Some(x) = cfg.softmax_scale
@@ -216,6 +216,12 @@ impl Attention {
     pub fn warm(&self, gpu: &Gpu, d: usize) -> Result<()> {
         if !composed::DIMS.contains(&d) {
             return Err(Error::HeadDim(d));
+        }
+        if !self.stage.dims().contains(&d) {
+            return Err(Error::Unsupported(format!(
+                "head dimension D = {d} needs an sm_90 GPU (stage 7); {} is {}",
+                gpu.name, gpu.arch
+            )));
         }
         gpu.load(&self.stage.kernel(d))?;
         if self.stage.tma() {
@@ -262,6 +268,12 @@ impl Attention {
         };
         let scale = self.cfg.softmax_scale.unwrap_or(1.0 / (s.d as f32).sqrt());
         check_inputs(&s, lens, scale)?;
+        if !self.stage.dims().contains(&s.d) {
+            return Err(Error::Unsupported(format!(
+                "head dimension D = {} needs an sm_90 GPU (stage 7); {} is {}",
+                s.d, gpu.name, gpu.arch
+            )));
+        }
         if s.group() > 1 && !self.stage.gqa() {
             return Err(Error::Unsupported(format!(
                 "grouped-query heads (H = {}, Hkv = {}) need an sm_90 GPU (stage 7); {} is {}",

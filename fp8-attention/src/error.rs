@@ -5,7 +5,9 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum Error {
     /// A head dimension the kernels are not built for.
-    #[error("head dimension D = {0} is not supported: the kernels are built for D = 64 and 128")]
+    #[error(
+        "head dimension D = {0} is not supported: the kernels are built for D = 64, 128 and 256 (256 on sm_90)"
+    )]
     HeadDim(usize),
     /// A zero batch, head count or sequence length.
     #[error("{what} = {got}: it must be at least 1")]

@@ -215,8 +215,8 @@ fn check_real<T: fp8_attention::RealElem + Copy>(
 fn main() {
     let mut t = Suite::new();
     // The mission shape; causal grouped-query heads at D = 128; a split tail (256 units on the H100's 132 SMs, 5
-    // key tiles each); f32 O at D = 64 with Sq ≠ Sk.
-    let cases: [(&str, Shape, usize, bool, OutDtype); 4] = [
+    // key tiles each); f32 O at D = 64 with Sq ≠ Sk; causal grouped-query heads at D = 256.
+    let cases: [(&str, Shape, usize, bool, OutDtype); 5] = [
         (
             "mission_1x8x512x64",
             Shape::new(1, 8, 512, 64),
@@ -244,6 +244,13 @@ fn main() {
             4,
             false,
             OutDtype::F32,
+        ),
+        (
+            "causal_gqa_1x8q2kv_300x500x256",
+            Shape::cross(1, 8, 300, 500, 256),
+            2,
+            true,
+            OutDtype::Bf16,
         ),
     ];
     for (name, shape, hkv, causal, out) in cases {

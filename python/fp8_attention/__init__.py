@@ -52,8 +52,8 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
         raise ValueError(f"`q` {tuple(q.shape)} and `k` {tuple(k.shape)}: B and D must agree")
     if min(b, h, sq, sk, hkv) < 1:
         raise ValueError(f"`q` {tuple(q.shape)}, `k` {tuple(k.shape)}: every size must be at least 1")
-    if d not in (64, 128):
-        raise ValueError(f"head dimension D = {d} is not supported: D = 64 or 128")
+    if d not in (64, 128, 256):
+        raise ValueError(f"head dimension D = {d} is not supported: D = 64, 128 or 256")
     if h % hkv:
         raise ValueError(f"H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads")
     scales = (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv))

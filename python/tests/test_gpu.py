@@ -39,6 +39,7 @@ def reference(q, k, v, causal):
         (1, 8, 8, 512, 512, 64, False, torch.bfloat16),
         (2, 8, 2, 300, 700, 128, True, torch.float16),
         (2, 16, 16, 1024, 1024, 128, False, torch.float32),
+        (1, 8, 2, 300, 500, 256, True, torch.bfloat16),
     ],
 )
 def test_against_float64(b, h, hkv, sq, sk, d, causal, dtype):

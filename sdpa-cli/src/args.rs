@@ -72,7 +72,7 @@ pub enum Cmd {
         /// lists what each needs.
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
-        /// A safetensors file holding `q` [B, H, Sq, D] and `k`, `v` [B, Hkv, Sk, D] (Hkv dividing H; D = 64 or 128):
+        /// A safetensors file holding `q` [B, H, Sq, D] and `k`, `v` [B, Hkv, Sk, D] (Hkv dividing H; D = 64 or 128, or 256 on stage7):
         /// F16, BF16 or F32, quantized on the GPU by --scales / --smooth-k / --rotate; or all three F8_E4M3 with
         /// F32 `q_scale`, `k_scale`, `v_scale` (one per (batch, head), or one for the tensor).
         #[arg(long)]

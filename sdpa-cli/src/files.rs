@@ -119,7 +119,7 @@ pub fn load(bytes: &[u8], scheme: Scheme) -> Result<Loaded> {
     scheme.rotate.rotation(d).context("--rotate")?;
     ensure!(
         DIMS.contains(&d),
-        "head dimension D = {d} is not supported: the stages are built for D = 64 and 128"
+        "head dimension D = {d} is not supported: the stages are built for D = 64 and 128 (stage7 also 256)"
     );
     let shape = Shape::cross(b, h, sq, sk, d).with_kv_heads(hk)?;
     let fp8 = [&q, &k, &v]

@@ -143,7 +143,7 @@ fn stages() {
         println!("{:<8} needs: {}", "", s.needs());
     }
     println!(
-        "All stages: E4M3 Q, K, V [B, H, S, D] with per-(b, h) scales; D = 64 or 128; any S ≥ 1; Sq ≠ Sk allowed;"
+        "All stages: E4M3 Q, K, V [B, H, S, D] with per-(b, h) scales; D = 64 or 128 (stage7 also 256); any S ≥ 1; Sq ≠ Sk allowed;"
     );
     println!(
         "stage7 also takes causal masking (--causal, bottom-right diagonal) and grouped-query attention (K, V with"

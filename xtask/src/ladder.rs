@@ -12,8 +12,8 @@ use fixtures::Shape;
 use crate::build::{device_words, today, workspace_root};
 
 /// (shape, causal). The causal and grouped-query rows are timed for the stages that take them (stage 7) and the
-/// references; the grouped-query shape is 32 query heads over 8 K/V heads. D = 256 has no stage yet: its rows are the
-/// references' and "not run" for the stages. torch_sdpa.py times the same list (`shapes_json`).
+/// references; the grouped-query shape is 32 query heads over 8 K/V heads. At D = 256 (stage 7 only) its rows are the
+/// references' and stage 7's, and "not run" for the other stages. torch_sdpa.py times the same list (`shapes_json`).
 const GQA: Shape = Shape {
     hkv: 8,
     ..Shape::new(4, 32, 4096, 128)
@@ -294,8 +294,8 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     let mut refusals = Refusals::new();
     for (shape, causal) in SHAPES {
         for stage in Stage::ALL {
-            let why = if !composed::DIMS.contains(&shape.d) {
-                "no stage is built for this head dimension"
+            let why = if !stage.dims().contains(&shape.d) {
+                "this stage is not built for this head dimension"
             } else if causal && !stage.causal() {
                 "no causal masking in this stage"
             } else if shape.group() > 1 && !stage.gqa() {
@@ -315,7 +315,10 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
         }
         let mut sets = input_sets(gpu, shape.with_causal(causal), n_sets)?;
         for stage in Stage::ALL.into_iter().filter(|s| {
-            timed(*s, &shape) && (!causal || s.causal()) && (shape.group() == 1 || s.gqa())
+            timed(*s, &shape)
+                && s.dims().contains(&shape.d)
+                && (!causal || s.causal())
+                && (shape.group() == 1 || s.gqa())
         }) {
             // Every kernel a call launches: the TMA stages read V transposed, so their main row makes Vᵀ in every
             // launch (cuDNN's FP8 SDPA reads V as it is); their second row takes Vᵀ as made once per problem.

@@ -51,6 +51,11 @@ const RUNS: &[(&str, &str, &[&str])] = &[
     ),
     (
         "composed--gpu",
+        "gpu::d256::stage7::mission_1x8x512x256_Bf16",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
+        "composed--gpu",
         "gpu::causal::stage7::1x2x300x100x64",
         &["memcheck", "synccheck"],
     ),

@@ -318,13 +318,15 @@ pub fn refused_by_the_others(
 }
 
 /// Grouped-query cases for the stages that take it (`Stage::gqa`): 4 query heads a K/V head, multi-query (one K/V head), grouping with the
-/// causal mask and Sq ≠ Sk, D = 64 and 128.
+/// causal mask and Sq ≠ Sk, D = 64, 128 and 256.
 pub fn gqa_shapes() -> Vec<(String, Shape)> {
     grouped(vec![
         (Shape::new(1, 8, 256, 128), 2, false),
         (Shape::cross(2, 4, 130, 200, 64), 1, false),
         (Shape::new(1, 8, 300, 128), 4, true),
         (Shape::cross(2, 6, 77, 129, 64), 3, true),
+        (Shape::cross(2, 4, 130, 200, 256), 1, false),
+        (Shape::new(1, 8, 300, 256), 2, true),
     ])
 }
 
@@ -341,6 +343,8 @@ pub fn persistent_shapes() -> Vec<(String, Shape)> {
         (Shape::cross(1, 4, 700, 1000, 128), 2, true),
         (Shape::cross(2, 3, 600, 450, 128), 3, false),
         (Shape::new(1, 2, 900, 128), 1, true),
+        (Shape::cross(1, 4, 700, 600, 256), 2, true),
+        (Shape::cross(2, 3, 300, 450, 256), 3, false),
     ])
 }
 
@@ -353,6 +357,8 @@ pub fn split_cases() -> Vec<(String, Shape, usize, OutDtype)> {
         (Shape::cross(1, 3, 520, 448, 128), 7, OutDtype::F32),
         (Shape::cross(1, 2, 1000, 2000, 64), 3, OutDtype::F16),
         (Shape::cross(2, 2, 300, 1024, 64), 5, OutDtype::F32),
+        (Shape::new(1, 4, 1000, 256), 5, OutDtype::Bf16),
+        (Shape::cross(1, 2, 520, 900, 256), 3, OutDtype::F32),
         (
             Shape::new(1, 8, 700, 128).with_kv_heads(2).expect("8 / 2"),
             5,
@@ -433,6 +439,9 @@ pub fn causal_shapes() -> Vec<(String, Shape)> {
         Shape::new(2, 3, 129, 128),
         Shape::cross(1, 1, 77, 1000, 64),
         Shape::new(1, 8, 512, 64),
+        Shape::cross(1, 2, 300, 200, 256),
+        Shape::cross(1, 2, 130, 333, 256),
+        Shape::new(1, 2, 260, 256),
     ]
     .into_iter()
     .map(|s| {

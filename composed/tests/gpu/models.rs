@@ -132,7 +132,7 @@ pub fn add(t: &mut Suite) {
         // three scales (LDG); stage 7 also reads its split tail's table (sdpa::SplitTable: split, pieces, its piece's
         // bounds and parts, and where they are: 6 LDG in its producer), and stores O with UTMASTG.
         for stage in [Stage::S5, Stage::S6, Stage::S7] {
-            for d in composed::DIMS {
+            for &d in stage.dims() {
                 let spec = stage.kernel(d);
                 let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
                 let h = lab::sass::histogram(&cubin, spec.name)?;

@@ -448,6 +448,52 @@ pub fn add(t: &mut Suite) {
             Ok(())
         },
     );
+    for (name, shape, out) in [
+        ("1x1x32x256", Shape::new(1, 1, 32, 256), OutDtype::F16),
+        (
+            "mission_1x8x512x256",
+            Shape::new(1, 8, 512, 256),
+            OutDtype::Bf16,
+        ),
+        (
+            "2x3x129x300x256",
+            Shape::cross(2, 3, 129, 300, 256),
+            OutDtype::F32,
+        ),
+        ("1x4x1000x256", Shape::new(1, 4, 1000, 256), OutDtype::F16),
+    ] {
+        t.gpu(&format!("d256::stage7::{name}_{out:?}"), move |gpu| {
+            // Head dimension 256: Q and K tiles as two 128-byte panels (one TMA box each), O of 128 registers a
+            // thread; by the rule against the f64 reference and the emulation, and the same bits twice.
+            let qz = quantize_per_head(&normal(shape, 59));
+            let dev = run_as(gpu, Stage::S7, &qz, out)?;
+            rule(
+                Stage::S7,
+                &qz,
+                &reference(&qz),
+                &emulation_of(Stage::S7, &qz, out),
+                &dev,
+                name,
+                |e, e_emu| {
+                    eprintln!("stage7 d256 {name} {out:?}: {e} | emulation max_abs={e_emu:.3e}")
+                },
+            )?;
+            ensure!(
+                bit_identical(&run_as(gpu, Stage::S7, &qz, out)?, &dev),
+                "{name}: a second launch gives other bits"
+            );
+            Ok(())
+        });
+    }
+    t.gpu("d256::other_stages_refuse_it_by_name", |gpu| {
+        let shape = Shape::new(1, 2, 64, 256);
+        refused_by_the_others(
+            gpu,
+            shape,
+            |s| s.dims().contains(&256),
+            "is not built for head dimension D = 256",
+        )
+    });
     t.gpu("gqa::other_stages_refuse_it_by_name", |gpu| {
         let shape = Shape::new(1, 4, 64, 64).with_kv_heads(2)?;
         refused_by_the_others(gpu, shape, Stage::gqa, "has no grouped-query attention")
