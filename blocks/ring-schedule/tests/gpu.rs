@@ -4,8 +4,11 @@ use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
 use lab::{Gpu, KernelSpec, Suite};
 use ring_schedule::*;
 
+/// A case: world, rank, step, causal, sequence length.
+type Case = (usize, usize, usize, bool, u64);
+
 /// Every (world, rank, step, causal) of 1 to 8 ranks, each with a sequence length that does not divide evenly.
-fn cases() -> Vec<(usize, usize, usize, bool, u64)> {
+fn cases() -> Vec<Case> {
     let mut v = vec![];
     for world in 1..=8 {
         for rank in 0..world {
@@ -29,9 +32,7 @@ fn cases() -> Vec<(usize, usize, usize, bool, u64)> {
 fn wrong(gpu: &Gpu, spec: &KernelSpec) -> Result<Vec<String>> {
     let cs = cases();
     let n = cs.len();
-    let col = |f: &dyn Fn(&(usize, usize, usize, bool, u64)) -> i32| {
-        cs.iter().map(f).collect::<Vec<i32>>()
-    };
+    let col = |f: &dyn Fn(&Case) -> i32| cs.iter().map(f).collect::<Vec<i32>>();
     let st = &gpu.stream;
     let (w, r, s, c) = (
         st.clone_htod(&col(&|x| x.0 as i32))?,
