@@ -59,7 +59,15 @@ pub struct Workspace {
 
 /// What a launch's tensor maps describe: the shape, the key tile, the addresses of Q, K, Vᵀ (its map's) and O (its
 /// map's), and the split tail's virtual heads O's map reaches.
-type MapsKey = (fixtures::Shape, usize, u64, u64, Option<u64>, Option<u64>, usize);
+type MapsKey = (
+    fixtures::Shape,
+    usize,
+    u64,
+    u64,
+    Option<u64>,
+    Option<u64>,
+    usize,
+);
 
 impl Workspace {
     pub fn new() -> Workspace {
