@@ -13,7 +13,7 @@ pub const SOURCE: Source = Source {
 };
 
 /// `ring_schedule(world, rank, step, causal, s, n, out, begins)`: thread i writes its case's source rank, block
-/// count and three (q, kv, mask) triples to out[10·i …], and the chunk starts to begins[17·i …].
+/// count and three (q, kv, mask) triples and a zero to out[12·i …], and the chunk starts to begins[17·i …].
 pub const SCHEDULE: KernelSpec = KernelSpec {
     block: "ring-schedule",
     name: "ring_schedule",

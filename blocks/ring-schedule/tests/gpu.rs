@@ -41,7 +41,7 @@ fn wrong(gpu: &Gpu, spec: &KernelSpec) -> Result<Vec<String>> {
         st.clone_htod(&col(&|x| i32::from(x.3)))?,
     );
     let len = st.clone_htod(&cs.iter().map(|x| x.4 as i64).collect::<Vec<i64>>())?;
-    let mut out = st.clone_htod(&vec![-7i32; 10 * n])?;
+    let mut out = st.clone_htod(&vec![-7i32; 12 * n])?;
     let mut begins = st.clone_htod(&vec![-7i64; 17 * n])?;
     let k = gpu.load(spec)?;
     let ni = n as i32;
@@ -50,7 +50,7 @@ fn wrong(gpu: &Gpu, spec: &KernelSpec) -> Result<Vec<String>> {
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: ring_schedule(const int* world, rank, step, causal [n], const long long* s [n], int n, int* out[10n],
+    // SAFETY: ring_schedule(const int* world, rank, step, causal [n], const long long* s [n], int n, int* out[12n],
     // long long* begins[17n]); every world is at most 8 (2·8 + 1 chunk starts a case).
     unsafe {
         st.launch_builder(&k.func)
@@ -76,10 +76,10 @@ fn wrong(gpu: &Gpu, spec: &KernelSpec) -> Result<Vec<String>> {
             }
         }
         w.push(0);
-        if out[10 * i..10 * i + 10] != w[..] {
+        if out[12 * i..12 * i + 12] != w[..] {
             bad.push(format!(
                 "W = {world}, rank {rank}, step {step}, causal {causal}: device {:?}, model {w:?}",
-                &out[10 * i..10 * i + 10]
+                &out[12 * i..12 * i + 12]
             ));
         }
         for ch in 0..=2 * world {
