@@ -1,4 +1,4 @@
-// The attn-merge test kernel (rows merged from up to four parts) and its budget.
+// The attn-merge kernels: the test kernel (rows merged from up to four parts) and the library's, with their budgets.
 use lab::{Arch, Budget, Header, KernelSpec, Source};
 
 pub const HEADERS: &[Header] = &[Header {
@@ -24,4 +24,26 @@ pub const MERGE_PARTS: KernelSpec = KernelSpec {
     sass: &[],
 };
 
-pub const KERNELS: &[KernelSpec] = &[MERGE_PARTS];
+pub const KERNELS: &[KernelSpec] = &[MERGE_PARTS, ACCUMULATE, STORE_BF16, STORE_F16];
+
+/// The library kernels of [`crate::Merger`]: a part merged into a running (O, LSE), and f32 O stored as 16-bit.
+pub const LIB_SOURCE: Source = Source {
+    file: "merge.cu",
+    code: include_str!("../cuda/merge.cu"),
+    headers: &[HEADERS],
+};
+
+const fn lib(name: &'static str) -> KernelSpec {
+    KernelSpec {
+        source: &LIB_SOURCE,
+        name,
+        ..MERGE_PARTS
+    }
+}
+
+/// `amerge_accumulate(o_acc, lse_acc, o_part, lse_part, rows, d)`: acc ← merge(acc, part) in place; 128 threads a
+/// block (whole rows a block for d = 64, 128, 256), grid-stride.
+pub const ACCUMULATE: KernelSpec = lib("amerge_accumulate");
+/// `amerge_store_bf16(x, n2, out)` / `amerge_store_f16`: f32 pairs stored rounded to nearest even.
+pub const STORE_BF16: KernelSpec = lib("amerge_store_bf16");
+pub const STORE_F16: KernelSpec = lib("amerge_store_f16");

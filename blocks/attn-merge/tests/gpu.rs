@@ -1,7 +1,7 @@
 // attn-merge's test binary: rows merged on the device against the f64 model, the edge rows exactly, with mutants.
 use anyhow::{Result, ensure};
 use attn_merge::*;
-use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
+use lab::cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use lab::numerics::{Inputs, poisoned};
 use lab::{Gpu, KernelSpec, Suite};
 
@@ -187,6 +187,70 @@ fn main() {
                 None => anyhow::bail!("the mutant `{what}` passed every case"),
             }
         }
+        Ok(())
+    });
+    t.gpu("merger::parts_accumulated_in_turn_as_the_model", |gpu| {
+        // The library's form: a running (O, LSE), starting empty (O = 0, LSE = −inf), each part merged in turn (a
+        // ring's steps); then stored as bf16 and f16 against half's round-to-nearest-even.
+        let st = &gpu.stream;
+        let m = Merger::default();
+        for c in cases() {
+            let rows = c.rows;
+            let mut acc_o = st.alloc_zeros::<f32>(rows * D)?;
+            let mut acc_l = st.clone_htod(&vec![f32::NEG_INFINITY; rows])?;
+            for p in &c.parts {
+                let (po, pl) = (st.clone_htod(&p.o)?, st.clone_htod(&p.lse)?);
+                let (ao, _g0) = acc_o.device_ptr_mut(st);
+                let (al, _g1) = acc_l.device_ptr_mut(st);
+                let (bo, _g2) = po.device_ptr(st);
+                let (bl, _g3) = pl.device_ptr(st);
+                // SAFETY: four separate allocations of rows·D and rows f32, alive until the copies below.
+                unsafe { m.accumulate(gpu, st, ao, al, bo, bl, rows, D)? };
+                st.synchronize()?;
+            }
+            let (o, l) = (st.clone_dtoh(&acc_o)?, st.clone_dtoh(&acc_l)?);
+            let (wo, wl) = merge(&c.parts, rows, D);
+            // n pairwise merges: each adds its few ulps, so the bound is n times the one-pass merge's.
+            let n = c.parts.len() as f64;
+            for r in 0..rows {
+                if wl[r] == f64::NEG_INFINITY {
+                    ensure!(
+                        l[r] == f32::NEG_INFINITY && o[r * D..(r + 1) * D].iter().all(|&x| x == 0.0),
+                        "{}: row {r} saw no key: LSE {}, O[0] {}",
+                        c.what,
+                        l[r],
+                        o[r * D]
+                    );
+                    continue;
+                }
+                let el = (f64::from(l[r]) - wl[r]).abs() / wl[r].abs().max(1.0);
+                ensure!(el <= 4e-6 * n, "{}: row {r}: LSE {} against {}", c.what, l[r], wl[r]);
+                for i in r * D..(r + 1) * D {
+                    let e = (f64::from(o[i]) - wo[i]).abs();
+                    ensure!(e <= 4e-6 * n, "{}: row {r} col {}: O {} against {}", c.what, i % D, o[i], wo[i]);
+                }
+            }
+            let n_vals = rows * D;
+            for to in [Half::Bf16, Half::F16] {
+                let mut out = st.alloc_zeros::<u16>(n_vals)?;
+                {
+                    let (x, _g0) = acc_o.device_ptr(st);
+                    let (y, _g1) = out.device_ptr_mut(st);
+                    // SAFETY: rows·D f32 in, as many u16 out, separate allocations.
+                    unsafe { m.store(gpu, st, x, n_vals, to, y)? };
+                }
+                let got = st.clone_dtoh(&out)?;
+                let bad = (0..n_vals).find(|&i| {
+                    got[i]
+                        != match to {
+                            Half::Bf16 => half::bf16::from_f32(o[i]).to_bits(),
+                            Half::F16 => half::f16::from_f32(o[i]).to_bits(),
+                        }
+                });
+                ensure!(bad.is_none(), "{}: {to:?} store differs at {:?}", c.what, bad);
+            }
+        }
+        eprintln!("merger: every case's parts accumulated in turn as the model; bf16 and f16 stores as half's rounding");
         Ok(())
     });
     t.run()
