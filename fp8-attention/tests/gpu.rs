@@ -212,6 +212,119 @@ fn check_real<T: fp8_attention::RealElem + Copy>(
     Ok(())
 }
 
+/// Ring attention over `world` virtual ranks on one device (`ring_on_one_device`) on shape `s`, against the f64
+/// reference of the whole problem, beside stage 7 on the whole problem (the lab's path): the ring's O must be as
+/// close to the reference as the dense kernel's (its parts are stage 7's; the merge adds f32 ulps), rel-L2 within
+/// 10% + 1e-3 of the dense one's, and its LSE within the dense LSE's max error + 1e-4.
+fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
+    use fp8_attention::{Shard, ring_on_one_device, zigzag_join, zigzag_split};
+    use lab::numerics::{Tolerance, error_stats};
+    let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+    let st = gpu.ctx.new_stream()?;
+    let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
+    let (qs, ks, vs) = (
+        zigzag_split(&qz.q, qd, world),
+        zigzag_split(&qz.k, kd, world),
+        zigzag_split(&qz.v, kd, world),
+    );
+    let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
+    let (dq, dk, dv): (Vec<_>, Vec<_>, Vec<_>) = (
+        qs.iter()
+            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
+            .collect::<Result<Vec<_>>>()?,
+        ks.iter()
+            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
+            .collect::<Result<Vec<_>>>()?,
+        vs.iter()
+            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
+            .collect::<Result<Vec<_>>>()?,
+    );
+    let (sq, sk, sv) = (
+        st.clone_htod(&qz.q_scale)?,
+        st.clone_htod(&qz.k_scale)?,
+        st.clone_htod(&qz.v_scale)?,
+    );
+    let lens = |r: usize| [0, 1].map(|h| fp8_attention::zigzag_range(s.sq, world, r, h).len());
+    fn shard<'a>(
+        codes: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+        scales: &'a lab::cudarc::driver::CudaSlice<f32>,
+        lens: [usize; 2],
+    ) -> Shard<'a> {
+        Shard {
+            halves: [
+                Fp8 {
+                    codes: &codes[0],
+                    scales,
+                },
+                Fp8 {
+                    codes: &codes[1],
+                    scales,
+                },
+            ],
+            lens,
+        }
+    }
+    let q: Vec<Shard> = (0..world).map(|r| shard(&dq[r], &sq, lens(r))).collect();
+    let kv: Vec<(Shard, Shard)> = (0..world)
+        .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
+        .collect();
+    let outs = ring_on_one_device(gpu, &st, s, &q, &kv)?;
+    let mut o_halves = vec![];
+    let mut l_halves = vec![];
+    for (r, out) in outs.iter().enumerate() {
+        let l = lens(r);
+        let take = |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
+            Ok(st.clone_dtoh(x)?[..n].to_vec())
+        };
+        o_halves.push([
+            take(&out.o[0], s.heads() * l[0] * s.d)?,
+            take(&out.o[1], s.heads() * l[1] * s.d)?,
+        ]);
+        l_halves.push([
+            take(&out.lse[0], s.heads() * l[0])?,
+            take(&out.lse[1], s.heads() * l[1])?,
+        ]);
+    }
+    let o = zigzag_join(&o_halves, [s.b, s.h, s.sq, s.d]);
+    let lse = zigzag_join(&l_halves, [s.b, s.h, s.sq, 1]);
+    let want = fixtures::reference(&qz);
+    let dense = lab_path(gpu, &qz, OutDtype::F32)?;
+    let tol = Tolerance {
+        atol: 0.0,
+        rtol: 0.0,
+    };
+    let (ring_e, dense_e) = (
+        error_stats(&o, &want.o, tol),
+        error_stats(&dense.o, &want.o, tol),
+    );
+    let lse_err = |x: &[f32]| {
+        x.iter()
+            .zip(&want.lse)
+            .map(|(a, b)| (f64::from(*a) - b).abs())
+            .fold(0.0, f64::max)
+    };
+    let (ring_l, dense_l) = (lse_err(&lse), lse_err(&dense.lse));
+    eprintln!(
+        "ring W = {world} {s:?}: O vs f64 max_abs={:.3e} mean_abs={:.3e} rel_l2={:.3e} (dense stage 7: rel_l2={:.3e}); LSE max abs {ring_l:.3e} (dense {dense_l:.3e})",
+        ring_e.max_abs, ring_e.mean_abs, ring_e.rel_l2, dense_e.rel_l2
+    );
+    ensure!(
+        ring_e.nan == 0 && ring_e.inf == 0,
+        "ring W = {world}: NaN or Inf in O"
+    );
+    ensure!(
+        ring_e.rel_l2 <= 1.1 * dense_e.rel_l2 + 1e-3,
+        "ring W = {world}: rel-L2 {:.3e} against the dense kernel's {:.3e}",
+        ring_e.rel_l2,
+        dense_e.rel_l2
+    );
+    ensure!(
+        ring_l <= dense_l + 1e-4,
+        "ring W = {world}: LSE error {ring_l:.3e} against the dense kernel's {dense_l:.3e}"
+    );
+    Ok(())
+}
+
 fn main() {
     let mut t = Suite::new();
     // The mission shape; causal grouped-query heads at D = 128; a split tail (256 units on the H100's 132 SMs, 5
@@ -450,5 +563,37 @@ fn main() {
         eprintln!("forward_into: caller-provided O and LSE bit-identical to the lab's path; wrong dtype and short buffers named");
         Ok(())
     });
+    for (name, shape, worlds) in [
+        (
+            "1x4x1000x128",
+            Shape::new(1, 4, 1000, 128),
+            &[2usize, 3, 4][..],
+        ),
+        (
+            "1x4x1000x128_causal",
+            Shape::new(1, 4, 1000, 128).with_causal(true),
+            &[2, 3, 4][..],
+        ),
+        (
+            "2x8q2kv_777x64_causal",
+            Shape::new(2, 8, 777, 64)
+                .with_kv_heads(2)
+                .expect("8 / 2")
+                .with_causal(true),
+            &[2, 4][..],
+        ),
+        (
+            "1x2x5x64_causal_empty_chunks",
+            Shape::new(1, 2, 5, 64).with_causal(true),
+            &[4][..],
+        ),
+    ] {
+        t.gpu(&format!("ring::on_one_device::{name}"), move |gpu| {
+            for &w in worlds {
+                check_ring(gpu, shape, w)?;
+            }
+            Ok(())
+        });
+    }
     t.run()
 }
