@@ -216,10 +216,14 @@ fn check_real<T: fp8_attention::RealElem + Copy>(
 /// reference of the whole problem, beside stage 7 on the whole problem (the lab's path): the ring's O must be as
 /// close to the reference as the dense kernel's (its parts are stage 7's; the merge adds f32 ulps), rel-L2 within
 /// 10% + 1e-3 of the dense one's, and its LSE within the dense LSE's max error + 1e-4.
-fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
+/// `ring_on_one_device` over `world` virtual ranks on `qz` (shape `s`), its ranks' halves joined: O and LSE of the whole.
+fn ring_one_device_joined(
+    gpu: &Gpu,
+    qz: &Quantized,
+    s: Shape,
+    world: usize,
+) -> Result<(Vec<f32>, Vec<f32>)> {
     use fp8_attention::{Shard, ring_on_one_device, zigzag_join, zigzag_split};
-    use lab::numerics::{Tolerance, error_stats};
-    let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
     let st = gpu.ctx.new_stream()?;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
     let (qs, ks, vs) = (
@@ -287,6 +291,13 @@ fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
     }
     let o = zigzag_join(&o_halves, [s.b, s.h, s.sq, s.d]);
     let lse = zigzag_join(&l_halves, [s.b, s.h, s.sq, 1]);
+    Ok((o, lse))
+}
+
+fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
+    use lab::numerics::{Tolerance, error_stats};
+    let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+    let (o, lse) = ring_one_device_joined(gpu, &qz, s, world)?;
     let want = fixtures::reference(&qz);
     let dense = lab_path(gpu, &qz, OutDtype::F32)?;
     let tol = Tolerance {
@@ -321,6 +332,126 @@ fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
     ensure!(
         ring_l <= dense_l + 1e-4,
         "ring W = {world}: LSE error {ring_l:.3e} against the dense kernel's {dense_l:.3e}"
+    );
+    Ok(())
+}
+
+/// A rank's O halves and LSE halves, on the host.
+type RankHalves = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// Ring attention over NCCL on `world` GPUs (one thread and communicator a rank, `ring_attention_rank`) on shape `s`:
+/// the whole problem's O and LSE, joined from every rank's halves, must equal ring_on_one_device's on device 0 bit
+/// for bit (the same kernels and merges in the same order, on GPUs of one model), which check_ring holds against the
+/// f64 reference.
+fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
+    use fp8_attention::{Shard, ring_attention_rank, zigzag_join, zigzag_range, zigzag_split};
+    use lab::cudarc::nccl::{Comm, Id};
+    let world = gpus.len();
+    let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+    let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
+    let (qs, ks, vs) = (
+        zigzag_split(&qz.q, qd, world),
+        zigzag_split(&qz.k, kd, world),
+        zigzag_split(&qz.v, kd, world),
+    );
+    let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId: {e:?}"))?;
+    let lens = move |r: usize| [0, 1].map(|h| zigzag_range(s.sq, world, r, h).len());
+    let results: Vec<Result<RankHalves>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let (gpu, qz, qs, ks, vs) = (gpus[r], &qz, &qs[r], &ks[r], &vs[r]);
+                sc.spawn(move || -> Result<RankHalves> {
+                    let st = gpu.ctx.new_stream()?;
+                    let comm = Comm::from_rank(st.clone(), r, world, id)
+                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:?}"))?;
+                    let up =
+                        |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
+                    let (dq, dk, dv) = (
+                        [up(&qs[0])?, up(&qs[1])?],
+                        [up(&ks[0])?, up(&ks[1])?],
+                        [up(&vs[0])?, up(&vs[1])?],
+                    );
+                    let (sq, sk, sv) = (
+                        st.clone_htod(&qz.q_scale)?,
+                        st.clone_htod(&qz.k_scale)?,
+                        st.clone_htod(&qz.v_scale)?,
+                    );
+                    fn halves<'a>(
+                        c: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+                        sc: &'a lab::cudarc::driver::CudaSlice<f32>,
+                    ) -> [Fp8<'a>; 2] {
+                        [
+                            Fp8 {
+                                codes: &c[0],
+                                scales: sc,
+                            },
+                            Fp8 {
+                                codes: &c[1],
+                                scales: sc,
+                            },
+                        ]
+                    }
+                    let l = lens(r);
+                    let out = ring_attention_rank(
+                        gpu,
+                        &comm,
+                        s,
+                        Shard {
+                            halves: halves(&dq, &sq),
+                            lens: l,
+                        },
+                        Shard {
+                            halves: halves(&dk, &sk),
+                            lens: l,
+                        },
+                        Shard {
+                            halves: halves(&dv, &sv),
+                            lens: l,
+                        },
+                    )?;
+                    let take =
+                        |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
+                            Ok(st.clone_dtoh(x)?[..n].to_vec())
+                        };
+                    Ok((
+                        take(&out.o[0], s.heads() * l[0] * s.d)?,
+                        take(&out.o[1], s.heads() * l[1] * s.d)?,
+                        take(&out.lse[0], s.heads() * l[0])?,
+                        take(&out.lse[1], s.heads() * l[1])?,
+                    ))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    });
+    let mut o_h = vec![];
+    let mut l_h = vec![];
+    for (r, res) in results.into_iter().enumerate() {
+        let (o0, o1, l0, l1) = res.map_err(|e| e.context(format!("rank {r}")))?;
+        o_h.push([o0, o1]);
+        l_h.push([l0, l1]);
+    }
+    let o = zigzag_join(&o_h, [s.b, s.h, s.sq, s.d]);
+    let lse = zigzag_join(&l_h, [s.b, s.h, s.sq, 1]);
+    let (one_o, one_l) = ring_one_device_joined(gpus[0], &qz, s, world)?;
+    ensure!(
+        o.iter()
+            .zip(&one_o)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+            && lse
+                .iter()
+                .zip(&one_l)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "ring over NCCL on {world} GPUs differs from the same ring on one device"
+    );
+    eprintln!(
+        "ring over NCCL, {world} GPUs, {s:?}: O and LSE bit-identical to the ring on one device"
     );
     Ok(())
 }
@@ -594,6 +725,29 @@ fn main() {
             }
             Ok(())
         });
+    }
+    for (world, name, shape) in [
+        (
+            2,
+            "1x4x1000x128_causal",
+            Shape::new(1, 4, 1000, 128).with_causal(true),
+        ),
+        (
+            2,
+            "2x8q2kv_777x64",
+            Shape::new(2, 8, 777, 64).with_kv_heads(2).expect("8 / 2"),
+        ),
+        (
+            4,
+            "1x4x1001x128_causal",
+            Shape::new(1, 4, 1001, 128).with_causal(true),
+        ),
+    ] {
+        t.gpus(
+            world,
+            &format!("ring::nccl::{world}_gpus::{name}"),
+            move |gpus| check_ring_nccl(gpus, shape),
+        );
     }
     t.run()
 }

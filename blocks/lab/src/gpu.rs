@@ -2,7 +2,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 
@@ -100,21 +100,53 @@ pub struct Kernel {
     pub module: Arc<CudaModule>,
 }
 
+/// CUDA devices the driver sees (0 where there is no usable GPU).
+pub fn device_count() -> usize {
+    match status() {
+        GpuStatus::Present { .. } => {
+            cudarc::driver::result::device::get_count().map_or(0, |n| n as usize)
+        }
+        GpuStatus::Absent(_) => 0,
+    }
+}
+
+/// Devices a process opens at most ([`Gpu::device`]).
+pub const MAX_DEVICES: usize = 8;
+
 impl Gpu {
-    /// The process's device, or why there is none.
+    /// The process's device (ordinal 0), or why there is none.
     pub fn get() -> Result<&'static Gpu> {
-        static G: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
-        G.get_or_init(|| Gpu::open().map_err(|e| format!("{e:#}")))
+        Gpu::device(0)
+    }
+
+    /// Device `ordinal` of this process (each opened once, with its own context, stream and kernel caches), or why
+    /// it cannot be used: several GPUs of one host, one a rank.
+    pub fn device(ordinal: usize) -> Result<&'static Gpu> {
+        static G: [OnceLock<std::result::Result<Gpu, String>>; MAX_DEVICES] =
+            [const { OnceLock::new() }; MAX_DEVICES];
+        let slot = G.get(ordinal).ok_or_else(|| {
+            anyhow!("device {ordinal}: this process opens at most {MAX_DEVICES} devices")
+        })?;
+        slot.get_or_init(|| Gpu::open(ordinal).map_err(|e| format!("{e:#}")))
             .as_ref()
             .map_err(|e| anyhow!("{e}"))
     }
 
-    fn open() -> Result<Gpu> {
-        let (name, major, minor) = match status().clone() {
-            GpuStatus::Present { name, major, minor } => (name, major, minor),
-            GpuStatus::Absent(why) => bail!("no usable GPU: {why}"),
-        };
-        let ctx = CudaContext::new(0).context("creating the CUDA context")?;
+    fn open(ordinal: usize) -> Result<Gpu> {
+        if let GpuStatus::Absent(why) = status() {
+            bail!("no usable GPU: {why}");
+        }
+        let count = device_count();
+        ensure!(
+            ordinal < count,
+            "device {ordinal} does not exist: the driver sees {count} device(s)"
+        );
+        let ctx = CudaContext::new(ordinal)
+            .with_context(|| format!("creating the CUDA context on device {ordinal}"))?;
+        let name = ctx.name().context("reading the device's name")?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .context("reading the compute capability")?;
         let stream = ctx.default_stream();
         let sms = ctx
             .attribute(

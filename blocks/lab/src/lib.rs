@@ -25,7 +25,9 @@ pub use compile::{
     Arch, CompileError, Cubin, Header, KernelSpec, Source, cache_cubins_in, compile, options,
 };
 pub use cudarc;
-pub use gpu::{Gate, Gpu, GpuStatus, Kernel, gate, require_gpu_from_env, status};
+pub use gpu::{
+    Gate, Gpu, GpuStatus, Kernel, MAX_DEVICES, device_count, gate, require_gpu_from_env, status,
+};
 pub use resources::{Budget, Resources, parse_ptxas_log};
 pub use telemetry::{Sampler, Telemetry};
 pub use testing::{COMPILE, GPU, MODEL, Suite};

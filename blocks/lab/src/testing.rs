@@ -123,6 +123,42 @@ impl Suite {
         self
     }
 
+    /// A test on `n` GPUs of this host (devices 0 … n − 1, one a rank). Skipped, with the reason, where the host has
+    /// fewer (a one-GPU machine runs the rest of the suite); failed instead when `LAB_REQUIRE_GPUS` asks for at
+    /// least `n` and they are not there, or as [`Suite::gpu`] where there is no GPU at all.
+    pub fn gpus(
+        &mut self,
+        n: usize,
+        name: &str,
+        f: impl FnOnce(&[&'static Gpu]) -> Result<()> + Send + 'static,
+    ) -> &mut Self {
+        let have = crate::gpu::device_count();
+        let required = std::env::var("LAB_REQUIRE_GPUS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let g = match &self.gate {
+            Gate::Run if have >= n => Gate::Run,
+            Gate::Run if required >= n => Gate::Fail(format!(
+                "LAB_REQUIRE_GPUS={required} but this host has {have} GPU(s); the test needs {n}"
+            )),
+            Gate::Run => Gate::Skip(format!("needs {n} GPUs; this host has {have}")),
+            other => other.clone(),
+        };
+        let skip = matches!(g, Gate::Skip(_));
+        let trial = Trial::test(format!("{GPU}{name}"), move || match g {
+            Gate::Run => to_failed(
+                (0..n)
+                    .map(Gpu::device)
+                    .collect::<Result<Vec<_>>>()
+                    .and_then(|gpus| f(&gpus)),
+            ),
+            Gate::Skip(why) | Gate::Fail(why) => Err(Failed::from(why)),
+        });
+        self.trials.push(trial.with_ignored_flag(skip));
+        self
+    }
+
     /// A GPU test run in a child process of this test binary: for mutants that may kill the CUDA context (an
     /// illegal mbarrier state, a trap), which would otherwise fail every later test of the process. The child
     /// runs `f` alone; this test passes when the child's does, and shows its output either way.

@@ -1,0 +1,213 @@
+// Ring attention over NCCL: one rank a GPU, K/V shards sent on around the ring while the shard in hand is attended.
+use std::sync::Arc;
+
+use attn_merge::Merger;
+use fixtures::{OutDtype, Shape};
+use lab::Gpu;
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use lab::cudarc::nccl::{Comm, group_end, group_start};
+
+use crate::attention::{Attention, Config, Fp8, OutBuf};
+use crate::error::{Error, Result};
+use crate::ring::{RankOutput, Shard, zigzag_range};
+
+/// A K/V shard as it travels: both halves' codes of K and of V (sized for the longest half of any rank) and their
+/// per-(batch, K/V head) scales.
+struct Travel {
+    k: [CudaSlice<u8>; 2],
+    v: [CudaSlice<u8>; 2],
+    ks: [CudaSlice<f32>; 2],
+    vs: [CudaSlice<f32>; 2],
+}
+
+fn nccl(what: &str) -> impl Fn(lab::cudarc::nccl::result::NcclError) -> Error + '_ {
+    move |e| Error::Device(anyhow::anyhow!("NCCL {what}: {e:?}"))
+}
+
+fn drv(e: lab::cudarc::driver::DriverError) -> Error {
+    Error::Device(anyhow::Error::from(e))
+}
+
+/// This rank's part of ring attention over `comm` (rank `comm.rank()` of `comm.world_size()`, on `gpu`, whose
+/// stream the communicator was made with): its zigzag shards `q`, `k`, `v` of the whole problem `shape` (Sq = Sk =
+/// S over every rank). At each step the K/V shard in hand goes on to rank + 1 and the next comes from rank − 1 on the
+/// communicator's stream, while this rank attends the one in hand on a stream of its own (ring-schedule's blocks,
+/// stage 7 into f32 parts, each merged into the running (O, LSE) by attn-merge); a step's transfer waits for the
+/// step before's reads of the buffer it fills, and a step's attention for the transfer that filled its buffer.
+/// Every rank must call this with the same `shape`; a rank whose shards do not match its zigzag chunks fails by name
+/// before anything is sent (and its peers then wait: the caller aborts the communicator, which `Comm`'s drop does).
+pub fn ring_attention_rank(
+    gpu: &Gpu,
+    comm: &Comm,
+    shape: Shape,
+    q: Shard,
+    k: Shard,
+    v: Shard,
+) -> Result<RankOutput> {
+    let (world, rank) = (comm.world_size(), comm.rank());
+    let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
+    if shape.sq != shape.sk {
+        return Err(Error::Unsupported(format!(
+            "ring: Sq = {} and Sk = {}: the ring shards one sequence",
+            shape.sq, shape.sk
+        )));
+    }
+    for (what, got) in [("q", q.lens), ("k", k.lens), ("v", v.lens)] {
+        if got != lens(rank) {
+            return Err(Error::Unsupported(format!(
+                "ring rank {rank} of {world}: its {what} halves hold {got:?} tokens; its zigzag chunks of S = {} have {:?}",
+                shape.sq,
+                lens(rank)
+            )));
+        }
+    }
+    let comm_stream: Arc<CudaStream> = comm.stream();
+    let st = gpu.ctx.new_stream().map_err(drv)?;
+    let per_tok = shape.b * shape.hkv * shape.d;
+    let longest = (0..world).flat_map(&lens).max().unwrap_or(1).max(1);
+    let heads_kv = shape.b * shape.hkv;
+    let alloc = || -> Result<Travel> {
+        let codes = || st.alloc_zeros::<u8>(longest * per_tok).map_err(drv);
+        let scales = || st.alloc_zeros::<f32>(heads_kv).map_err(drv);
+        Ok(Travel {
+            k: [codes()?, codes()?],
+            v: [codes()?, codes()?],
+            ks: [scales()?, scales()?],
+            vs: [scales()?, scales()?],
+        })
+    };
+    let mut bufs = [alloc()?, alloc()?];
+    // Step 0's shard is this rank's own, copied into the first travel buffer.
+    for h in 0..2 {
+        let n = k.lens[h] * per_tok;
+        if n > 0 {
+            st.memcpy_dtod(
+                &k.halves[h].codes.slice(0..n),
+                &mut bufs[0].k[h].slice_mut(0..n),
+            )
+            .map_err(drv)?;
+            st.memcpy_dtod(
+                &v.halves[h].codes.slice(0..n),
+                &mut bufs[0].v[h].slice_mut(0..n),
+            )
+            .map_err(drv)?;
+        }
+    }
+    for h in 0..2 {
+        st.memcpy_dtod(&k.halves[h].scales.slice(0..heads_kv), &mut bufs[0].ks[h])
+            .map_err(drv)?;
+        st.memcpy_dtod(&v.halves[h].scales.slice(0..heads_kv), &mut bufs[0].vs[h])
+            .map_err(drv)?;
+    }
+    let cfg = |causal| Config {
+        causal,
+        out_dtype: OutDtype::F32,
+        softmax_scale: None,
+    };
+    let (mut full, mut diag) = (
+        Attention::new(gpu, cfg(false))?,
+        Attention::new(gpu, cfg(true))?,
+    );
+    let merger = Merger::default();
+    let d = shape.d;
+    let rows = |half: usize| shape.b * shape.h * q.lens[half];
+    let mut acc_o = Vec::with_capacity(2);
+    let mut acc_l = Vec::with_capacity(2);
+    for half in 0..2 {
+        let n = rows(half).max(1);
+        acc_o.push(st.alloc_zeros::<f32>(n * d).map_err(drv)?);
+        acc_l.push(st.clone_htod(&vec![f32::NEG_INFINITY; n]).map_err(drv)?);
+    }
+    let (next, prev) = (
+        ((rank + 1) % world) as i32,
+        ((rank + world - 1) % world) as i32,
+    );
+    for step in 0..world {
+        // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
+        // done before this step's transfer fills it.
+        st.join(&comm_stream).map_err(drv)?;
+        comm_stream.join(&st).map_err(drv)?;
+        let (lo, hi) = bufs.split_at_mut(1);
+        let (cur, nxt) = if step % 2 == 0 {
+            (&mut lo[0], &mut hi[0])
+        } else {
+            (&mut hi[0], &mut lo[0])
+        };
+        let src = ring_schedule::source(world, rank, step);
+        if step + 1 < world {
+            let (send_lens, recv_lens) = (
+                lens(src),
+                lens(ring_schedule::source(world, rank, step + 1)),
+            );
+            group_start().map_err(nccl("group start"))?;
+            for h in 0..2 {
+                let (ns, nr) = (send_lens[h] * per_tok, recv_lens[h] * per_tok);
+                for (c, n) in [(&cur.k[h], &mut nxt.k[h]), (&cur.v[h], &mut nxt.v[h])] {
+                    if ns > 0 {
+                        comm.send(&c.slice(0..ns), next).map_err(nccl("send"))?;
+                    }
+                    if nr > 0 {
+                        comm.recv(&mut n.slice_mut(0..nr), prev)
+                            .map_err(nccl("recv"))?;
+                    }
+                }
+            }
+            for h in 0..2 {
+                for (c, n) in [(&cur.ks[h], &mut nxt.ks[h]), (&cur.vs[h], &mut nxt.vs[h])] {
+                    comm.send(c, next).map_err(nccl("send"))?;
+                    comm.recv(n, prev).map_err(nccl("recv"))?;
+                }
+            }
+            group_end().map_err(nccl("group end"))?;
+        }
+        let held = lens(src);
+        for blk in ring_schedule::blocks(world, rank, step, shape.causal) {
+            for (qh, kh) in (0..2).flat_map(|a| (0..2).map(move |b| (a, b))) {
+                if blk.q & (1 << qh) == 0 || blk.kv & (1 << kh) == 0 {
+                    continue;
+                }
+                let (lq, lk) = (q.lens[qh], held[kh]);
+                if lq == 0 || lk == 0 {
+                    continue;
+                }
+                let causal = blk.mask == ring_schedule::Mask::Causal;
+                let s = Shape {
+                    hkv: shape.hkv,
+                    causal,
+                    ..Shape::cross(shape.b, shape.h, lq, lk, d)
+                };
+                let op = if causal { &mut diag } else { &mut full };
+                // The travel buffers are sized for the longest half: the call reads the first elements.
+                let (s, scale) = op.checked(gpu, s, &crate::Lengths::of(&s))?;
+                let kf = Fp8 {
+                    codes: &cur.k[kh],
+                    scales: &cur.ks[kh],
+                };
+                let vf = Fp8 {
+                    codes: &cur.v[kh],
+                    scales: &cur.vs[kh],
+                };
+                let part = op.launch(gpu, &st, s, scale, q.halves[qh], kf, vf)?;
+                let OutBuf::F32(po) = &part.o else {
+                    unreachable!("the ring's ops write f32 O")
+                };
+                let (ao, _g0) = acc_o[qh].device_ptr_mut(&st);
+                let (al, _g1) = acc_l[qh].device_ptr_mut(&st);
+                let (bo, _g2) = po.device_ptr(&st);
+                let (bl, _g3) = part.lse.device_ptr(&st);
+                // SAFETY: as in ring_on_one_device: separate allocations of at least rows(qh) rows, alive until the
+                // stream has run the merge.
+                unsafe { merger.accumulate(gpu, &st, ao, al, bo, bl, rows(qh), d)? };
+            }
+        }
+    }
+    st.synchronize().map_err(drv)?;
+    let mut it_o = acc_o.into_iter();
+    let mut it_l = acc_l.into_iter();
+    let (o0, o1) = (it_o.next().expect("two"), it_o.next().expect("two"));
+    let (l0, l1) = (it_l.next().expect("two"), it_l.next().expect("two"));
+    Ok(RankOutput {
+        o: [o0, o1],
+        lse: [l0, l1],
+    })
+}
