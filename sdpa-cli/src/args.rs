@@ -137,6 +137,10 @@ pub enum Cmd {
         /// events and the host's time a call.
         #[arg(long)]
         api: bool,
+        /// Ring attention over NCCL on this many GPUs of the host instead (one rank a GPU, the sequence in zigzag
+        /// shards; stage7), timed beside stage 7 on the whole problem on GPU 0.
+        #[arg(long)]
+        ranks: Option<usize>,
         #[command(flatten)]
         scheme: SchemeArgs,
     },

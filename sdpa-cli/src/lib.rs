@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
 use composed::Stage;
 use fixtures::Shape;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 mod args;
 mod bench;
 mod files;
+mod ring;
 mod run;
 
 pub use args::{Args, Check, Cmd, Scales, SchemeArgs};
@@ -69,11 +70,20 @@ pub fn execute(args: Args) -> Result<()> {
             causal,
             kv_heads,
             api,
+            ranks,
             scheme,
         } => {
             let s = shape
                 .with_kv_heads(kv_heads.unwrap_or(shape.h))?
                 .with_causal(causal);
+            if let Some(n) = ranks {
+                ensure!(
+                    stage == Stage::S7,
+                    "--ranks runs ring attention on stage7, not {}",
+                    stage.name()
+                );
+                return ring::bench_ranks(s, n, 5);
+            }
             if api {
                 bench::api(s, dist)?;
             }

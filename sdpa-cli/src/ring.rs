@@ -1,0 +1,130 @@
+// `sdpa bench --ranks N`: ring attention over NCCL on N GPUs of this host, beside stage 7 on one GPU.
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use fixtures::{Raw, Shape, quantize_per_head};
+use fp8_attention::{Fp8, Shard, ring_attention_rank, zigzag_range};
+use lab::cudarc::driver::CudaSlice;
+use lab::cudarc::nccl::{Comm, Id};
+
+use crate::shape_text;
+
+/// One rank's zigzag halves of Q, K and V, generated on the host (unit-normal values, quantized per head a half).
+struct HostShard {
+    q: [fixtures::Quantized; 2],
+}
+
+/// The shards of rank `r`: each half its own small problem [B, heads, L, D] (so that no rank builds the whole
+/// sequence on the host), quantized per head.
+fn host_shard(s: Shape, world: usize, r: usize) -> HostShard {
+    let half = |h: usize| {
+        let l = zigzag_range(s.sq, world, r, h).len().max(1);
+        let shape = Shape {
+            hkv: s.hkv,
+            ..Shape::new(s.b, s.h, l, s.d)
+        };
+        quantize_per_head(&Raw::random(shape, 1000 + (2 * r + h) as u64, 1.0))
+    };
+    HostShard {
+        q: [half(0), half(1)],
+    }
+}
+
+/// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
+/// rank's stream synchronised: the ranks run in lockstep), and prints it beside stage 7 on the whole problem on GPU 0.
+pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
+    ensure!(world >= 1, "--ranks {world}: at least one rank");
+    ensure!(
+        s.sq == s.sk,
+        "--ranks: the ring shards one sequence (Sq = Sk), not {}",
+        shape_text(&s)
+    );
+    let have = lab::device_count();
+    ensure!(
+        have >= world,
+        "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
+    );
+    let id = Id::new()
+        .map_err(|e| anyhow::anyhow!("ncclGetUniqueId (is libnccl.so.2 installed?): {e:?}"))?;
+    let times: Vec<Result<Vec<f64>>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                sc.spawn(move || -> Result<Vec<f64>> {
+                    let gpu = lab::Gpu::device(r)?;
+                    let st = gpu.ctx.new_stream()?;
+                    let comm = Comm::from_rank(st.clone(), r, world, id)
+                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:?}"))?;
+                    let h = host_shard(s, world, r);
+                    let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
+                    let up = |x: &[u8]| st.clone_htod(x);
+                    let upf = |x: &[f32]| st.clone_htod(x);
+                    let codes: Vec<[CudaSlice<u8>; 2]> = vec![
+                        [up(&h.q[0].q)?, up(&h.q[1].q)?],
+                        [up(&h.q[0].k)?, up(&h.q[1].k)?],
+                        [up(&h.q[0].v)?, up(&h.q[1].v)?],
+                    ];
+                    let scales: Vec<[CudaSlice<f32>; 2]> = vec![
+                        [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
+                        [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
+                        [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
+                    ];
+                    let shard = |t: usize| Shard {
+                        halves: [0, 1].map(|i| Fp8 {
+                            codes: &codes[t][i],
+                            scales: &scales[t][i],
+                        }),
+                        lens,
+                    };
+                    let mut out = vec![];
+                    for it in 0..=iters {
+                        let t0 = Instant::now();
+                        drop(ring_attention_rank(
+                            gpu,
+                            &comm,
+                            s,
+                            shard(0),
+                            shard(1),
+                            shard(2),
+                        )?);
+                        if it > 0 {
+                            out.push(t0.elapsed().as_secs_f64() * 1e3);
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    });
+    let mut rank0 = vec![];
+    for (r, t) in times.into_iter().enumerate() {
+        let t = t.with_context(|| format!("rank {r}"))?;
+        if r == 0 {
+            rank0 = t;
+        }
+    }
+    rank0.sort_by(f64::total_cmp);
+    let ring_ms = rank0[rank0.len() / 2];
+    // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
+    let gpu = lab::Gpu::device(0)?;
+    let whole = quantize_per_head(&Raw::random(s, 7, 1.0));
+    let mut p = fp8_attention::Problem::upload(gpu, &whole, fixtures::OutDtype::Bf16)?;
+    let one = p.time(gpu, composed::Stage::S7, 2, 10)?;
+    let flops = if s.causal { s.flops() / 2.0 } else { s.flops() };
+    println!(
+        "ring over NCCL, {world} GPU(s), {}: {ring_ms:.3} ms a call (rank 0, median of {iters}; {:.1} TFLOP/s in all); \
+         stage 7 on one GPU: {:.3} ms ({:.1} TFLOP/s): {:.2}× one GPU",
+        shape_text(&s),
+        flops / (ring_ms * 1e-3) / 1e12,
+        one.p50_us / 1e3,
+        flops / (one.p50_us * 1e-6) / 1e12,
+        one.p50_us / 1e3 / ring_ms
+    );
+    Ok(())
+}
