@@ -35,6 +35,9 @@ pub enum Error {
     /// A real-valued input's view that the quantizer cannot read (strides, alignment, or past its buffer).
     #[error("`{tensor}`: {why}")]
     Layout { tensor: &'static str, why: String },
+    /// Ring attention across ranks: a rank's inputs refused (this rank's or a peer's, named), or the ring stalled.
+    #[error("ring: {0}")]
+    Ring(String),
     /// Caller-provided outputs of the wrong dtype or too small.
     #[error("outputs: {0}")]
     Output(String),

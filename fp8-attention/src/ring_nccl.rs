@@ -1,11 +1,12 @@
 // Ring attention over NCCL: one rank a GPU, K/V shards sent on around the ring while the shard in hand is attended.
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use attn_merge::Merger;
 use fixtures::{OutDtype, Shape};
 use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use lab::cudarc::nccl::{Comm, group_end, group_start};
+use lab::cudarc::nccl::{Comm, ReduceOp, group_end, group_start};
 
 use crate::attention::{Attention, Config, Fp8, OutBuf};
 use crate::error::{Error, Result};
@@ -28,14 +29,34 @@ fn drv(e: lab::cudarc::driver::DriverError) -> Error {
     Error::Device(anyhow::Error::from(e))
 }
 
+/// Waits for everything queued on `st` so far, or fails by name once `deadline` has passed (a peer that stopped
+/// leaves this rank's transfers, and the work behind them, waiting for ever).
+fn wait(st: &Arc<CudaStream>, deadline: Instant, rank: usize, what: &str) -> Result<()> {
+    let done = st.record_event(None).map_err(drv)?;
+    loop {
+        if done.try_is_complete().map_err(drv)? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Ring(format!(
+                "rank {rank}: {what} did not finish in time (a peer stopped or failed, or the link is down); drop \
+                 the communicator on every rank (its drop aborts it)"
+            )));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
 /// This rank's part of ring attention over `comm` (rank `comm.rank()` of `comm.world_size()`, on `gpu`, whose
 /// stream the communicator was made with): its zigzag shards `q`, `k`, `v` of the whole problem `shape` (Sq = Sk =
 /// S over every rank). At each step the K/V shard in hand goes on to rank + 1 and the next comes from rank − 1 on the
 /// communicator's stream, while this rank attends the one in hand on a stream of its own (ring-schedule's blocks,
 /// stage 7 into f32 parts, each merged into the running (O, LSE) by attn-merge); a step's transfer waits for the
 /// step before's reads of the buffer it fills, and a step's attention for the transfer that filled its buffer.
-/// Every rank must call this with the same `shape`; a rank whose shards do not match its zigzag chunks fails by name
-/// before anything is sent (and its peers then wait: the caller aborts the communicator, which `Comm`'s drop does).
+/// Every rank must call this with the same `shape`. Before anything else the ranks tell each other whether their
+/// inputs are right (an all-reduce of one flag): where one rank's are not, every rank returns an error naming that
+/// rank, and nothing is sent. Where a peer stops later (it died, or its device failed), this rank's wait for the ring
+/// ends after `timeout` with [`Error::Ring`]; the caller then drops the communicator, which aborts it.
 pub fn ring_attention_rank(
     gpu: &Gpu,
     comm: &Comm,
@@ -43,25 +64,46 @@ pub fn ring_attention_rank(
     q: Shard,
     k: Shard,
     v: Shard,
+    timeout: Duration,
 ) -> Result<RankOutput> {
+    let deadline = Instant::now() + timeout;
     let (world, rank) = (comm.world_size(), comm.rank());
     let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
+    let mut mine = None;
     if shape.sq != shape.sk {
-        return Err(Error::Unsupported(format!(
-            "ring: Sq = {} and Sk = {}: the ring shards one sequence",
+        mine = Some(format!(
+            "Sq = {} and Sk = {}: the ring shards one sequence",
             shape.sq, shape.sk
-        )));
+        ));
     }
     for (what, got) in [("q", q.lens), ("k", k.lens), ("v", v.lens)] {
-        if got != lens(rank) {
-            return Err(Error::Unsupported(format!(
-                "ring rank {rank} of {world}: its {what} halves hold {got:?} tokens; its zigzag chunks of S = {} have {:?}",
+        if mine.is_none() && got != lens(rank) {
+            mine = Some(format!(
+                "its {what} halves hold {got:?} tokens; its zigzag chunks of S = {} over {world} ranks have {:?}",
                 shape.sq,
                 lens(rank)
-            )));
+            ));
         }
     }
     let comm_stream: Arc<CudaStream> = comm.stream();
+    // Every rank's verdict on its inputs: the largest failing rank + 1 (0: all fine), by an all-reduce (max).
+    let flag = comm_stream
+        .clone_htod(&[if mine.is_some() { rank as i32 + 1 } else { 0 }])
+        .map_err(drv)?;
+    let mut worst = comm_stream.alloc_zeros::<i32>(1).map_err(drv)?;
+    comm.all_reduce(&flag, &mut worst, &ReduceOp::Max)
+        .map_err(nccl("all-reduce of the ranks' input checks"))?;
+    wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
+    let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
+    if let Some(why) = mine {
+        return Err(Error::Ring(format!("rank {rank} of {world}: {why}")));
+    }
+    if worst > 0 {
+        return Err(Error::Ring(format!(
+            "rank {rank} of {world}: rank {} refused its inputs (its own error says why); nothing was sent",
+            worst - 1
+        )));
+    }
     let st = gpu.ctx.new_stream().map_err(drv)?;
     let per_tok = shape.b * shape.hkv * shape.d;
     let longest = (0..world).flat_map(&lens).max().unwrap_or(1).max(1);
@@ -201,7 +243,8 @@ pub fn ring_attention_rank(
             }
         }
     }
-    st.synchronize().map_err(drv)?;
+    wait(&comm_stream, deadline, rank, "the ring's transfers")?;
+    wait(&st, deadline, rank, "the ring's attention")?;
     let mut it_o = acc_o.into_iter();
     let mut it_l = acc_l.into_iter();
     let (o0, o1) = (it_o.next().expect("two"), it_o.next().expect("two"));

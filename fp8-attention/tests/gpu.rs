@@ -344,22 +344,62 @@ type RankHalves = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
 /// for bit (the same kernels and merges in the same order, on GPUs of one model), which check_ring holds against the
 /// f64 reference.
 fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
-    use fp8_attention::{Shard, ring_attention_rank, zigzag_join, zigzag_range, zigzag_split};
-    use lab::cudarc::nccl::{Comm, Id};
+    use fp8_attention::zigzag_join;
     let world = gpus.len();
     let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+    let results = ring_nccl_run(gpus, &qz, None);
+    let mut o_h = vec![];
+    let mut l_h = vec![];
+    for (r, res) in results.into_iter().enumerate() {
+        let (o0, o1, l0, l1) = res.map_err(|e| e.context(format!("rank {r}")))?;
+        o_h.push([o0, o1]);
+        l_h.push([l0, l1]);
+    }
+    let o = zigzag_join(&o_h, [s.b, s.h, s.sq, s.d]);
+    let lse = zigzag_join(&l_h, [s.b, s.h, s.sq, 1]);
+    let (one_o, one_l) = ring_one_device_joined(gpus[0], &qz, s, world)?;
+    ensure!(
+        o.iter()
+            .zip(&one_o)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+            && lse
+                .iter()
+                .zip(&one_l)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "ring over NCCL on {world} GPUs differs from the same ring on one device"
+    );
+    eprintln!(
+        "ring over NCCL, {world} GPUs, {s:?}: O and LSE bit-identical to the ring on one device"
+    );
+    Ok(())
+}
+
+/// Every rank of a ring over NCCL on `gpus` on `qz` (its shape's whole sequence), one thread and communicator a rank;
+/// rank `bad`, if any, passes halves one token short. Each rank's O halves and LSE halves, or its error.
+fn ring_nccl_run(
+    gpus: &[&'static Gpu],
+    qz: &Quantized,
+    bad: Option<usize>,
+) -> Vec<Result<RankHalves>> {
+    use fp8_attention::{Shard, ring_attention_rank, zigzag_range, zigzag_split};
+    use lab::cudarc::nccl::{Comm, Id};
+    let world = gpus.len();
+    let s = qz.shape;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
     let (qs, ks, vs) = (
         zigzag_split(&qz.q, qd, world),
         zigzag_split(&qz.k, kd, world),
         zigzag_split(&qz.v, kd, world),
     );
-    let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId: {e:?}"))?;
+    let id = match Id::new() {
+        Ok(id) => id,
+        Err(e) => return vec![Err(anyhow::anyhow!("ncclGetUniqueId: {e:?}"))],
+    };
     let lens = move |r: usize| [0, 1].map(|h| zigzag_range(s.sq, world, r, h).len());
-    let results: Vec<Result<RankHalves>> = std::thread::scope(|sc| {
+    std::thread::scope(|sc| {
         let handles: Vec<_> = (0..world)
             .map(|r| {
-                let (gpu, qz, qs, ks, vs) = (gpus[r], &qz, &qs[r], &ks[r], &vs[r]);
+                let (gpu, qs, ks, vs) = (gpus[r], &qs[r], &ks[r], &vs[r]);
                 sc.spawn(move || -> Result<RankHalves> {
                     let st = gpu.ctx.new_stream()?;
                     let comm = Comm::from_rank(st.clone(), r, world, id)
@@ -392,13 +432,18 @@ fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
                         ]
                     }
                     let l = lens(r);
+                    let claimed = if bad == Some(r) {
+                        [l[0], l[1].saturating_sub(1)]
+                    } else {
+                        l
+                    };
                     let out = ring_attention_rank(
                         gpu,
                         &comm,
                         s,
                         Shard {
                             halves: halves(&dq, &sq),
-                            lens: l,
+                            lens: claimed,
                         },
                         Shard {
                             halves: halves(&dk, &sk),
@@ -408,6 +453,7 @@ fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
                             halves: halves(&dv, &sv),
                             lens: l,
                         },
+                        std::time::Duration::from_secs(60),
                     )?;
                     let take =
                         |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
@@ -429,31 +475,7 @@ fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
             })
             .collect()
-    });
-    let mut o_h = vec![];
-    let mut l_h = vec![];
-    for (r, res) in results.into_iter().enumerate() {
-        let (o0, o1, l0, l1) = res.map_err(|e| e.context(format!("rank {r}")))?;
-        o_h.push([o0, o1]);
-        l_h.push([l0, l1]);
-    }
-    let o = zigzag_join(&o_h, [s.b, s.h, s.sq, s.d]);
-    let lse = zigzag_join(&l_h, [s.b, s.h, s.sq, 1]);
-    let (one_o, one_l) = ring_one_device_joined(gpus[0], &qz, s, world)?;
-    ensure!(
-        o.iter()
-            .zip(&one_o)
-            .all(|(a, b)| a.to_bits() == b.to_bits())
-            && lse
-                .iter()
-                .zip(&one_l)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "ring over NCCL on {world} GPUs differs from the same ring on one device"
-    );
-    eprintln!(
-        "ring over NCCL, {world} GPUs, {s:?}: O and LSE bit-identical to the ring on one device"
-    );
-    Ok(())
+    })
 }
 
 fn main() {
@@ -749,5 +771,41 @@ fn main() {
             move |gpus| check_ring_nccl(gpus, shape),
         );
     }
+    t.gpus(
+        2,
+        "ring::nccl::2_gpus::a_rank_refusing_its_inputs_ends_every_rank",
+        |gpus| {
+            // Rank 1 claims its second half one token short: it fails by name, and rank 0 learns it from the ranks' check
+            // before anything is sent, with an error naming rank 1; neither waits out its timeout.
+            let s = Shape::new(1, 2, 300, 64).with_causal(true);
+            let qz = quantize_per_head(&Raw::random(s, 5, 1.0));
+            let t0 = std::time::Instant::now();
+            let res = ring_nccl_run(gpus, &qz, Some(1));
+            let e: Vec<String> = res
+                .into_iter()
+                .map(|r| r.err().map(|e| format!("{e:#}")).unwrap_or_default())
+                .collect();
+            ensure!(
+                e[1].contains("rank 1 of 2") && e[1].contains("q halves hold"),
+                "rank 1: {}",
+                e[1]
+            );
+            ensure!(
+                e[0].contains("rank 1 refused its inputs"),
+                "rank 0: {}",
+                e[0]
+            );
+            ensure!(
+                t0.elapsed().as_secs() < 30,
+                "the ranks took {:?} to fail",
+                t0.elapsed()
+            );
+            eprintln!(
+                "a rank refusing its inputs: rank 0 `{}`; rank 1 `{}`",
+                e[0], e[1]
+            );
+            Ok(())
+        },
+    );
     t.run()
 }

@@ -85,6 +85,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
                             shard(0),
                             shard(1),
                             shard(2),
+                            std::time::Duration::from_secs(300),
                         )?);
                         if it > 0 {
                             out.push(t0.elapsed().as_secs_f64() * 1e3);
