@@ -13,7 +13,9 @@ use crate::error::{Error, Result};
 /// scales, one per (batch, head): element x ≈ decode(code) · scale.
 #[derive(Debug, Clone, Copy)]
 pub struct Fp8<'a> {
+    /// The E4M3 codes, one byte an element.
     pub codes: &'a CudaSlice<u8>,
+    /// One f32 dequantization scale per (batch, head).
     pub scales: &'a CudaSlice<f32>,
 }
 
@@ -21,8 +23,11 @@ pub struct Fp8<'a> {
 /// j ≤ i + Sk − Sq), O's dtype, and the softmax scale (None: 1/√D).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
+    /// Causal masking, bottom-right aligned.
     pub causal: bool,
+    /// What O is written as.
     pub out_dtype: OutDtype,
+    /// The softmax scale; None: 1/√D.
     pub softmax_scale: Option<f32>,
 }
 
@@ -39,8 +44,11 @@ impl Default for Config {
 /// O on the device, in the dtype the op was configured for.
 #[derive(Debug)]
 pub enum OutBuf {
+    /// f16 O.
     F16(CudaSlice<f16>),
+    /// bf16 O.
     Bf16(CudaSlice<bf16>),
+    /// f32 O.
     F32(CudaSlice<f32>),
 }
 
@@ -49,8 +57,11 @@ pub enum OutBuf {
 /// partial results): the result is their first [`Output::o_len`] and [`Output::lse_len`] elements.
 #[derive(Debug)]
 pub struct Output {
+    /// The problem the outputs are of.
     pub shape: Shape,
+    /// O, [B, H, Sq, D] first.
     pub o: OutBuf,
+    /// The LSE, [B, H, Sq] first.
     pub lse: CudaSlice<f32>,
 }
 
@@ -93,11 +104,17 @@ impl Output {
 /// The element and scale counts of one call's inputs, as [`check_inputs`] takes them (no device needed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lengths {
+    /// Elements of Q.
     pub q: usize,
+    /// Elements of K.
     pub k: usize,
+    /// Elements of V.
     pub v: usize,
+    /// Q's scales.
     pub q_scales: usize,
+    /// K's scales.
     pub k_scales: usize,
+    /// V's scales.
     pub v_scales: usize,
 }
 

@@ -11,30 +11,52 @@ pub enum Error {
     HeadDim(usize),
     /// A zero batch, head count or sequence length.
     #[error("{what} = {got}: it must be at least 1")]
-    Empty { what: &'static str, got: usize },
+    Empty {
+        /// The size's name.
+        what: &'static str,
+        /// Its value.
+        got: usize,
+    },
     /// Query heads that are not a multiple of the key/value heads.
     #[error(
         "H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads (grouped-query attention)"
     )]
-    HeadRatio { h: usize, hkv: usize },
+    HeadRatio {
+        /// Query heads.
+        h: usize,
+        /// Key/value heads.
+        hkv: usize,
+    },
     /// A tensor whose element count does not match its [B, heads, S, D].
     #[error("`{tensor}` holds {got} elements, and [B, heads, S, D] = {dims:?} needs {want}")]
     Length {
+        /// The tensor's name.
         tensor: &'static str,
+        /// Elements it holds.
         got: usize,
+        /// Elements its dims need.
         want: usize,
+        /// [B, heads, S, D].
         dims: [usize; 4],
     },
     /// A scale tensor without one scale per (batch, head).
     #[error("`{tensor}` holds {got} scales, and one per (batch, head) needs {want}")]
     Scales {
+        /// The scale tensor's name.
         tensor: &'static str,
+        /// Scales it holds.
         got: usize,
+        /// Scales it needs.
         want: usize,
     },
     /// A real-valued input's view that the quantizer cannot read (strides, alignment, or past its buffer).
     #[error("`{tensor}`: {why}")]
-    Layout { tensor: &'static str, why: String },
+    Layout {
+        /// The tensor's name.
+        tensor: &'static str,
+        /// What is wrong with its view.
+        why: String,
+    },
     /// Ring attention across ranks: a rank's inputs refused (this rank's or a peer's, named), or the ring stalled.
     #[error("ring: {0}")]
     Ring(String),

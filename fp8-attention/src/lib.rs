@@ -1,8 +1,14 @@
 //! `fp8-attention`: the fused FP8 (E4M3) scaled-dot-product attention forward of the lab, as a library.
 //!
 //! [`Attention`] is the op a model calls: built once per [`Config`], called many times on E4M3 tensors already on
-//! the device ([`Fp8`]: codes and per-head scales) on the caller's stream, returning O and the LSE ([`Output`]);
-//! every bad input is an [`Error`] naming what is wrong, before any launch.
+//! the device ([`Fp8`]: codes and per-head scales; [`Attention::forward`]) or on f32 / f16 / bf16 tensors with any
+//! [B, H, S, D] strides ([`Real`]: quantized on the device; [`Attention::forward_real`]), on the caller's stream,
+//! returning O and the LSE ([`Output`]) or writing them into the caller's buffers ([`Attention::forward_into`]);
+//! every bad input is an [`Error`] naming what is wrong, before any launch. D = 64, 128 or 256 (256: sm_90).
+//!
+//! Ring attention (a sequence over several GPUs): [`ring_attention_rank`] is one rank's part over an NCCL
+//! communicator, on zigzag shards ([`zigzag_split`], [`Shard`]); [`ring_on_one_device`] runs every rank's steps on
+//! one device, the arithmetic the ring reproduces.
 //!
 //! [`Problem`] is the host-side path the lab's tools use. Inputs are E4M3 codes with one dequantization scale per (batch, head) ([`Quantized`]), or real values
 //! quantized on the device by a [`Scheme`] ([`Problem::quantize`]). A [`Problem`] holds them on the device; each
@@ -21,6 +27,8 @@
 //! assert_eq!(out.o.len(), 8 * 512 * 64);
 //! # Ok(()) }
 //! ```
+#![warn(missing_docs)]
+
 mod attention;
 mod error;
 mod problem;

@@ -15,6 +15,7 @@ pub use fp8_codec::Real as RealDtype;
 
 /// An element type a model's tensors hold: f32, f16 or bf16.
 pub trait RealElem: lab::cudarc::driver::DeviceRepr {
+    /// The element type as the quantizer names it.
     const DTYPE: RealDtype;
 }
 impl RealElem for f32 {
@@ -32,8 +33,11 @@ impl RealElem for bf16 {
 /// tensor is `strides: Some([S·H·D, D, H·D])`; the q of a fused [B, S, 3, H, D] projection adds nothing else.
 #[derive(Debug, Clone, Copy)]
 pub struct Real<'a, T> {
+    /// The buffer the tensor lies in.
     pub data: &'a CudaSlice<T>,
+    /// Its first element's index in `data`.
     pub offset: usize,
+    /// Element strides of B, heads and S (D is contiguous); None: row-major.
     pub strides: Option<[usize; 3]>,
 }
 

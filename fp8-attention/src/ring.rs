@@ -53,14 +53,18 @@ pub fn zigzag_join<T: Copy + Default>(halves: &[[Vec<T>; 2]], dims: [usize; 4]) 
 /// scales, and the halves' lengths.
 #[derive(Debug, Clone, Copy)]
 pub struct Shard<'a> {
+    /// The first and second half (chunks r and 2W − 1 − r).
     pub halves: [Fp8<'a>; 2],
+    /// Their lengths in tokens.
     pub lens: [usize; 2],
 }
 
 /// A rank's result: per half, O (f32, [B, H, L, D]) and the LSE ([B, H, L]).
 #[derive(Debug)]
 pub struct RankOutput {
+    /// O of each half.
     pub o: [CudaSlice<f32>; 2],
+    /// The LSE of each half.
     pub lse: [CudaSlice<f32>; 2],
 }
 
