@@ -1,0 +1,368 @@
+// Ring attention: every rank's steps on one device against the f64 reference, and over NCCL on 2 and 4 GPUs.
+use anyhow::{Result, ensure};
+use fixtures::{Quantized, Raw, Shape, quantize_per_head};
+use fp8_attention::{Fp8, OutDtype};
+use lab::{Gpu, Suite};
+
+use crate::lab_path;
+
+/// `ring_on_one_device` over `world` virtual ranks on `qz` (shape `s`), its ranks' halves joined: O and LSE of the whole.
+fn ring_one_device_joined(
+    gpu: &Gpu,
+    qz: &Quantized,
+    s: Shape,
+    world: usize,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    use fp8_attention::{Shard, ring_on_one_device, zigzag_join, zigzag_split};
+    let st = gpu.ctx.new_stream()?;
+    let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
+    let (qs, ks, vs) = (
+        zigzag_split(&qz.q, qd, world),
+        zigzag_split(&qz.k, kd, world),
+        zigzag_split(&qz.v, kd, world),
+    );
+    let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
+    let (dq, dk, dv): (Vec<_>, Vec<_>, Vec<_>) = (
+        qs.iter()
+            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
+            .collect::<Result<Vec<_>>>()?,
+        ks.iter()
+            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
+            .collect::<Result<Vec<_>>>()?,
+        vs.iter()
+            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
+            .collect::<Result<Vec<_>>>()?,
+    );
+    let (sq, sk, sv) = (
+        st.clone_htod(&qz.q_scale)?,
+        st.clone_htod(&qz.k_scale)?,
+        st.clone_htod(&qz.v_scale)?,
+    );
+    let lens = |r: usize| [0, 1].map(|h| fp8_attention::zigzag_range(s.sq, world, r, h).len());
+    fn shard<'a>(
+        codes: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+        scales: &'a lab::cudarc::driver::CudaSlice<f32>,
+        lens: [usize; 2],
+    ) -> Shard<'a> {
+        Shard {
+            halves: [
+                Fp8 {
+                    codes: &codes[0],
+                    scales,
+                },
+                Fp8 {
+                    codes: &codes[1],
+                    scales,
+                },
+            ],
+            lens,
+        }
+    }
+    let q: Vec<Shard> = (0..world).map(|r| shard(&dq[r], &sq, lens(r))).collect();
+    let kv: Vec<(Shard, Shard)> = (0..world)
+        .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
+        .collect();
+    let outs = ring_on_one_device(gpu, &st, s, &q, &kv)?;
+    let mut o_halves = vec![];
+    let mut l_halves = vec![];
+    for (r, out) in outs.iter().enumerate() {
+        let l = lens(r);
+        let take = |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
+            Ok(st.clone_dtoh(x)?[..n].to_vec())
+        };
+        o_halves.push([
+            take(&out.o[0], s.heads() * l[0] * s.d)?,
+            take(&out.o[1], s.heads() * l[1] * s.d)?,
+        ]);
+        l_halves.push([
+            take(&out.lse[0], s.heads() * l[0])?,
+            take(&out.lse[1], s.heads() * l[1])?,
+        ]);
+    }
+    let o = zigzag_join(&o_halves, [s.b, s.h, s.sq, s.d]);
+    let lse = zigzag_join(&l_halves, [s.b, s.h, s.sq, 1]);
+    Ok((o, lse))
+}
+
+/// Ring attention over `world` virtual ranks on one device (`ring_on_one_device`) on shape `s`, against the f64
+/// reference of the whole problem, beside stage 7 on the whole problem (the lab's path): the ring's O must be as
+/// close to the reference as the dense kernel's (its parts are stage 7's; the merge adds f32 ulps), rel-L2 within
+/// 10% + 1e-3 of the dense one's, and its LSE within the dense LSE's max error + 1e-4.
+fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
+    use lab::numerics::{Tolerance, error_stats};
+    let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+    let (o, lse) = ring_one_device_joined(gpu, &qz, s, world)?;
+    let want = fixtures::reference(&qz);
+    let dense = lab_path(gpu, &qz, OutDtype::F32)?;
+    let tol = Tolerance {
+        atol: 0.0,
+        rtol: 0.0,
+    };
+    let (ring_e, dense_e) = (
+        error_stats(&o, &want.o, tol),
+        error_stats(&dense.o, &want.o, tol),
+    );
+    let lse_err = |x: &[f32]| {
+        x.iter()
+            .zip(&want.lse)
+            .map(|(a, b)| (f64::from(*a) - b).abs())
+            .fold(0.0, f64::max)
+    };
+    let (ring_l, dense_l) = (lse_err(&lse), lse_err(&dense.lse));
+    eprintln!(
+        "ring W = {world} {s:?}: O vs f64 max_abs={:.3e} mean_abs={:.3e} rel_l2={:.3e} (dense stage 7: rel_l2={:.3e}); LSE max abs {ring_l:.3e} (dense {dense_l:.3e})",
+        ring_e.max_abs, ring_e.mean_abs, ring_e.rel_l2, dense_e.rel_l2
+    );
+    ensure!(
+        ring_e.nan == 0 && ring_e.inf == 0,
+        "ring W = {world}: NaN or Inf in O"
+    );
+    ensure!(
+        ring_e.rel_l2 <= 1.1 * dense_e.rel_l2 + 1e-3,
+        "ring W = {world}: rel-L2 {:.3e} against the dense kernel's {:.3e}",
+        ring_e.rel_l2,
+        dense_e.rel_l2
+    );
+    ensure!(
+        ring_l <= dense_l + 1e-4,
+        "ring W = {world}: LSE error {ring_l:.3e} against the dense kernel's {dense_l:.3e}"
+    );
+    Ok(())
+}
+
+/// A rank's O halves and LSE halves, on the host.
+type RankHalves = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// Ring attention over NCCL on `world` GPUs (one thread and communicator a rank, `ring_attention_rank`) on shape `s`:
+/// the whole problem's O and LSE, joined from every rank's halves, must equal ring_on_one_device's on device 0 bit
+/// for bit (the same kernels and merges in the same order, on GPUs of one model), which check_ring holds against the
+/// f64 reference.
+fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
+    use fp8_attention::zigzag_join;
+    let world = gpus.len();
+    let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+    let results = ring_nccl_run(gpus, &qz, None);
+    let mut o_h = vec![];
+    let mut l_h = vec![];
+    for (r, res) in results.into_iter().enumerate() {
+        let (o0, o1, l0, l1) = res.map_err(|e| e.context(format!("rank {r}")))?;
+        o_h.push([o0, o1]);
+        l_h.push([l0, l1]);
+    }
+    let o = zigzag_join(&o_h, [s.b, s.h, s.sq, s.d]);
+    let lse = zigzag_join(&l_h, [s.b, s.h, s.sq, 1]);
+    let (one_o, one_l) = ring_one_device_joined(gpus[0], &qz, s, world)?;
+    ensure!(
+        o.iter()
+            .zip(&one_o)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+            && lse
+                .iter()
+                .zip(&one_l)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "ring over NCCL on {world} GPUs differs from the same ring on one device"
+    );
+    eprintln!(
+        "ring over NCCL, {world} GPUs, {s:?}: O and LSE bit-identical to the ring on one device"
+    );
+    Ok(())
+}
+
+/// Every rank of a ring over NCCL on `gpus` on `qz` (its shape's whole sequence), one thread and communicator a rank;
+/// rank `bad`, if any, passes halves one token short. Each rank's O halves and LSE halves, or its error.
+fn ring_nccl_run(
+    gpus: &[&'static Gpu],
+    qz: &Quantized,
+    bad: Option<usize>,
+) -> Vec<Result<RankHalves>> {
+    use fp8_attention::{Shard, ring_attention_rank, zigzag_range, zigzag_split};
+    use lab::cudarc::nccl::{Comm, Id};
+    let world = gpus.len();
+    let s = qz.shape;
+    let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
+    let (qs, ks, vs) = (
+        zigzag_split(&qz.q, qd, world),
+        zigzag_split(&qz.k, kd, world),
+        zigzag_split(&qz.v, kd, world),
+    );
+    let id = match Id::new() {
+        Ok(id) => id,
+        Err(e) => return vec![Err(anyhow::anyhow!("ncclGetUniqueId: {e:?}"))],
+    };
+    let lens = move |r: usize| [0, 1].map(|h| zigzag_range(s.sq, world, r, h).len());
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let (gpu, qs, ks, vs) = (gpus[r], &qs[r], &ks[r], &vs[r]);
+                sc.spawn(move || -> Result<RankHalves> {
+                    let st = gpu.ctx.new_stream()?;
+                    let comm = Comm::from_rank(st.clone(), r, world, id)
+                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:?}"))?;
+                    let up =
+                        |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
+                    let (dq, dk, dv) = (
+                        [up(&qs[0])?, up(&qs[1])?],
+                        [up(&ks[0])?, up(&ks[1])?],
+                        [up(&vs[0])?, up(&vs[1])?],
+                    );
+                    let (sq, sk, sv) = (
+                        st.clone_htod(&qz.q_scale)?,
+                        st.clone_htod(&qz.k_scale)?,
+                        st.clone_htod(&qz.v_scale)?,
+                    );
+                    fn halves<'a>(
+                        c: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+                        sc: &'a lab::cudarc::driver::CudaSlice<f32>,
+                    ) -> [Fp8<'a>; 2] {
+                        [
+                            Fp8 {
+                                codes: &c[0],
+                                scales: sc,
+                            },
+                            Fp8 {
+                                codes: &c[1],
+                                scales: sc,
+                            },
+                        ]
+                    }
+                    let l = lens(r);
+                    let claimed = if bad == Some(r) {
+                        [l[0], l[1].saturating_sub(1)]
+                    } else {
+                        l
+                    };
+                    let out = ring_attention_rank(
+                        gpu,
+                        &comm,
+                        s,
+                        Shard {
+                            halves: halves(&dq, &sq),
+                            lens: claimed,
+                        },
+                        Shard {
+                            halves: halves(&dk, &sk),
+                            lens: l,
+                        },
+                        Shard {
+                            halves: halves(&dv, &sv),
+                            lens: l,
+                        },
+                        std::time::Duration::from_secs(60),
+                    )?;
+                    let take =
+                        |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
+                            Ok(st.clone_dtoh(x)?[..n].to_vec())
+                        };
+                    Ok((
+                        take(&out.o[0], s.heads() * l[0] * s.d)?,
+                        take(&out.o[1], s.heads() * l[1] * s.d)?,
+                        take(&out.lse[0], s.heads() * l[0])?,
+                        take(&out.lse[1], s.heads() * l[1])?,
+                    ))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    })
+}
+
+/// The ring tests.
+pub fn add(t: &mut Suite) {
+    for (name, shape, worlds) in [
+        (
+            "1x4x1000x128",
+            Shape::new(1, 4, 1000, 128),
+            &[2usize, 3, 4][..],
+        ),
+        (
+            "1x4x1000x128_causal",
+            Shape::new(1, 4, 1000, 128).with_causal(true),
+            &[2, 3, 4][..],
+        ),
+        (
+            "2x8q2kv_777x64_causal",
+            Shape::new(2, 8, 777, 64)
+                .with_kv_heads(2)
+                .expect("8 / 2")
+                .with_causal(true),
+            &[2, 4][..],
+        ),
+        (
+            "1x2x5x64_causal_empty_chunks",
+            Shape::new(1, 2, 5, 64).with_causal(true),
+            &[4][..],
+        ),
+    ] {
+        t.gpu(&format!("ring::on_one_device::{name}"), move |gpu| {
+            for &w in worlds {
+                check_ring(gpu, shape, w)?;
+            }
+            Ok(())
+        });
+    }
+    for (world, name, shape) in [
+        (
+            2,
+            "1x4x1000x128_causal",
+            Shape::new(1, 4, 1000, 128).with_causal(true),
+        ),
+        (
+            2,
+            "2x8q2kv_777x64",
+            Shape::new(2, 8, 777, 64).with_kv_heads(2).expect("8 / 2"),
+        ),
+        (
+            4,
+            "1x4x1001x128_causal",
+            Shape::new(1, 4, 1001, 128).with_causal(true),
+        ),
+    ] {
+        t.gpus(
+            world,
+            &format!("ring::nccl::{world}_gpus::{name}"),
+            move |gpus| check_ring_nccl(gpus, shape),
+        );
+    }
+    t.gpus(
+        2,
+        "ring::nccl::2_gpus::a_rank_refusing_its_inputs_ends_every_rank",
+        |gpus| {
+            // Rank 1 claims its second half one token short: it fails by name, and rank 0 learns it from the ranks' check
+            // before anything is sent, with an error naming rank 1; neither waits out its timeout.
+            let s = Shape::new(1, 2, 300, 64).with_causal(true);
+            let qz = quantize_per_head(&Raw::random(s, 5, 1.0));
+            let t0 = std::time::Instant::now();
+            let res = ring_nccl_run(gpus, &qz, Some(1));
+            let e: Vec<String> = res
+                .into_iter()
+                .map(|r| r.err().map(|e| format!("{e:#}")).unwrap_or_default())
+                .collect();
+            ensure!(
+                e[1].contains("rank 1 of 2") && e[1].contains("q halves hold"),
+                "rank 1: {}",
+                e[1]
+            );
+            ensure!(
+                e[0].contains("rank 1 refused its inputs"),
+                "rank 0: {}",
+                e[0]
+            );
+            ensure!(
+                t0.elapsed().as_secs() < 30,
+                "the ranks took {:?} to fail",
+                t0.elapsed()
+            );
+            eprintln!(
+                "a rank refusing its inputs: rank 0 `{}`; rank 1 `{}`",
+                e[0], e[1]
+            );
+            Ok(())
+        },
+    );
+}
