@@ -42,6 +42,14 @@ pub fn build(dir: Option<PathBuf>, only: &[String], attempts: &[String]) -> Resu
         select.push("--all-targets");
         test_binaries_of(&sh, "bundle", &select)?
     };
+    // The unit tests of libraries and binaries (`--lib`, `--bin`: models, parsers, the tree's rules) need no GPU and
+    // run in CI on every commit; the bundle carries the test binaries that do (each block's `gpu`, which also holds
+    // its model and compile tests, and the examples), so that every package fits the device tool's carry beside the
+    // tree.
+    let bins: Vec<_> = bins
+        .into_iter()
+        .filter(|b| b.target != "lib" && b.target != "bin")
+        .collect();
     cmd!(
         sh,
         "cargo build --quiet -p xtask -p sdpa-cli --bins --profile bundle"
