@@ -6,7 +6,7 @@ use fixtures::{OutDtype, Shape};
 use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use crate::attention::{Attention, Config, Fp8, OutBuf, Output};
+use crate::attention::{Attention, Config, Fp8, Lengths, OutBuf};
 use crate::error::{Error, Result};
 
 /// The token range of zigzag half `half` (0: first, 1: second) of rank `rank` of `world`, in a sequence of `s`.
@@ -111,92 +111,163 @@ pub fn ring_on_one_device(
             }
         }
     }
-    let cfg = |causal| Config {
-        causal,
-        out_dtype: OutDtype::F32,
-        softmax_scale: None,
-    };
-    let (mut full, mut diag) = (
-        Attention::new(gpu, cfg(false))?,
-        Attention::new(gpu, cfg(true))?,
-    );
-    let merger = Merger::default();
-    let d = shape.d;
     let mut outs = Vec::with_capacity(world);
     for (rank, mine) in q.iter().enumerate() {
-        let rows = |half: usize| shape.b * shape.h * mine.lens[half];
-        let mut acc_o = Vec::with_capacity(2);
-        let mut acc_l = Vec::with_capacity(2);
-        for half in 0..2 {
-            let n = rows(half).max(1);
-            acc_o.push(
-                stream
-                    .alloc_zeros::<f32>(n * d)
-                    .map_err(anyhow::Error::from)?,
-            );
-            acc_l.push(
-                stream
-                    .clone_htod(&vec![f32::NEG_INFINITY; n])
-                    .map_err(anyhow::Error::from)?,
-            );
-        }
+        let mut steps = RankSteps::new(gpu, stream, shape, mine.lens)?;
         for step in 0..world {
-            let src = ring_schedule::source(world, rank, step);
-            for blk in ring_schedule::blocks(world, rank, step, shape.causal) {
-                for (qh, kh) in (0..2).flat_map(|a| (0..2).map(move |b| (a, b))) {
-                    if blk.q & (1 << qh) == 0 || blk.kv & (1 << kh) == 0 {
-                        continue;
-                    }
-                    let (lq, lk) = (mine.lens[qh], kv[src].0.lens[kh]);
-                    if lq == 0 || lk == 0 {
-                        continue;
-                    }
-                    let causal = blk.mask == ring_schedule::Mask::Causal;
-                    let s = Shape {
-                        hkv: shape.hkv,
-                        causal,
-                        ..Shape::cross(shape.b, shape.h, lq, lk, d)
-                    };
-                    let op = if causal { &mut diag } else { &mut full };
-                    let mut part: Output = op.alloc_output(gpu, stream, &s)?;
-                    op.forward_into(
-                        gpu,
-                        stream,
-                        s,
-                        mine.halves[qh],
-                        kv[src].0.halves[kh],
-                        kv[src].1.halves[kh],
-                        &mut part,
-                    )?;
-                    let OutBuf::F32(po) = &part.o else {
-                        unreachable!("the ring's ops write f32 O")
-                    };
-                    let (ao, _g0) = acc_o[qh].device_ptr_mut(stream);
-                    let (al, _g1) = acc_l[qh].device_ptr_mut(stream);
-                    let (bo, _g2) = po.device_ptr(stream);
-                    let (bl, _g3) = part.lse.device_ptr(stream);
-                    // SAFETY: the accumulator holds rows(qh) rows of O and LSE; the part's first rows(qh) rows are
-                    // the block's result (Attention::output_rows ≥ B·H·Lq); separate allocations, alive until the
-                    // stream has run the merge (the part is dropped after it is queued: freed in stream order).
-                    unsafe { merger.accumulate(gpu, stream, ao, al, bo, bl, rows(qh), d)? };
-                }
-            }
+            let (k, v) = &kv[ring_schedule::source(world, rank, step)];
+            steps.step(
+                gpu, stream, world, rank, step, mine, k.halves, v.halves, k.lens,
+            )?;
         }
-        let mut it_o = acc_o.into_iter();
-        let mut it_l = acc_l.into_iter();
-        let mut next = || -> (CudaSlice<f32>, CudaSlice<f32>) {
-            (
-                it_o.next().expect("two halves"),
-                it_l.next().expect("two halves"),
-            )
-        };
-        let ((o0, l0), (o1, l1)) = (next(), next());
-        outs.push(RankOutput {
-            o: [o0, o1],
-            lse: [l0, l1],
-        });
+        outs.push(steps.finish());
     }
     Ok(outs)
+}
+
+/// One rank's running result and the ops it computes it with: each Q half's f32 (O, LSE), starting empty (O = 0,
+/// LSE = −inf), and a stage 7 op for full blocks and one for the causal diagonal, both writing f32 parts.
+pub(crate) struct RankSteps {
+    shape: Shape,
+    q_lens: [usize; 2],
+    full: Attention,
+    diag: Attention,
+    merger: Merger,
+    o: [CudaSlice<f32>; 2],
+    lse: [CudaSlice<f32>; 2],
+}
+
+impl RankSteps {
+    /// A rank whose Q halves hold `q_lens` tokens, of the whole problem `shape`, its accumulators on `stream`.
+    pub(crate) fn new(
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        shape: Shape,
+        q_lens: [usize; 2],
+    ) -> Result<Self> {
+        let cfg = |causal| Config {
+            causal,
+            out_dtype: OutDtype::F32,
+            softmax_scale: None,
+        };
+        let rows = |half: usize| (shape.b * shape.h * q_lens[half]).max(1);
+        let drv = |e| Error::Device(anyhow::Error::from(e));
+        let o = |h| stream.alloc_zeros::<f32>(rows(h) * shape.d).map_err(drv);
+        let lse = |h| {
+            stream
+                .clone_htod(&vec![f32::NEG_INFINITY; rows(h)])
+                .map_err(drv)
+        };
+        Ok(RankSteps {
+            shape,
+            q_lens,
+            full: Attention::new(gpu, cfg(false))?,
+            diag: Attention::new(gpu, cfg(true))?,
+            merger: Merger::default(),
+            o: [o(0)?, o(1)?],
+            lse: [lse(0)?, lse(1)?],
+        })
+    }
+
+    /// Step `step` of rank `rank` of `world`: ring-schedule's blocks of its Q halves `q` against the K/V shard in hand
+    /// (halves `k`, `v` of `held` tokens; their codes may be longer: the first elements are read), each block by
+    /// stage 7 into an f32 part merged into the running result on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn step(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        world: usize,
+        rank: usize,
+        step: usize,
+        q: &Shard,
+        k: [Fp8; 2],
+        v: [Fp8; 2],
+        held: [usize; 2],
+    ) -> Result<()> {
+        let (shape, d) = (self.shape, self.shape.d);
+        for blk in ring_schedule::blocks(world, rank, step, shape.causal) {
+            for (qh, kh) in (0..2).flat_map(|a| (0..2).map(move |b| (a, b))) {
+                if blk.q & (1 << qh) == 0 || blk.kv & (1 << kh) == 0 {
+                    continue;
+                }
+                let (lq, lk) = (self.q_lens[qh], held[kh]);
+                if lq == 0 || lk == 0 {
+                    continue;
+                }
+                let causal = blk.mask == ring_schedule::Mask::Causal;
+                let s = Shape {
+                    hkv: shape.hkv,
+                    causal,
+                    ..Shape::cross(shape.b, shape.h, lq, lk, d)
+                };
+                let need = Lengths::of(&s);
+                for (tensor, got, want) in [
+                    ("q", q.halves[qh].codes.len(), need.q),
+                    ("k", k[kh].codes.len(), need.k),
+                    ("v", v[kh].codes.len(), need.v),
+                ] {
+                    if got < want {
+                        let heads = if tensor == "q" { s.h } else { s.hkv };
+                        let rows = if tensor == "q" { lq } else { lk };
+                        return Err(Error::Length {
+                            tensor,
+                            got,
+                            want,
+                            dims: [s.b, heads, rows, d],
+                        });
+                    }
+                }
+                for (tensor, got, want) in [
+                    ("q scales", q.halves[qh].scales.len(), need.q_scales),
+                    ("k scales", k[kh].scales.len(), need.k_scales),
+                    ("v scales", v[kh].scales.len(), need.v_scales),
+                ] {
+                    if got < want {
+                        return Err(Error::Scales { tensor, got, want });
+                    }
+                }
+                let op = if causal {
+                    &mut self.diag
+                } else {
+                    &mut self.full
+                };
+                let (s, scale) = op.checked(gpu, s, &need)?;
+                let part = op.launch(gpu, stream, s, scale, q.halves[qh], k[kh], v[kh])?;
+                let OutBuf::F32(po) = &part.o else {
+                    unreachable!("the ring's ops write f32 O")
+                };
+                let (ao, _g0) = self.o[qh].device_ptr_mut(stream);
+                let (al, _g1) = self.lse[qh].device_ptr_mut(stream);
+                let (bo, _g2) = po.device_ptr(stream);
+                let (bl, _g3) = part.lse.device_ptr(stream);
+                // SAFETY: the accumulator holds B·H·Lq rows of O and LSE; the part's first B·H·Lq rows are the
+                // block's result (Attention::output_rows ≥ B·H·Lq); separate allocations, alive until the stream has
+                // run the merge (the part is dropped after it is queued: freed in stream order).
+                unsafe {
+                    self.merger.accumulate(
+                        gpu,
+                        stream,
+                        ao,
+                        al,
+                        bo,
+                        bl,
+                        shape.b * shape.h * lq,
+                        d,
+                    )?
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// The rank's result.
+    pub(crate) fn finish(self) -> RankOutput {
+        RankOutput {
+            o: self.o,
+            lse: self.lse,
+        }
+    }
 }
 
 #[cfg(test)]

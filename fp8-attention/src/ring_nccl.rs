@@ -2,15 +2,22 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use attn_merge::Merger;
-use fixtures::{OutDtype, Shape};
+use fixtures::Shape;
 use lab::Gpu;
-use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use lab::cudarc::nccl::{Comm, ReduceOp, group_end, group_start};
+use lab::cudarc::driver::{CudaSlice, CudaStream};
+use lab::cudarc::nccl::{Comm, Id, ReduceOp, group_end, group_start};
 
-use crate::attention::{Attention, Config, Fp8, OutBuf};
+use crate::attention::Fp8;
 use crate::error::{Error, Result};
-use crate::ring::{RankOutput, Shard, zigzag_range};
+use crate::ring::{RankOutput, RankSteps, Shard, zigzag_range};
+
+/// The two halves of a travelling tensor as the attention reads them.
+fn halves<'a>(codes: &'a [CudaSlice<u8>; 2], scales: &'a [CudaSlice<f32>; 2]) -> [Fp8<'a>; 2] {
+    [0, 1].map(|h| Fp8 {
+        codes: &codes[h],
+        scales: &scales[h],
+    })
+}
 
 /// A K/V shard as it travels: both halves' codes of K and of V (sized for the longest half of any rank) and their
 /// per-(batch, K/V head) scales.
@@ -141,25 +148,7 @@ pub fn ring_attention_rank(
         st.memcpy_dtod(&v.halves[h].scales.slice(0..heads_kv), &mut bufs[0].vs[h])
             .map_err(drv)?;
     }
-    let cfg = |causal| Config {
-        causal,
-        out_dtype: OutDtype::F32,
-        softmax_scale: None,
-    };
-    let (mut full, mut diag) = (
-        Attention::new(gpu, cfg(false))?,
-        Attention::new(gpu, cfg(true))?,
-    );
-    let merger = Merger::default();
-    let d = shape.d;
-    let rows = |half: usize| shape.b * shape.h * q.lens[half];
-    let mut acc_o = Vec::with_capacity(2);
-    let mut acc_l = Vec::with_capacity(2);
-    for half in 0..2 {
-        let n = rows(half).max(1);
-        acc_o.push(st.alloc_zeros::<f32>(n * d).map_err(drv)?);
-        acc_l.push(st.clone_htod(&vec![f32::NEG_INFINITY; n]).map_err(drv)?);
-    }
+    let mut steps = RankSteps::new(gpu, &st, shape, q.lens)?;
     let (next, prev) = (
         ((rank + 1) % world) as i32,
         ((rank + world - 1) % world) as i32,
@@ -202,55 +191,51 @@ pub fn ring_attention_rank(
             }
             group_end().map_err(nccl("group end"))?;
         }
-        let held = lens(src);
-        for blk in ring_schedule::blocks(world, rank, step, shape.causal) {
-            for (qh, kh) in (0..2).flat_map(|a| (0..2).map(move |b| (a, b))) {
-                if blk.q & (1 << qh) == 0 || blk.kv & (1 << kh) == 0 {
-                    continue;
-                }
-                let (lq, lk) = (q.lens[qh], held[kh]);
-                if lq == 0 || lk == 0 {
-                    continue;
-                }
-                let causal = blk.mask == ring_schedule::Mask::Causal;
-                let s = Shape {
-                    hkv: shape.hkv,
-                    causal,
-                    ..Shape::cross(shape.b, shape.h, lq, lk, d)
-                };
-                let op = if causal { &mut diag } else { &mut full };
-                // The travel buffers are sized for the longest half: the call reads the first elements.
-                let (s, scale) = op.checked(gpu, s, &crate::Lengths::of(&s))?;
-                let kf = Fp8 {
-                    codes: &cur.k[kh],
-                    scales: &cur.ks[kh],
-                };
-                let vf = Fp8 {
-                    codes: &cur.v[kh],
-                    scales: &cur.vs[kh],
-                };
-                let part = op.launch(gpu, &st, s, scale, q.halves[qh], kf, vf)?;
-                let OutBuf::F32(po) = &part.o else {
-                    unreachable!("the ring's ops write f32 O")
-                };
-                let (ao, _g0) = acc_o[qh].device_ptr_mut(&st);
-                let (al, _g1) = acc_l[qh].device_ptr_mut(&st);
-                let (bo, _g2) = po.device_ptr(&st);
-                let (bl, _g3) = part.lse.device_ptr(&st);
-                // SAFETY: as in ring_on_one_device: separate allocations of at least rows(qh) rows, alive until the
-                // stream has run the merge.
-                unsafe { merger.accumulate(gpu, &st, ao, al, bo, bl, rows(qh), d)? };
-            }
-        }
+        // The travel buffers are sized for the longest half: the step reads the first elements.
+        steps.step(
+            gpu,
+            &st,
+            world,
+            rank,
+            step,
+            &q,
+            halves(&cur.k, &cur.ks),
+            halves(&cur.v, &cur.vs),
+            lens(src),
+        )?;
     }
     wait(&comm_stream, deadline, rank, "the ring's transfers")?;
     wait(&st, deadline, rank, "the ring's attention")?;
-    let mut it_o = acc_o.into_iter();
-    let mut it_l = acc_l.into_iter();
-    let (o0, o1) = (it_o.next().expect("two"), it_o.next().expect("two"));
-    let (l0, l1) = (it_l.next().expect("two"), it_l.next().expect("two"));
-    Ok(RankOutput {
-        o: [o0, o1],
-        lse: [l0, l1],
-    })
+    Ok(steps.finish())
+}
+
+/// Runs `f` once a rank on GPUs 0 … `world` − 1 of this host, a thread each, each rank with its device and its
+/// communicator (made on a new stream of that device, as [`ring_attention_rank`] takes it): every rank's result in
+/// rank order, a panic as that rank's error. Fails before any thread starts if NCCL cannot be loaded.
+pub fn on_ranks<T: Send>(
+    world: usize,
+    f: impl Fn(usize, &'static Gpu, &Comm) -> anyhow::Result<T> + Sync,
+) -> Result<Vec<anyhow::Result<T>>> {
+    let id = Id::new().map_err(nccl("ncclGetUniqueId (is libnccl.so.2 installed?)"))?;
+    let f = &f;
+    Ok(std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                sc.spawn(move || -> anyhow::Result<T> {
+                    let gpu = Gpu::device(r)?;
+                    let st = gpu.ctx.new_stream()?;
+                    let comm = Comm::from_rank(st, r, world, id)
+                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:?}"))?;
+                    f(r, gpu, &comm)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
+            })
+            .collect()
+    }))
 }

@@ -55,6 +55,16 @@ fn gpu() -> PyResult<(&'static lab::Gpu, Stage)> {
     Ok((gpu, fp8_attention::stage_for(gpu)))
 }
 
+/// The caller's CUDA stream `stream` (torch's current one) as a cudarc stream of `gpu`.
+fn borrowed(gpu: &lab::Gpu, stream: usize) -> std::sync::Arc<lab::cudarc::driver::CudaStream> {
+    // SAFETY: `stream` is a CUDA stream of this device's primary context (the caller's current one), alive for the
+    // call; the wrapper neither destroys nor synchronises it on drop.
+    unsafe {
+        gpu.ctx
+            .wrap_borrowed_stream(stream as lab::cudarc::driver::sys::CUstream)
+    }
+}
+
 /// One workspace (Vᵀ, the schedule's table) per CUDA stream: launches on a stream run in its order.
 fn workspaces() -> &'static Mutex<HashMap<usize, Workspace>> {
     static W: OnceLock<Mutex<HashMap<usize, Workspace>>> = OnceLock::new();
@@ -163,12 +173,7 @@ fn run(
     t: &Tensors,
     stream: usize,
 ) -> PyResult<()> {
-    // SAFETY: `stream` is a CUDA stream of this device's primary context (the caller's current one), alive for the
-    // call; the wrapper neither destroys nor synchronises it on drop.
-    let st = unsafe {
-        gpu.ctx
-            .wrap_borrowed_stream(stream as lab::cudarc::driver::sys::CUstream)
-    };
+    let st = borrowed(gpu, stream);
     let mut ws = workspaces()
         .lock()
         .map_err(|_| PyRuntimeError::new_err("fp8_attention: workspace lock poisoned"))?;
@@ -226,11 +231,7 @@ fn quantize(
         vs.push(v);
     }
     let (gpu, _) = gpu()?;
-    // SAFETY: as in `launch`: a live stream of this device's primary context, not destroyed here.
-    let st = unsafe {
-        gpu.ctx
-            .wrap_borrowed_stream(stream as lab::cudarc::driver::sys::CUstream)
-    };
+    let st = borrowed(gpu, stream);
     let vq = fp8_codec::ViewQuantizer::default();
     let mut at = amax;
     for (i, v) in vs.iter().enumerate() {

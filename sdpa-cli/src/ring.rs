@@ -5,7 +5,6 @@ use anyhow::{Context, Result, ensure};
 use fixtures::{Raw, Shape, quantize_per_head};
 use fp8_attention::{Fp8, Shard, ring_attention_rank, zigzag_range};
 use lab::cudarc::driver::CudaSlice;
-use lab::cudarc::nccl::{Comm, Id};
 
 use crate::shape_text;
 
@@ -44,65 +43,47 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         have >= world,
         "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
     );
-    let id = Id::new()
-        .map_err(|e| anyhow::anyhow!("ncclGetUniqueId (is libnccl.so.2 installed?): {e:?}"))?;
-    let times: Vec<Result<Vec<f64>>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..world)
-            .map(|r| {
-                sc.spawn(move || -> Result<Vec<f64>> {
-                    let gpu = lab::Gpu::device(r)?;
-                    let st = gpu.ctx.new_stream()?;
-                    let comm = Comm::from_rank(st.clone(), r, world, id)
-                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:?}"))?;
-                    let h = host_shard(s, world, r);
-                    let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
-                    let up = |x: &[u8]| st.clone_htod(x);
-                    let upf = |x: &[f32]| st.clone_htod(x);
-                    let codes: Vec<[CudaSlice<u8>; 2]> = vec![
-                        [up(&h.q[0].q)?, up(&h.q[1].q)?],
-                        [up(&h.q[0].k)?, up(&h.q[1].k)?],
-                        [up(&h.q[0].v)?, up(&h.q[1].v)?],
-                    ];
-                    let scales: Vec<[CudaSlice<f32>; 2]> = vec![
-                        [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
-                        [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
-                        [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
-                    ];
-                    let shard = |t: usize| Shard {
-                        halves: [0, 1].map(|i| Fp8 {
-                            codes: &codes[t][i],
-                            scales: &scales[t][i],
-                        }),
-                        lens,
-                    };
-                    let mut out = vec![];
-                    for it in 0..=iters {
-                        let t0 = Instant::now();
-                        drop(ring_attention_rank(
-                            gpu,
-                            &comm,
-                            s,
-                            shard(0),
-                            shard(1),
-                            shard(2),
-                            std::time::Duration::from_secs(300),
-                        )?);
-                        if it > 0 {
-                            out.push(t0.elapsed().as_secs_f64() * 1e3);
-                        }
-                    }
-                    Ok(out)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
-            })
-            .collect()
-    });
+    let times = fp8_attention::on_ranks(world, |r, gpu, comm| -> Result<Vec<f64>> {
+        let st = comm.stream();
+        let h = host_shard(s, world, r);
+        let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
+        let up = |x: &[u8]| st.clone_htod(x);
+        let upf = |x: &[f32]| st.clone_htod(x);
+        let codes: Vec<[CudaSlice<u8>; 2]> = vec![
+            [up(&h.q[0].q)?, up(&h.q[1].q)?],
+            [up(&h.q[0].k)?, up(&h.q[1].k)?],
+            [up(&h.q[0].v)?, up(&h.q[1].v)?],
+        ];
+        let scales: Vec<[CudaSlice<f32>; 2]> = vec![
+            [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
+            [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
+            [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
+        ];
+        let shard = |t: usize| Shard {
+            halves: [0, 1].map(|i| Fp8 {
+                codes: &codes[t][i],
+                scales: &scales[t][i],
+            }),
+            lens,
+        };
+        let mut out = vec![];
+        for it in 0..=iters {
+            let t0 = Instant::now();
+            drop(ring_attention_rank(
+                gpu,
+                comm,
+                s,
+                shard(0),
+                shard(1),
+                shard(2),
+                std::time::Duration::from_secs(300),
+            )?);
+            if it > 0 {
+                out.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        Ok(out)
+    })?;
     let mut rank0 = vec![];
     for (r, t) in times.into_iter().enumerate() {
         let t = t.with_context(|| format!("rank {r}"))?;

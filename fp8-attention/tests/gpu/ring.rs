@@ -175,8 +175,7 @@ fn ring_nccl_run(
     qz: &Quantized,
     bad: Option<usize>,
 ) -> Vec<Result<RankHalves>> {
-    use fp8_attention::{Shard, ring_attention_rank, zigzag_range, zigzag_split};
-    use lab::cudarc::nccl::{Comm, Id};
+    use fp8_attention::{Shard, on_ranks, ring_attention_rank, zigzag_range, zigzag_split};
     let world = gpus.len();
     let s = qz.shape;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
@@ -185,91 +184,74 @@ fn ring_nccl_run(
         zigzag_split(&qz.k, kd, world),
         zigzag_split(&qz.v, kd, world),
     );
-    let id = match Id::new() {
-        Ok(id) => id,
-        Err(e) => return vec![Err(anyhow::anyhow!("ncclGetUniqueId: {e:?}"))],
-    };
     let lens = move |r: usize| [0, 1].map(|h| zigzag_range(s.sq, world, r, h).len());
-    std::thread::scope(|sc| {
-        let handles: Vec<_> = (0..world)
-            .map(|r| {
-                let (gpu, qs, ks, vs) = (gpus[r], &qs[r], &ks[r], &vs[r]);
-                sc.spawn(move || -> Result<RankHalves> {
-                    let st = gpu.ctx.new_stream()?;
-                    let comm = Comm::from_rank(st.clone(), r, world, id)
-                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:?}"))?;
-                    let up =
-                        |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
-                    let (dq, dk, dv) = (
-                        [up(&qs[0])?, up(&qs[1])?],
-                        [up(&ks[0])?, up(&ks[1])?],
-                        [up(&vs[0])?, up(&vs[1])?],
-                    );
-                    let (sq, sk, sv) = (
-                        st.clone_htod(&qz.q_scale)?,
-                        st.clone_htod(&qz.k_scale)?,
-                        st.clone_htod(&qz.v_scale)?,
-                    );
-                    fn halves<'a>(
-                        c: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
-                        sc: &'a lab::cudarc::driver::CudaSlice<f32>,
-                    ) -> [Fp8<'a>; 2] {
-                        [
-                            Fp8 {
-                                codes: &c[0],
-                                scales: sc,
-                            },
-                            Fp8 {
-                                codes: &c[1],
-                                scales: sc,
-                            },
-                        ]
-                    }
-                    let l = lens(r);
-                    let claimed = if bad == Some(r) {
-                        [l[0], l[1].saturating_sub(1)]
-                    } else {
-                        l
-                    };
-                    let out = ring_attention_rank(
-                        gpu,
-                        &comm,
-                        s,
-                        Shard {
-                            halves: halves(&dq, &sq),
-                            lens: claimed,
-                        },
-                        Shard {
-                            halves: halves(&dk, &sk),
-                            lens: l,
-                        },
-                        Shard {
-                            halves: halves(&dv, &sv),
-                            lens: l,
-                        },
-                        std::time::Duration::from_secs(60),
-                    )?;
-                    let take =
-                        |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
-                            Ok(st.clone_dtoh(x)?[..n].to_vec())
-                        };
-                    Ok((
-                        take(&out.o[0], s.heads() * l[0] * s.d)?,
-                        take(&out.o[1], s.heads() * l[1] * s.d)?,
-                        take(&out.lse[0], s.heads() * l[0])?,
-                        take(&out.lse[1], s.heads() * l[1])?,
-                    ))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))
-            })
-            .collect()
-    })
+    let run = on_ranks(world, |r, gpu, comm| -> Result<RankHalves> {
+        let (qs, ks, vs) = (&qs[r], &ks[r], &vs[r]);
+        let st = comm.stream();
+        let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
+        let (dq, dk, dv) = (
+            [up(&qs[0])?, up(&qs[1])?],
+            [up(&ks[0])?, up(&ks[1])?],
+            [up(&vs[0])?, up(&vs[1])?],
+        );
+        let (sq, sk, sv) = (
+            st.clone_htod(&qz.q_scale)?,
+            st.clone_htod(&qz.k_scale)?,
+            st.clone_htod(&qz.v_scale)?,
+        );
+        fn halves<'a>(
+            c: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+            sc: &'a lab::cudarc::driver::CudaSlice<f32>,
+        ) -> [Fp8<'a>; 2] {
+            [
+                Fp8 {
+                    codes: &c[0],
+                    scales: sc,
+                },
+                Fp8 {
+                    codes: &c[1],
+                    scales: sc,
+                },
+            ]
+        }
+        let l = lens(r);
+        let claimed = if bad == Some(r) {
+            [l[0], l[1].saturating_sub(1)]
+        } else {
+            l
+        };
+        let out = ring_attention_rank(
+            gpu,
+            comm,
+            s,
+            Shard {
+                halves: halves(&dq, &sq),
+                lens: claimed,
+            },
+            Shard {
+                halves: halves(&dk, &sk),
+                lens: l,
+            },
+            Shard {
+                halves: halves(&dv, &sv),
+                lens: l,
+            },
+            std::time::Duration::from_secs(60),
+        )?;
+        let take = |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
+            Ok(st.clone_dtoh(x)?[..n].to_vec())
+        };
+        Ok((
+            take(&out.o[0], s.heads() * l[0] * s.d)?,
+            take(&out.o[1], s.heads() * l[1] * s.d)?,
+            take(&out.lse[0], s.heads() * l[0])?,
+            take(&out.lse[1], s.heads() * l[1])?,
+        ))
+    });
+    match run {
+        Ok(results) => results,
+        Err(e) => vec![Err(e.into())],
+    }
 }
 
 /// The ring tests.
