@@ -321,3 +321,42 @@ fn tests_find_tree_files_at_run_time_not_through_the_build_path() {
         bad.join(", ")
     );
 }
+
+/// Largest file the repository tracks. A submission's commits are limited in size (packed and as diffs); data a
+/// script can make again (ladder outputs, bundles, wheels, profiles) stays out of git.
+const MAX_TRACKED_BYTES: u64 = 256 * 1024;
+
+#[test]
+fn no_tracked_file_is_large_or_generated() {
+    let root = workspace_root();
+    let Ok(out) = std::process::Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(&root)
+        .output()
+    else {
+        eprintln!("git is not here: tracked files not checked");
+        return;
+    };
+    assert!(out.status.success(), "git ls-files failed");
+    let mut bad = vec![];
+    for rel in out.stdout.split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let rel = String::from_utf8_lossy(rel).into_owned();
+        let generated = rel.contains("__pycache__/")
+            || [".pyc", ".whl", ".cubin", ".ncu-rep", ".tar", ".so"]
+                .iter()
+                .any(|x| rel.ends_with(x))
+            || rel.starts_with(".bundle/")
+            || rel.starts_with(".gpu-out/");
+        let size = std::fs::metadata(root.join(&rel))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        if generated || size > MAX_TRACKED_BYTES {
+            bad.push(format!("{rel} ({size} bytes)"));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "generated or oversized files are tracked (git rm --cached them; .gitignore): {}",
+        bad.join(", ")
+    );
+}

@@ -11,6 +11,9 @@
 //    B operand of P.V ([d][keys]). 8-bit data has no ldmatrix.trans; each thread moves 8x8-byte blocks through
 //    registers with byte permutes (Transpose: offsets computed once, reused every tile; TransposeLean: offsets
 //    computed as it goes, for a producer warpgroup's 40 registers).
+//    TransposeLdsm: the same transpose, V's keys landing in p_key order, a warp moving 16 keys x 32 channels at a
+//    time by ldmatrix.x4.trans (16-bit pairs of channels), four byte permutes and stmatrix.x4: ~8 instructions a
+//    512-byte unit a warp, against TransposeLean's ~100 an 8x8-byte block a thread (FlashAttention-3's Transpose_V).
 // 3. store_rows: an f32 accumulator (frag::wgmma_d) times `scale` to bf16, f16 or f32 rows in global memory, rows past
 //    `valid_rows` skipped.
 #pragma once
@@ -282,6 +285,106 @@ struct TransposeLean {
           const unsigned c4 = 4 * g + (i + rot) % 4;
           *reinterpret_cast<uint2*>(d + c4 * kWd + ((s % kWd) ^ dst_sw(c4) << 4)) = make_uint2(lo[i], hi[i]);
         }
+      }
+    }
+  }
+};
+
+// ldmatrix.x4.trans of 16-bit elements: lane 8m + i gives the address of row i (16 bytes) of matrix m; lane 4c + w
+// receives, for each matrix j, (row 2w, column c) | (row 2w + 1, column c) << 16 in r[j].
+__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+// stmatrix.x4 of 16-bit elements: lane 8m + i gives the address of row i of matrix m; lane 4r + w's r[j] is word w
+// (bytes 4w .. 4w + 3) of row r of matrix j.
+__device__ __forceinline__ void stsm_x4(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// dst[c][k] = src[p_key(k)][c] for a ROWS-key x COLS-channel V tile (SRC: the canonical K-major layout of ROWS rows
+// of COLS bytes, as TMA boxes lay V down; DST: COLS rows of ROWS bytes), the keys in acc_to_a_e4m3_local's order, by
+// warps that each move *units* of 16 keys x 32 channels (the model, fp8_relayout::LdsmTile, emulates every
+// instruction; the mapping is explained there). In a unit, lane 8m + i points ldmatrix at key 8(m % 2) + i, channels
+// 16(m / 2) .. + 15; after the transposing load lane 4c + w holds channels 2c, 2c + 1 of keys 2w, 2w + 1 (words 0, 2)
+// and 8 + 2w, 9 + 2w (words 1, 3): the even bytes of words 0 and 1 are channel 2c's A slots 4w .. 4w + 3 in p_key
+// order, the odd bytes channel 2c + 1's. stmatrix's matrix 2h + p row r is channel 16h + 2r + (p ^ r / 4): lanes of
+// rows 4–7 swap their permutes' selectors, so that each matrix's 8 rows fall in 8 bank groups of Vᵀ (32- or 128-byte
+// rows): no bank conflicts on either side (LdsmTile::conflicts). Every lane of a warp takes part (the matrix
+// instructions are warp-wide). The caller publishes dst (wgmma::proxy_fence) before a wgmma reads it.
+template <int ROWS, int COLS, wgmma::Swizzle SRC, wgmma::Swizzle DST>
+struct TransposeLdsm {
+  static_assert(ROWS % 16 == 0 && COLS % 32 == 0, "units of 16 keys x 32 channels");
+  static_assert(SRC != wgmma::Swizzle::None && DST != wgmma::Swizzle::None, "swizzled tiles");
+  static constexpr int kDb = COLS / 32, kUnits = ROWS / 16 * kDb;
+  __host__ __device__ static constexpr int channel(int m, int i) { return 16 * (m / 2) + 2 * i + ((m % 2) ^ (i / 4)); }
+  // Where lane `lane`'s row starts: in V for ldmatrix, in Vᵀ for stmatrix, for unit (kb, db).
+  __host__ __device__ static constexpr unsigned src_byte(int lane, int kb, int db) {
+    return wgmma::tile_byte(SRC, ROWS, 16 * kb + 8 * (lane / 8 % 2) + lane % 8, 32 * db + 16 * (lane / 16));
+  }
+  __host__ __device__ static constexpr unsigned dst_byte(int lane, int kb, int db) {
+    return wgmma::tile_byte(DST, COLS, 32 * db + channel(lane / 8, lane % 8), 16 * kb);
+  }
+  // The same offsets as run computes them: a lane constant, plus per key block kb a term of kb alone, plus per channel
+  // block db an immediate (and, in V, an XOR of the lane's chunk by db's). The swizzles' XOR terms do not move with kb
+  // (16 keys are 16 rows: bits >= 10 of V's offset) nor with db (32 channels are 32 rows of Vᵀ: bits >= 10).
+  static constexpr unsigned kW = wgmma::row_bytes(SRC), kWd = wgmma::row_bytes(DST);
+  static_assert(COLS % kW == 0 || COLS == int(kW) / 2, "V's rows whole swizzle panels");
+  static constexpr unsigned kDbPanel = kW / 32u;  // channel blocks in one 128- or 64-byte panel of V
+  __host__ __device__ static constexpr unsigned src_lane(unsigned lane) {
+    const unsigned key = 8u * (lane / 8u % 2u) + lane % 8u;
+    const unsigned x = (key * kW >> 7) & ((1u << wgmma::xor_bits(SRC)) - 1u);
+    return key * kW + (((lane / 16u) ^ x) << 4);
+  }
+  __host__ __device__ static constexpr unsigned src_fast(unsigned lane, unsigned kb, unsigned db) {
+    return kb * 16u * kW + db / kDbPanel * unsigned(ROWS) * kW + (src_lane(lane) ^ (db % kDbPanel) << 5);
+  }
+  __host__ __device__ static constexpr unsigned dst_x(unsigned lane) {
+    return (unsigned(channel(int(lane / 8), int(lane % 8))) * kWd >> 7) & ((1u << wgmma::xor_bits(DST)) - 1u);
+  }
+  __host__ __device__ static constexpr unsigned dst_kb(unsigned lane, unsigned kb) {
+    return kb / (kWd / 16u) * unsigned(COLS) * kWd + unsigned(channel(int(lane / 8), int(lane % 8))) * kWd +
+           (((kb % (kWd / 16u)) ^ dst_x(lane)) << 4);
+  }
+  __host__ __device__ static constexpr unsigned dst_fast(unsigned lane, unsigned kb, unsigned db) {
+    return dst_kb(lane, kb) + db * 32u * kWd;
+  }
+  __host__ __device__ static constexpr bool offsets_exact() {
+    for (unsigned lane = 0; lane < 32; ++lane)
+      for (int kb = 0; kb < ROWS / 16; ++kb)
+        for (int db = 0; db < kDb; ++db)
+          if (src_fast(lane, kb, db) != src_byte(int(lane), kb, db) || dst_fast(lane, kb, db) != dst_byte(int(lane), kb, db))
+            return false;
+    return true;
+  }
+  static_assert(offsets_exact(), "run's offsets must be wgmma::tile_byte's");
+
+  // Key blocks warp, warp + WARPS, … (each with its kDb channel blocks) by the calling warp; `lane` its lane.
+  // Per unit: an address add, ldmatrix, four byte permutes, stmatrix (its channel block an immediate offset).
+  template <int WARPS>
+  __device__ static void run(const unsigned char* src, unsigned char* dst, int warp, int lane) {
+    const unsigned l = unsigned(lane);
+    const unsigned sel0 = lane < 16 ? 0x6420u : 0x7531u, sel1 = sel0 ^ 0x1111u;
+    const unsigned sa = wgmma::smem_addr(src), da = wgmma::smem_addr(dst);
+    const unsigned sl = src_lane(l), dl = unsigned(channel(lane / 8, lane % 8)) * kWd, dx = dst_x(l);
+#pragma unroll 1
+    for (int kb = warp; kb < ROWS / 16; kb += WARPS) {
+      const unsigned k = unsigned(kb);
+      const unsigned s0 = sa + k * 16u * kW;
+      const unsigned d0 = da + k / (kWd / 16u) * unsigned(COLS) * kWd + dl + (((k % (kWd / 16u)) ^ dx) << 4);
+#pragma unroll
+      for (int db = 0; db < kDb; ++db) {
+        unsigned r[4], w[4];
+        ldsm_x4_trans(s0 + unsigned(db) / kDbPanel * unsigned(ROWS) * kW + (sl ^ (unsigned(db) % kDbPanel) << 5), r);
+        w[0] = __byte_perm(r[0], r[1], sel0);
+        w[1] = __byte_perm(r[0], r[1], sel1);
+        w[2] = __byte_perm(r[2], r[3], sel0);
+        w[3] = __byte_perm(r[2], r[3], sel1);
+        stsm_x4(d0 + unsigned(db) * 32u * kWd, w);
       }
     }
   }

@@ -25,6 +25,13 @@ pub const LEAN_SOURCE: Source = Source {
     headers: SOURCE.headers,
 };
 
+/// TransposeLdsm's test kernels.
+pub const LDSM_SOURCE: Source = Source {
+    file: "test_transpose_ldsm.cu",
+    code: include_str!("../cuda/test_transpose_ldsm.cu"),
+    headers: SOURCE.headers,
+};
+
 const fn k(name: &'static str, sass: &'static [&'static str]) -> KernelSpec {
     k_in(&SOURCE, name, sass)
 }
@@ -123,6 +130,49 @@ pub const TRANSPOSES_LEAN: [(
     ]
 };
 
+/// TransposeLdsm: (tile, warps, kernel), stage 8's V tiles and two more (ldsm.rs's `TILES`); the SASS must hold the
+/// transposing matrix load and the matrix store.
+pub const TRANSPOSES_LDSM: [(crate::LdsmTile, u32, KernelSpec); 5] = {
+    use crate::LdsmTile as T;
+    use frag_layout::Swizzle::*;
+    const M: &[&str] = &["LDSM", "STSM", "PRMT"];
+    const fn t(rows: u32, cols: u32, src: frag_layout::Swizzle, dst: frag_layout::Swizzle) -> T {
+        T {
+            rows,
+            cols,
+            src,
+            dst,
+        }
+    }
+    [
+        (
+            t(224, 128, B128, B32),
+            4,
+            k_in(&LDSM_SOURCE, "transpose_ldsm_r224_c128_B128_B32_w4", M),
+        ),
+        (
+            t(128, 64, B64, B128),
+            4,
+            k_in(&LDSM_SOURCE, "transpose_ldsm_r128_c64_B64_B128_w4", M),
+        ),
+        (
+            t(128, 256, B128, B128),
+            4,
+            k_in(&LDSM_SOURCE, "transpose_ldsm_r128_c256_B128_B128_w4", M),
+        ),
+        (
+            t(128, 128, B128, B128),
+            4,
+            k_in(&LDSM_SOURCE, "transpose_ldsm_r128_c128_B128_B128_w4", M),
+        ),
+        (
+            t(32, 128, B128, B32),
+            3,
+            k_in(&LDSM_SOURCE, "transpose_ldsm_r32_c128_B128_B32_w3", M),
+        ),
+    ]
+};
+
 pub const STORE_BF16: KernelSpec = k("store_n128_bf16", &[]);
 pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
 pub const STORE_F32: KernelSpec = k("store_n64_f32", &[]);
@@ -152,6 +202,7 @@ pub fn all() -> Vec<KernelSpec> {
     v.extend(TRANSPOSES.iter().map(|x| x.4));
     v.push(TRANSPOSE_LOCAL.4);
     v.extend(TRANSPOSES_LEAN.iter().map(|x| x.4));
+    v.extend(TRANSPOSES_LDSM.iter().map(|x| x.2));
     v.extend([STORE_BF16, STORE_F16, STORE_F32]);
     v.extend(STAGE_PANEL.iter().map(|x| x.2));
     v.extend(PV.iter().map(|x| x.2));

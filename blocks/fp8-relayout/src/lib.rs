@@ -5,12 +5,14 @@
 //! the f32 accumulator to bf16 / f16 rows, in global memory or as a TMA store's swizzled panel in shared memory. [`a_words`] and [`transposed`] are what they must produce, from the
 //! probed frag-layout tables and the fp8-codec model.
 mod kernels;
+mod ldsm;
 mod model;
 
 pub use kernels::{
     ACC_TO_A, ACC_TO_A_LOCAL, HEADERS, PV, SOURCE, STAGE_PANEL, STORE_BF16, STORE_F16, STORE_F32,
-    TRANSPOSE_LOCAL, TRANSPOSES, TRANSPOSES_LEAN,
+    TRANSPOSE_LOCAL, TRANSPOSES, TRANSPOSES_LDSM, TRANSPOSES_LEAN,
 };
+pub use ldsm::{LdsmTile, byte_perm, ldsm_expected, ldsm_selectors};
 pub use model::{
     KeyOrder, a_words, a_words_in, lean_block, lean_conflicts, staged_panel, transpose_block,
     transpose_conflicts, transposed, transposed_in,

@@ -139,6 +139,45 @@ fn transpose_diff(
     Ok(got.iter().zip(&want).filter(|(g, w)| g != w).count())
 }
 
+/// TransposeLdsm's kernel on a random V tile against the model's Vᵀ (keys in p_key order): bytes that differ. The
+/// model's emulation of the instructions (LdsmTile::emulate) is checked against the same expectation on the CPU.
+fn ldsm_diff(gpu: &Gpu, spec: &KernelSpec, tile: &LdsmTile, seed: u64) -> Result<usize> {
+    let (rows, cols) = (tile.rows as usize, tile.cols as usize);
+    let mut inp = Inputs::seeded(seed);
+    let v: Vec<u8> = inp
+        .integers(rows * cols, 0, 255)
+        .into_iter()
+        .map(|x| x as u8)
+        .collect();
+    let want = ldsm_expected(tile, &v, 0xCD);
+    ensure!(
+        tile.emulate(&tile.src_image(&v), 0xCD) == want,
+        "the model's emulation disagrees with its expectation"
+    );
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let din = s.clone_htod(&v)?;
+    let mut out = s.clone_htod(&vec![0u8; want.len()])?;
+    let cfg = LaunchConfig {
+        shared_mem_bytes: 4 * 32768,
+        ..WG
+    };
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        4 * 32768,
+    )?;
+    // SAFETY: transpose_ldsm(const u8* in[rows][cols], u8* out[Vᵀ tile bytes]); one warpgroup, 128 KiB of shared
+    // memory for V's and Vᵀ's tiles (at most 32 KiB each).
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&din)
+            .arg(&mut out)
+            .launch(cfg)?
+    };
+    let got = s.clone_dtoh(&out)?;
+    Ok(got.iter().zip(&want).filter(|(g, w)| g != w).count())
+}
+
 /// O = P·V through the relayouts and wgmma, against the exact product: wrong cells.
 fn pv_wrong(gpu: &Gpu, keys: usize, d: usize, spec: &KernelSpec, seed: u64) -> Result<usize> {
     let mut inp = Inputs::seeded(seed);
@@ -313,6 +352,74 @@ fn main() {
             Ok(())
         });
     }
+    for (tile, _, spec) in TRANSPOSES_LDSM {
+        t.gpu(&format!("transpose::{}", spec.name), move |gpu| {
+            for seed in 0..3 {
+                let bad = ldsm_diff(gpu, &spec, &tile, seed)?;
+                ensure!(
+                    bad == 0,
+                    "seed {seed}: {bad} bytes of the transposed tile differ"
+                );
+            }
+            Ok(())
+        });
+    }
+    t.gpu("mutant::ldsm_selectors_not_swapped", |gpu| {
+        // Every lane's even channel in the even matrix: rows 4–7 of each matrix get their neighbour's channel.
+        let (tile, _, spec) = TRANSPOSES_LDSM[0];
+        let bad = spec.mutated(
+            "fp8_relayout.cuh",
+            "lane < 16 ? 0x6420u : 0x7531u",
+            "0x6420u",
+        )?;
+        let n = ldsm_diff(gpu, &bad, &tile, 0)?;
+        ensure!(n > 0, "unswapped selectors went unnoticed");
+        eprintln!("unswapped selectors: {n} bytes differ");
+        Ok(())
+    });
+    t.gpu("mutant::ldsm_key_halves_swapped", |gpu| {
+        // Channels 16–31: keys 8–15 put where 0–7 belong, so P's slots would meet the wrong keys of V.
+        let (tile, _, spec) = TRANSPOSES_LDSM[1];
+        let bad = spec.mutated(
+            "fp8_relayout.cuh",
+            "w[2] = __byte_perm(r[2], r[3], sel0);",
+            "w[2] = __byte_perm(r[3], r[2], sel0);",
+        )?;
+        ensure!(
+            ldsm_diff(gpu, &bad, &tile, 0)? > 0,
+            "swapped key halves went unnoticed"
+        );
+        Ok(())
+    });
+    t.gpu("mutant::ldsm_dst_unswizzled", |gpu| {
+        // Vᵀ's 16-byte chunks left in place (no XOR with the row's swizzle): wgmma would read other keys.
+        let (tile, _, spec) = TRANSPOSES_LDSM[0];
+        let bad = spec.mutated(
+            "fp8_relayout.cuh",
+            "(((k % (kWd / 16u)) ^ dx) << 4)",
+            "((k % (kWd / 16u)) << 4)",
+        )?;
+        ensure!(
+            ldsm_diff(gpu, &bad, &tile, 0)? > 0,
+            "an unswizzled Vᵀ went unnoticed"
+        );
+        Ok(())
+    });
+    t.gpu("mutant::ldsm_last_key_block_skipped", |gpu| {
+        // A key block too few (the loop bound off by one): its 4 units, 2 KiB, keep the fill.
+        let (tile, _, spec) = TRANSPOSES_LDSM[4];
+        let bad = spec.mutated(
+            "fp8_relayout.cuh",
+            "for (int kb = warp; kb < ROWS / 16; kb += WARPS)",
+            "for (int kb = warp; kb < ROWS / 16 - 1; kb += WARPS)",
+        )?;
+        let n = ldsm_diff(gpu, &bad, &tile, 0)?;
+        ensure!(
+            n > 0 && n <= 2048,
+            "a skipped key block must leave at most its 2048 bytes wrong, and some: {n}"
+        );
+        Ok(())
+    });
     t.gpu("store_rows::bf16_f16_f32_with_tails", |gpu| {
         for valid in [64, 63, 17, 1] {
             ensure!(
