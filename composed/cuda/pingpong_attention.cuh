@@ -1,6 +1,7 @@
 // pingpong_attention.cuh: the body of stage 7: stage 6's producer and ring, the two consumers taking turns on the tensor cores.
 #pragma once
 #include "tma_attention.cuh"
+#include "v_staging.cuh"
 
 namespace sdpa {
 
@@ -76,15 +77,20 @@ struct Seg {
 };
 
 // The producer's part of unit s.u (the block's n-th unit or part of one, its key tiles ring tiles r0, …): Q, then
-// K and Vᵀ.
-template <class Block, int BC>
+// K and Vᵀ (stage 7: `mvt` is Vᵀ's map), or K and V into `vst`'s slots for the transposing warps (stage 8: `mvt` is
+// V's map).
+template <class Block, int BC, class Staging = NoStaging>
 __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, const tma::Map* mq, const tma::Map* mk,
-                                            const tma::Map* mvt, Seg s, int n, int r0) {
+                                            const tma::Map* mvt, Seg s, int n, int r0, const Staging& vst = Staging()) {
   const TileCoord u = unit_coord(p, s.u);
   const int tiles = s.kt < 0 ? key_tiles<BC>(p, u.qt * kUnitRows) : s.kt;
   blk.produce_q(mq, n, u.bh, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst);
   const int kv = u.bh / p.group;
-  blk.produce_kv(mk, mvt, p.vt_tiles + (long long)kv * ((p.sk + BC - 1) / BC) * Block::kTile, kv, r0, tiles, s.k0);
+  if constexpr (Staging::kSlots == 0) {
+    blk.produce_kv(mk, mvt, p.vt_tiles + (long long)kv * ((p.sk + BC - 1) / BC) * Block::kTile, kv, r0, tiles, s.k0);
+  } else {
+    blk.produce_k(mk, [&](int r, int t) { vst.load(mvt, r, t, kv); }, Block::kTile, kv, r0, tiles, s.k0);
+  }
   return tiles;
 }
 
@@ -297,14 +303,18 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // slot (TmaBlock::unit). The producer runs ahead across units (ring slots and Q's two buffers are counted across
 // them), so a unit's Q and first key tiles land under the unit before, and the turns hand over across units. The
 // last block done with the counter sets it back to zero for the next launch.
-template <int D, int STAGES, int BC>
+// VS > 0 (stage 8): V comes as the caller has it, by `mvt` (V's map: K's boxes) into VS staging slots, and the
+// producer warpgroup's warps 1–3 transpose each tile into the ring stage's Vᵀ (transpose_v_tiles) while its first
+// thread issues the loads; a stage is full once K has landed and the three warps have arrived.
+template <int D, int STAGES, int BC, int VS = 0>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
                                    const tma::Map* mo) {
   using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ QBarriers<2> qbars;
   extern __shared__ unsigned char smem_raw[];
-  const Block blk(smem_raw, &bars, &qbars);
+  const Block blk(smem_raw, &bars, &qbars, 2, VS > 0 ? 1 + kVWarps : 1);
+  const typename StagingOf<Block, VS>::type vst = StagingOf<Block, VS>::make(blk);
   // Whether any block takes a second unit. If not (at most one unit an SM: the mission shape), each block runs
   // unit blockIdx.x alone, and neither the counter nor the slots are touched: they cost ~0.3 µs a launch there.
   const bool tickets = int(gridDim.x) < p.work;
@@ -326,13 +336,14 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
       for (int w = blockIdx.x; w < split || w < end; ++n) {
         const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
-        r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0);
+        r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0, vst);
         if (pieces > 0) {
           w = w >= split ? w + 1 : w + int(gridDim.x) < split ? w + int(gridDim.x) : mine;
         } else {
           w = tickets ? int(gridDim.x) + atomicAdd(&sched->counter, 1) : p.work;
         }
       }
+      if constexpr (VS > 0) vst.end(r0);
       if (tickets) {
         blk.end_units(n, p.work);
         __threadfence();  // this block's last ticket is taken before it counts itself done
@@ -340,6 +351,10 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
           sched->counter = 0;
           sched->done = 0;
         }
+      }
+    } else {
+      if constexpr (VS > 0) {
+        if (threadIdx.x >= 32) transpose_v_tiles(blk, vst, int(threadIdx.x) / 32 - 1);
       }
     }
   } else {
@@ -361,6 +376,13 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     if (threadIdx.x % 128 == 0) tma::store_wait<0>();  // O's last stores written before the block's shared memory goes
   }
 }
+
+// The split tail's merge kernel of head dimension D (sdpa::merge_split_tail), launched after a stage 7 or 8 kernel where
+// the host split the tail; named stage7_merge_dD in every source that has it.
+#define SDPA_MERGE_KERNEL(D)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(128) stage7_merge_d##D(sdpa::Params p) {                           \
+    sdpa::merge_split_tail<D>(p);                                                                                  \
+  }
 
 // Parts of a split unit at most (the host's SplitPlan, whose test checks it).
 constexpr int kMaxParts = 4;

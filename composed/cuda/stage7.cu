@@ -16,10 +16,6 @@ STAGE7(128, 224, 3)
 STAGE7(256, 128, 2)
 
 // The split tail's merge (sdpa::merge_split_tail), launched after stage7_dD where the host split the tail.
-#define STAGE7_MERGE(D)                                                                                            \
-  extern "C" __global__ void __launch_bounds__(128) stage7_merge_d##D(sdpa::Params p) {                           \
-    sdpa::merge_split_tail<D>(p);                                                                                  \
-  }
-STAGE7_MERGE(64)
-STAGE7_MERGE(128)
-STAGE7_MERGE(256)
+SDPA_MERGE_KERNEL(64)
+SDPA_MERGE_KERNEL(128)
+SDPA_MERGE_KERNEL(256)

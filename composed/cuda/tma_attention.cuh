@@ -51,13 +51,18 @@ struct TmaBlock {
   // tile is two K panels of 128 bytes, rows × 128 bytes apart (wgmma::k_major's panels), one box each; one below.
   static constexpr int kQkPanel = D < 128 ? D : 128;
   static constexpr int kQkPanels = D / kQkPanel;
+  static constexpr int kD = D, kBc = BC;
+  // K's swizzle (rows of D bytes), which V's tiles have too where V comes as the caller has it (stage 8).
+  static constexpr wgmma::Swizzle kSwK = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   unsigned char* sq;
   unsigned char* sk;
   unsigned char* svt;
   tma::Ring<STAGES> ring;
   QBarriers<QBUFS>* qb;
   int consumers;
-  __device__ TmaBlock(unsigned char* raw, tma::Barriers<STAGES>* bars, QBarriers<QBUFS>* qb_, int consumers_ = 2)
+  // `producers`: arrivals that fill a ring stage (1: the thread that loads it; more where warps write Vᵀ into it).
+  __device__ TmaBlock(unsigned char* raw, tma::Barriers<STAGES>* bars, QBarriers<QBUFS>* qb_, int consumers_ = 2,
+                      int producers = 1)
       : sq(raw + ((1024 - (wgmma::smem_addr(raw) & 1023)) & 1023)),
         sk(sq + QBUFS * kQ),
         svt(sk + STAGES * kTile),
@@ -65,7 +70,7 @@ struct TmaBlock {
         qb(qb_),
         consumers(consumers_) {
     if (threadIdx.x == 0) {
-      ring.init(4 * consumers);
+      ring.init(4 * consumers, producers);
       for (int b = 0; b < QBUFS; ++b) {
         tma::mbar_init(&qb->full[b], 1);
         if (QBUFS > 1) tma::mbar_init(&qb->empty[b], 4 * consumers);
@@ -132,25 +137,36 @@ struct TmaBlock {
     qb->unit[b] = w;
     tma::arrive(&qb->full[b]);
   }
+  // K of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ..., each stage armed for `bytes` (K's, and
+  // V's where it comes by TMA into the stage too), and then v(r, t): ring tile r's V, of key tile t.
+  template <class V>
+  __device__ void produce_k(const tma::Map* mk, const V& v, unsigned bytes, int kv, int r0, int tiles, int k0) const {
+    for (int t = k0; t < k0 + tiles; ++t) {
+      const int r = r0 + t - k0;
+      ring.acquire(r, bytes);
+#pragma unroll
+      for (int c = 0; c < kQkPanels; ++c)
+        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC, kv, 0);
+      v(r, t);
+    }
+  }
   // K and Vᵀ of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ... (kVtImage: Vᵀ's tile t is
   // the kTile bytes at vt_head + t · kTile, and mvt is not read).
   __device__ void produce_kv(const tma::Map* mk, const tma::Map* mvt, const unsigned char* vt_head, int kv, int r0,
                              int tiles, int k0 = 0) const {
-    for (int t = k0; t < k0 + tiles; ++t) {
-      const int r = r0 + t - k0;
-      ring.acquire(r, 2 * kTile);
+    produce_k(
+        mk,
+        [&](int r, int t) {
+          if constexpr (kVtImage) {
+            tma::bulk_load(svt + ring.stage(r) * kTile, vt_head + (long long)t * kTile, kTile, ring.full(r));
+          } else {
 #pragma unroll
-      for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC, kv, 0);
-      if constexpr (kVtImage) {
-        tma::bulk_load(svt + ring.stage(r) * kTile, vt_head + (long long)t * kTile, kTile, ring.full(r));
-      } else {
-#pragma unroll
-        for (int p = 0; p < BC / kVtPanel; ++p)
-          tma::load_4d(mvt, ring.full(r), svt + ring.stage(r) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0, kv,
-                       0);
-      }
-    }
+            for (int p = 0; p < BC / kVtPanel; ++p)
+              tma::load_4d(mvt, ring.full(r), svt + ring.stage(r) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0,
+                           kv, 0);
+          }
+        },
+        2 * kTile, kv, r0, tiles, k0);
   }
 };
 

@@ -251,16 +251,28 @@ pub(crate) fn launch_transpose_v(
 /// bytes] as a 4-D map (row bytes, rows, B·H, 1) whose box is one canonical wgmma tile, or one K panel of it: Q
 /// 64 rows and K `bc` keys of D bytes (64- or 128-byte swizzle); Vᵀ D rows of 128 keys (128-byte swizzle)
 /// when `bc` is 128, else D rows of 64 keys (64-byte swizzle), `bc` / 64 boxes a tile (`TmaBlock::kSwVt`).
-/// Without `vt` (a stage that loads Vᵀ as tile images by bulk copy, `Stage::vt_image`) K's map fills the third
-/// slot, which that kernel does not read. The fourth is O's for a TMA store (`Stage::tma_store`): `o`, a
+/// The third slot is `v`'s: Vᵀ's map, V's (stage 8, `Stage::transposes_v`: K's boxes over V [B·Hkv, Sk, D]), or,
+/// for a stage that loads Vᵀ as tile images by bulk copy (`Stage::vt_image`), K's map, which that kernel does
+/// not read. The fourth is O's for a TMA store (`Stage::tma_store`): `o`, a
 /// 16-bit [B·H, Sq, D] tensor, in boxes of 64 rows × 64 columns (128 bytes, 128-byte swizzle); without `o` (f32
 /// O, written directly) Q's map fills it.
+/// What the third tensor map of a TMA stage describes (`tma_maps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VMap {
+    /// Vᵀ made beforehand, [B·Hkv, D, keys], at this address.
+    Vt(u64),
+    /// V as the caller has it, [B·Hkv, Sk, D], read in K's boxes and transposed in the kernel.
+    V(u64),
+    /// Nothing the kernel reads (Vᵀ comes as tile images).
+    Unread,
+}
+
 pub(crate) fn tma_maps(
     s: &fixtures::Shape,
     bc: usize,
     q: u64,
     k: u64,
-    vt: Option<u64>,
+    v: VMap,
     o: Option<u64>,
     o_extra: usize,
 ) -> Result<[tma_ring::TensorMap; 4]> {
@@ -285,8 +297,8 @@ pub(crate) fn tma_maps(
     Ok([
         qm,
         km,
-        match vt {
-            Some(vt) => MapSpec::heads(
+        match v {
+            VMap::Vt(vt) => MapSpec::heads(
                 Elem::U8,
                 [1, kv_heads, d, vt_keys(s.sk) as u64],
                 false,
@@ -294,7 +306,10 @@ pub(crate) fn tma_maps(
                 sw_vt,
             )
             .encode(vt)?,
-            None => km,
+            VMap::V(v) => {
+                MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, bc as u32, sw).encode(v)?
+            }
+            VMap::Unread => km,
         },
         match o {
             Some(o) => {

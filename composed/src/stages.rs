@@ -27,6 +27,10 @@ pub const HEADERS: &[Header] = &[
         name: "pingpong_attention.cuh",
         code: include_str!("../cuda/pingpong_attention.cuh"),
     },
+    Header {
+        name: "v_staging.cuh",
+        code: include_str!("../cuda/v_staging.cuh"),
+    },
 ];
 
 pub(crate) const BLOCK_HEADERS: &[&[Header]] = &[
@@ -60,6 +64,7 @@ pub const STAGE4: Source = source!("stage4.cu");
 pub const STAGE5: Source = source!("stage5.cu");
 pub const STAGE6: Source = source!("stage6.cu");
 pub const STAGE7: Source = source!("stage7.cu");
+pub const STAGE8: Source = source!("stage8.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
@@ -71,10 +76,11 @@ pub enum Stage {
     S5,
     S6,
     S7,
+    S8,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 8] = [
+    pub const ALL: [Stage; 9] = [
         Stage::S1,
         Stage::S2,
         Stage::S3a,
@@ -83,6 +89,7 @@ impl Stage {
         Stage::S5,
         Stage::S6,
         Stage::S7,
+        Stage::S8,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +102,7 @@ impl Stage {
             Stage::S5 => "stage5",
             Stage::S6 => "stage6",
             Stage::S7 => "stage7",
+            Stage::S8 => "stage8",
         }
     }
 
@@ -104,7 +112,7 @@ impl Stage {
             .find(|st| st.name() == s)
             .ok_or_else(|| {
                 anyhow::anyhow!(
-                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4, stage5, stage6, stage7"
+                    "unknown stage `{s}`: expected one of stage1, stage2, stage3a, stage3b, stage4, stage5, stage6, stage7, stage8"
                 )
             })
     }
@@ -128,6 +136,9 @@ impl Stage {
             }
             Stage::S7 => {
                 "stage6 with the consumers in pingpong: each issues Q·Kᵀ(t) and P·V(t − 1) in its turn on the tensor cores, then runs its softmax under the other's GEMMs"
+            }
+            Stage::S8 => {
+                "stage7 reading V as the caller has it: V's tiles by TMA into staging slots, transposed into the ring's Vᵀ by three producer warps (ldmatrix.trans, byte permutes, stmatrix); no kernel before it"
             }
         }
     }
@@ -158,7 +169,8 @@ impl Stage {
         )
     }
 
-    /// The head dimensions the stage is built for: stage 7 also 256, every stage 64 and 128.
+    /// The head dimensions the stage is built for: stage 7 also 256, every stage 64 and 128 (stage 8's V staging
+    /// does not fit beside D = 256's tiles yet).
     pub fn dims(self) -> &'static [usize] {
         if self == Stage::S7 {
             &[64, 128, 256]
@@ -171,7 +183,7 @@ impl Stage {
     pub fn threads(self) -> usize {
         match self {
             Stage::S5 => 256,
-            Stage::S6 | Stage::S7 => 384,
+            Stage::S6 | Stage::S7 | Stage::S8 => 384,
             _ => 128,
         }
     }
@@ -200,7 +212,7 @@ impl Stage {
     /// tiles", "192-key tiles", "256-key tiles, four ways").
     pub fn bc(self, d: usize) -> usize {
         match self {
-            Stage::S7 if d == 128 => 224,
+            Stage::S7 | Stage::S8 if d == 128 => 224,
             _ if self.fp8_p() => 128,
             _ => bc(d),
         }
@@ -208,17 +220,17 @@ impl Stage {
 
     /// P's rounding before P·V: E4M3 with a 2^8 offset for the FP8 wgmma stages, f16 for the others.
     pub fn fp8_p(self) -> bool {
-        matches!(self, Stage::S5 | Stage::S6 | Stage::S7)
+        matches!(self, Stage::S5 | Stage::S6 | Stage::S7 | Stage::S8)
     }
 
     /// Whether the stage takes causal masking (`Shape::causal`); the others refuse it by name at launch.
     pub fn causal(self) -> bool {
-        self == Stage::S7
+        matches!(self, Stage::S7 | Stage::S8)
     }
 
     /// Whether the stage takes grouped-query attention (`Shape::hkv` < H); the others refuse it by name.
     pub fn gqa(self) -> bool {
-        self == Stage::S7
+        matches!(self, Stage::S7 | Stage::S8)
     }
 
     /// Whether the stage is persistent: its grid is one block an SM (at most one a (head, query tile) work unit,
@@ -227,20 +239,37 @@ impl Stage {
     /// from a counter, causal ones longest first within L2-sized sections (docs/decisions.md, "Units from a
     /// counter").
     pub fn persistent(self) -> bool {
-        self == Stage::S7
+        matches!(self, Stage::S7 | Stage::S8)
     }
 
-    /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ after the parameters,
-    /// and V must first be transposed in global memory (`prep_vt`, or `prep_vt_tiles`: `vt_image`).
+    /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ (or V: `transposes_v`)
+    /// after the parameters.
     pub fn tma(self) -> bool {
-        matches!(self, Stage::S6 | Stage::S7)
+        matches!(self, Stage::S6 | Stage::S7 | Stage::S8)
+    }
+
+    /// Whether the stage reads V as the caller has it and transposes it in the kernel (stage 8: its third map is
+    /// V's). The other TMA stages read Vᵀ made beforehand: `reads_vt`.
+    pub fn transposes_v(self) -> bool {
+        self == Stage::S8
+    }
+
+    /// Whether V must first be transposed in global memory for the stage (`prep_vt`, or `prep_vt_tiles`:
+    /// `vt_image`): the TMA stages but stage 8.
+    pub fn reads_vt(self) -> bool {
+        self.tma() && !self.transposes_v()
+    }
+
+    /// V staging slots of stage 8 (`STAGE8`'s VS): V tiles in flight between the loads and the transposing warps.
+    pub fn v_slots(self) -> usize {
+        if self.transposes_v() { 2 } else { 0 }
     }
 
     /// Whether the TMA stage at head dimension `d` reads Vᵀ as tile images (`prep_vt_tiles`, one bulk copy a tile)
     /// instead of through Vᵀ's tensor map: where its key tiles make Vᵀ 32-byte panels (`TmaBlock::kVtImage`,
     /// `bc(d)` not a multiple of 64: stage 7 at D = 128). Its third tensor map is then not read (K's fills it).
     pub fn vt_image(self, d: usize) -> bool {
-        self.tma() && !self.bc(d).is_multiple_of(64)
+        self.reads_vt() && !self.bc(d).is_multiple_of(64)
     }
 
     pub fn source(self) -> &'static Source {
@@ -253,6 +282,7 @@ impl Stage {
             Stage::S5 => &STAGE5,
             Stage::S6 => &STAGE6,
             Stage::S7 => &STAGE7,
+            Stage::S8 => &STAGE8,
         }
     }
 
@@ -262,26 +292,30 @@ impl Stage {
         match self {
             Stage::S7 if d == 128 => 3,
             Stage::S7 if d == 256 => 2,
+            Stage::S8 if d == 128 => 2,
             Stage::S4 => 3,
-            Stage::S6 | Stage::S7 => 4,
+            Stage::S6 | Stage::S7 | Stage::S8 => 4,
             _ => 2,
         }
     }
 
     /// Dynamic shared memory of the TMA stage: 1024 for alignment, Q (128 rows; two buffers when persistent, so
-    /// that the next unit's lands under this one), and per ring stage a K tile and a Vᵀ tile (`bc(d)` keys × D
-    /// each). Its mbarriers are static.
+    /// that the next unit's lands under this one), per ring stage a K tile and a Vᵀ tile (`bc(d)` keys × D
+    /// each), O's staging panels, and stage 8's V staging slots (a V tile each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
         let q_bufs = if self.persistent() { 2 } else { 1 };
         // O's staging panels (64 rows × 128 bytes a consumer) for the TMA stores of a stage that has them.
         let o_staging = if self.tma_store() { 2 * 64 * 128 } else { 0 };
-        1024 + q_bufs * 128 * d + self.ring_stages(d) * 2 * self.bc(d) * d + o_staging
+        1024 + q_bufs * 128 * d
+            + self.ring_stages(d) * 2 * self.bc(d) * d
+            + o_staging
+            + self.v_slots() * self.bc(d) * d
     }
 
     /// Whether the TMA stage writes O (bf16, f16) through shared memory and a TMA store: its kernel takes O's
     /// tensor map after Vᵀ's (`pingpong_attention.cuh`'s `epilogue_staged`).
     pub fn tma_store(self) -> bool {
-        self == Stage::S7
+        matches!(self, Stage::S7 | Stage::S8)
     }
 
     /// Dynamic shared memory in bytes for head dimension `d` (64 query rows, K/V tiles of `bc(d)` keys).
@@ -301,7 +335,7 @@ impl Stage {
             + match self {
                 Stage::S1 | Stage::S3a => bq * bc * 4 + stats,
                 Stage::S2 => bq * bc * 4 + stats + bq * bc * 2,
-                Stage::S3b | Stage::S4 | Stage::S5 | Stage::S6 | Stage::S7 => 0,
+                Stage::S3b | Stage::S4 | Stage::S5 | Stage::S6 | Stage::S7 | Stage::S8 => 0,
             }
     }
 
@@ -363,6 +397,15 @@ const fn k90a_tma(name: &'static str, source: &'static Source) -> KernelSpec {
     }
 }
 
+/// Stage 8: stage 7's budget, with its V staging's barriers (40 bytes) in static shared memory too.
+const fn k90a_tma8(name: &'static str) -> KernelSpec {
+    KernelSpec {
+        budget: Budget::new(168, 200),
+        sass: &["QGMMA", "UTMALDG", "SYNCS", "LDSM", "STSM"],
+        ..k90a_tma(name, &STAGE8)
+    }
+}
+
 /// Stage 7's split-tail merge (`sdpa::merge_split_tail`, in stage 7's source): 128 threads, a row each, plain loads
 /// and stores.
 const fn k90a_merge(name: &'static str) -> KernelSpec {
@@ -394,6 +437,8 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma("stage7_d64", &STAGE7),
     k90a_tma("stage7_d128", &STAGE7),
     k90a_tma("stage7_d256", &STAGE7),
+    k90a_tma8("stage8_d64"),
+    k90a_tma8("stage8_d128"),
     k90a_merge("stage7_merge_d64"),
     k90a_merge("stage7_merge_d128"),
     k90a_merge("stage7_merge_d256"),

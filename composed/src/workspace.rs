@@ -57,14 +57,14 @@ pub struct Workspace {
     maps: Option<(MapsKey, [tma_ring::TensorMap; 4])>,
 }
 
-/// What a launch's tensor maps describe: the shape, the key tile, the addresses of Q, K, Vᵀ (its map's) and O (its
-/// map's), and the split tail's virtual heads O's map reaches.
+/// What a launch's tensor maps describe: the shape, the key tile, the addresses of Q, K, V or Vᵀ (the third map's)
+/// and O (its map's), and the split tail's virtual heads O's map reaches.
 type MapsKey = (
     fixtures::Shape,
     usize,
     u64,
     u64,
-    Option<u64>,
+    prep::VMap,
     Option<u64>,
     usize,
 );
@@ -188,17 +188,21 @@ impl Workspace {
         // directly, not through the fourth. O's map reaches the split tail's virtual heads too.
         let o_map = (stage.tma_store() && out != OutDtype::F32).then_some(p.o);
         let o_extra = plan.virtual_heads(s.sq / rows);
-        let vt_map = match (&self.vt, stage.tma() && !stage.vt_image(s.d)) {
+        let vt_map = match (&self.vt, stage.reads_vt() && !stage.vt_image(s.d)) {
             (Some(vt), true) => Some(vt.device_ptr(st)),
             _ => None,
         };
         let maps = if stage.tma() {
-            let vt = vt_map.as_ref().map(|(a, _)| *a);
-            let key: MapsKey = (*s, bc, p.q, p.k, vt, o_map, o_extra);
+            let v = match &vt_map {
+                _ if stage.transposes_v() => prep::VMap::V(p.v),
+                Some((a, _)) => prep::VMap::Vt(*a),
+                None => prep::VMap::Unread,
+            };
+            let key: MapsKey = (*s, bc, p.q, p.k, v, o_map, o_extra);
             match &self.maps {
                 Some((at, m)) if *at == key => Some(*m),
                 _ => {
-                    let m = prep::tma_maps(s, bc, p.q, p.k, vt, o_map, o_extra)?;
+                    let m = prep::tma_maps(s, bc, p.q, p.k, v, o_map, o_extra)?;
                     self.maps = Some((key, m));
                     Some(m)
                 }
@@ -268,7 +272,7 @@ impl Workspace {
         s: &fixtures::Shape,
         v: u64,
     ) -> Result<()> {
-        if !stage.tma() {
+        if !stage.reads_vt() {
             return Ok(());
         }
         let bc = stage.bc(s.d);
@@ -303,18 +307,19 @@ impl Workspace {
 pub fn stage_supports(stage: Stage, s: &fixtures::Shape) -> Result<()> {
     ensure!(
         stage.dims().contains(&s.d),
-        "{} is not built for head dimension D = {}: stage7 is (D = 64, 128 and 256)",
+        "{} is not built for head dimension D = {}: it takes D = {:?}, stage7 takes 64, 128 and 256",
         stage.name(),
-        s.d
+        s.d,
+        stage.dims()
     );
     ensure!(
         !s.causal || stage.causal(),
-        "{} has no causal masking: stage7 has (run it with --stage stage7, or without --causal)",
+        "{} has no causal masking: stage7 and stage8 have (run one of them, or without --causal)",
         stage.name()
     );
     ensure!(
         s.group() == 1 || stage.gqa(),
-        "{} has no grouped-query attention (H = {} query heads, Hkv = {} key/value heads): stage7 has",
+        "{} has no grouped-query attention (H = {} query heads, Hkv = {} key/value heads): stage7 and stage8 have",
         stage.name(),
         s.h,
         s.hkv

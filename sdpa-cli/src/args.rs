@@ -67,8 +67,9 @@ impl SchemeArgs {
 pub enum Cmd {
     /// Run one stage: q, k, v in F16/BF16/F32 (quantized on the GPU), or F8_E4M3 with q_scale, k_scale, v_scale.
     Run {
-        /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7
-        /// (sm_90). stage7 is the fastest, and the only one with --causal and grouped-query heads; `sdpa stages`
+        /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7,
+        /// stage8 (sm_90). stage7 is the fastest measured; stage7 and stage8 (V transposed in the kernel) take
+        /// --causal and grouped-query heads; `sdpa stages`
         /// lists what each needs.
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
@@ -92,7 +93,7 @@ pub enum Cmd {
         /// Print the report as one JSON object on stdout (progress stays on stderr).
         #[arg(long)]
         json: bool,
-        /// Causal masking, aligned bottom-right (row i sees keys j <= i + Sk - Sq); stage7 only.
+        /// Causal masking, aligned bottom-right (row i sees keys j <= i + Sk - Sq); stage7 and stage8.
         #[arg(long)]
         causal: bool,
         #[command(flatten)]
@@ -102,8 +103,9 @@ pub enum Cmd {
     Stages,
     /// Time a stage on generated inputs (quantized on the GPU): no file needed.
     Bench {
-        /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7
-        /// (sm_90). stage7 is the fastest, and the only one with --causal and grouped-query heads; `sdpa stages`
+        /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7,
+        /// stage8 (sm_90). stage7 is the fastest measured; stage7 and stage8 (V transposed in the kernel) take
+        /// --causal and grouped-query heads; `sdpa stages`
         /// lists what each needs.
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
@@ -118,7 +120,7 @@ pub enum Cmd {
         /// measure": the A/B of a change is its revert as a variant.
         #[arg(long = "variant")]
         variants: Vec<String>,
-        /// A persistent stage (stage7), and each variant, also timed launched with this many blocks instead of one
+        /// A persistent stage (stage7, stage8), and each variant, also timed launched with this many blocks instead of one
         /// an SM (as many as its work units: one unit a block, as a non-persistent launch); repeatable.
         #[arg(long = "blocks")]
         blocks: Vec<usize>,
@@ -126,10 +128,10 @@ pub enum Cmd {
         /// heads (longest units first within a section) instead of as many as keep 16 MiB of K and V; repeatable.
         #[arg(long = "section")]
         sections: Vec<usize>,
-        /// Causal masking (stage7 only); its TFLOP/s count half the work.
+        /// Causal masking (stage7 and stage8); its TFLOP/s count half the work.
         #[arg(long)]
         causal: bool,
-        /// Key/value heads a batch, for grouped-query attention (stage7 only; must divide H).
+        /// Key/value heads a batch, for grouped-query attention (stage7 and stage8; must divide H).
         #[arg(long)]
         kv_heads: Option<usize>,
         /// Also time the library's call (`fp8_attention::Attention::forward` on device tensors, V's transpose and

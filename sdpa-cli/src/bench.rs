@@ -104,7 +104,7 @@ pub fn bench(
     }
     // A TMA stage reads V transposed (prep_vt, made once and not timed above): timed again with the transpose in
     // every launch, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is.
-    if stage.tma() {
+    if stage.reads_vt() {
         runs.push(Run {
             vt_prep: true,
             ..Run::named(format!("{} [+ prep_vt]", stage.name()))

@@ -322,10 +322,11 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
         }) {
             // Every kernel a call launches: the TMA stages read V transposed, so their main row makes Vᵀ in every
             // launch (cuDNN's FP8 SDPA reads V as it is); their second row takes Vᵀ as made once per problem.
-            sets.iter_mut().for_each(|s| s.time_vt_prep(stage.tma()));
+            sets.iter_mut()
+                .for_each(|s| s.time_vt_prep(stage.reads_vt()));
             let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
             report(&mut results, stage.name().to_string(), &shape, causal, t);
-            if stage.tma() {
+            if stage.reads_vt() {
                 sets.iter_mut().for_each(|s| s.time_vt_prep(false));
                 let t = time_stage(gpu, stage, &mut sets, 5, iters)?;
                 report(&mut results, vt_once(stage), &shape, causal, t);
@@ -336,7 +337,7 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     let mut impls: Vec<String> = Vec::new();
     for s in Stage::ALL {
         impls.push(s.name().to_string());
-        if s.tma() {
+        if s.reads_vt() {
             impls.push(vt_once(s));
         }
     }

@@ -107,6 +107,26 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::split::stage7::2x2q2kv_300x1024x64_5blocks_F32",
         &["memcheck", "racecheck", "synccheck"],
     ),
+    (
+        // TransposeLdsm: ldmatrix.trans and stmatrix over V's and Vᵀ's tiles, by four and by three warps.
+        "fp8-relayout--gpu",
+        "gpu::transpose::transpose_ldsm",
+        &["memcheck", "racecheck"],
+    ),
+    (
+        // Stage 8: V by TMA into staging slots, transposed into the ring's Vᵀ by three producer warps (ordinary
+        // stores that wgmma reads: the proxy fence and the ring's extra arrivals), the mission shape.
+        "composed--gpu",
+        "gpu::matrix::stage8::mission_1x8x512x64_s0",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
+        // Stage 8 persistent at D = 128: 224-key tiles through two ring stages and two staging slots, units longest
+        // first.
+        "composed--gpu",
+        "gpu::persistent::stage8::1x4q2kv_700x1000x128_causal",
+        &["memcheck", "racecheck", "synccheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.

@@ -194,10 +194,12 @@ struct Ring {
   __device__ static int stage(int t) { return t % STAGES; }
   __device__ static unsigned phase(int t) { return unsigned(t / STAGES) & 1u; }
 
-  // One thread, before any other use; then a block-wide barrier. `consumers` arrivals release a stage.
-  __device__ void init(int consumers) const {
+  // One thread, before any other use; then a block-wide barrier. `consumers` arrivals release a stage; a stage is
+  // full once its bytes landed and `producers` arrivals came (the acquiring thread's arrive_expect_tx, and one from
+  // each warp that writes part of the stage with ordinary stores, after its proxy fence).
+  __device__ void init(int consumers, int producers = 1) const {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&bars->full[s], 1);
+      mbar_init(&bars->full[s], unsigned(producers));
       mbar_init(&bars->empty[s], unsigned(consumers));
     }
     fence_barrier_init();
@@ -214,6 +216,10 @@ struct Ring {
   __device__ bool test_full(int t) const { return test_wait(&bars->full[stage(t)], phase(t)); }
   // Consumer: done with tile t (once per consumer, after all its threads finished reading).
   __device__ void release(int t) const { arrive(&bars->empty[stage(t)]); }
+  // A producer that writes part of tile t with ordinary stores: its stage is free (every consumer released tile
+  // t - STAGES; the acquiring thread waits the same phase); then, after its proxy fence, its arrival on full.
+  __device__ void wait_empty(int t) const { wait(&bars->empty[stage(t)], phase(t) ^ 1u); }
+  __device__ void arrive_full(int t) const { arrive(&bars->full[stage(t)]); }
 };
 
 // One consumer's walk over a Ring, tile by tile: tile t (the current) and the two before it, as stages, with t's

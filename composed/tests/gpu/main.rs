@@ -5,6 +5,7 @@ mod matrix;
 mod models;
 mod prep;
 mod stage7;
+mod stage8;
 mod tables;
 
 /// What every test module uses: the crates' items and the shared cases and checks.
@@ -35,6 +36,7 @@ fn main() {
     prep::add(&mut t);
     matrix::add(&mut t);
     stage7::add(&mut t);
+    stage8::add(&mut t);
     tables::add(&mut t);
     t.run()
 }

@@ -7,6 +7,7 @@ pub fn add(t: &mut Suite) {
         .into_iter()
         .filter(|s| s.causal())
         .flat_map(|s| causal_shapes().into_iter().map(move |c| (s, c)))
+        .filter(|(s, (_, shape))| s.dims().contains(&shape.d))
     {
         t.gpu(&format!("causal::{}::{name}", stage.name()), move |gpu| {
             let qz = quantize_per_head(&normal(shape, 31));
@@ -30,6 +31,7 @@ pub fn add(t: &mut Suite) {
         .into_iter()
         .filter(|s| s.gqa())
         .flat_map(|s| gqa_shapes().into_iter().map(move |c| (s, c)))
+        .filter(|(s, (_, shape))| s.dims().contains(&shape.d))
     {
         t.gpu(&format!("gqa::{}::{name}", stage.name()), move |gpu| {
             let qz = quantize_per_head(&normal(shape, 41));
@@ -61,20 +63,24 @@ pub fn add(t: &mut Suite) {
             Ok(())
         });
     }
-    for (name, shape) in persistent_shapes() {
-        t.gpu(&format!("persistent::stage7::{name}"), move |gpu| {
-            // A persistent block runs several units in turn, reusing ring slots and Q buffers across them. The
-            // units must come out as they do one a block (each unit's arithmetic is the same wherever it runs:
-            // bit-identical), and that launch by the rule against the f64 reference and the emulation.
-            let stage = Stage::S7;
-            ensure!(stage.persistent(), "stage7 is not persistent");
+    for (stage, (name, shape)) in Stage::ALL
+        .into_iter()
+        .filter(|s| s.persistent())
+        .flat_map(|s| persistent_shapes().into_iter().map(move |c| (s, c)))
+        .filter(|(s, (_, shape))| s.dims().contains(&shape.d))
+    {
+        t.gpu(&format!("persistent::{}::{name}", stage.name()), move |gpu| {
+            // A persistent block runs several units in turn, reusing ring slots and Q buffers (and stage 8's V
+            // staging slots) across them. The units must come out as they do one a block (each unit's arithmetic is
+            // the same wherever it runs: bit-identical), and that launch by the rule against the f64 reference and
+            // the emulation.
             let qz = quantize_per_head(&normal(shape, 53));
             let mut d = OnDevice::upload(gpu, &qz)?;
             d.use_blocks(Some(usize::MAX));
             d.launch(gpu, stage)?;
             let one = d.download(gpu)?;
             rule(stage, &qz, &reference(&qz), &emulation_of(stage, &qz, OutDtype::F16), &one, &name, |e, e_emu| {
-                eprintln!("stage7 persistent {name}, one unit a block: {e} | emulation max_abs={e_emu:.3e}")
+                eprintln!("{} persistent {name}, one unit a block: {e} | emulation max_abs={e_emu:.3e}", stage.name())
             })?;
             // Twice at each block count, the outputs poisoned before each launch: a unit the counter skipped (or a
             // counter left nonzero by the launch before) leaves poison, which the download refuses. Where the host
@@ -98,7 +104,7 @@ pub fn add(t: &mut Suite) {
                 }
                 ensure!(!shape.causal, "{name}: a causal tail split ({plan:?})");
                 rule(stage, &qz, &reference(&qz), &emulation_of(stage, &qz, OutDtype::F16), &got, &name, |e, e_emu| {
-                    eprintln!("stage7 persistent {name}, {blocks:?} blocks, split {plan:?}: {e} | emulation max_abs={e_emu:.3e}")
+                    eprintln!("{} persistent {name}, {blocks:?} blocks, split {plan:?}: {e} | emulation max_abs={e_emu:.3e}", stage.name())
                 })?;
                 if let Some((b, before)) = &split
                     && *b == blocks
@@ -132,34 +138,41 @@ pub fn add(t: &mut Suite) {
             Ok(())
         });
     }
-    for (name, shape, blocks, out) in split_cases() {
-        t.gpu(&format!("split::stage7::{name}"), move |gpu| {
+    for (stage, (name, shape, blocks, out)) in [Stage::S7, Stage::S8]
+        .into_iter()
+        .flat_map(|s| split_cases().into_iter().map(move |c| (s, c)))
+        .filter(|(s, (_, shape, _, _))| s.dims().contains(&shape.d))
+    {
+        t.gpu(&format!("split::{}::{name}", stage.name()), move |gpu| {
             // The split tail (SplitPlan): the units past `split` cut into one piece a block, each part's O, m and l
             // written apart and merged by stage7_merge_dD. By the rule against the f64 reference at every output
             // dtype (the merge writes O itself), bit-identical across launches, and the plan must split.
             let qz = quantize_per_head(&normal(shape, 73));
             let mut d = OnDevice::upload_as(gpu, &qz, out)?;
             d.use_blocks(Some(blocks));
-            let plan = d.split_plan(gpu, Stage::S7)?;
+            let plan = d.split_plan(gpu, stage)?;
             ensure!(
                 plan.pieces > 0,
                 "{name}: no split at {blocks} blocks ({plan:?})"
             );
-            d.launch(gpu, Stage::S7)?;
+            d.launch(gpu, stage)?;
             let got = d.download(gpu)?;
             rule(
-                Stage::S7,
+                stage,
                 &qz,
                 &reference(&qz),
-                &emulation_of(Stage::S7, &qz, out),
+                &emulation_of(stage, &qz, out),
                 &got,
                 &name,
                 |e, e_emu| {
-                    eprintln!("stage7 split {name} ({plan:?}): {e} | emulation max_abs={e_emu:.3e}")
+                    eprintln!(
+                        "{} split {name} ({plan:?}): {e} | emulation max_abs={e_emu:.3e}",
+                        stage.name()
+                    )
                 },
             )?;
             d.poison_outputs(gpu)?;
-            d.launch(gpu, Stage::S7)?;
+            d.launch(gpu, stage)?;
             ensure!(
                 bit_identical(&d.download(gpu)?, &got),
                 "{name}: a second launch gives other bits"

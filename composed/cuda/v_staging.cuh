@@ -1,0 +1,117 @@
+// v_staging.cuh: V as the caller has it: TMA into staging slots, transposed into the ring's Vᵀ by the producer warpgroup (stage 8).
+#pragma once
+#include "fp8_relayout.cuh"
+#include "tma_ring.cuh"
+#include "warp_roles.cuh"
+
+namespace sdpa {
+
+// Warps of the producer warpgroup that transpose V: warps 1–3 (warp 0's first thread issues every load).
+constexpr int kVWarps = 3;
+
+// A staging slot's barriers: full (V's bytes landed, or the stream's end said), empty (every transposing warp has
+// read the slot), and whether the slot holds a tile (1) or marks the end of the block's tiles (0).
+template <int VS>
+struct VBarriers {
+  unsigned long long full[VS];
+  unsigned long long empty[VS];
+  int more[VS];
+};
+
+// One block's VS staging slots of one V tile each (BC keys × D, laid out as K's tiles: the canonical K-major layout
+// of K's swizzle, as V's map, K's boxes over V, lays them down). Tiles are counted across the block's units as the
+// ring's are: ring tile r's V goes through slot r % VS.
+template <class Block, int VS>
+struct VStaging {
+  static constexpr int kSlots = VS;
+  unsigned char* sv;
+  VBarriers<VS>* b;
+  __device__ static int slot(int r) { return r % VS; }
+  __device__ static unsigned phase(int r) { return unsigned(r / VS) & 1u; }
+  __device__ unsigned char* tile(int r) const { return sv + slot(r) * Block::kTile; }
+  // Thread 0, before any use; a block barrier follows.
+  __device__ void init() const {
+    for (int s = 0; s < VS; ++s) {
+      tma::mbar_init(&b->full[s], 1);
+      tma::mbar_init(&b->empty[s], kVWarps);
+    }
+    tma::fence_barrier_init();
+  }
+  // The loading thread: ring tile r's V is key tile t of K/V head kv, through V's map (K's boxes), once every
+  // transposing warp is done with the slot's tile before (a fresh barrier's phase "−1" counts as done).
+  __device__ void load(const tma::Map* mv, int r, int t, int kv) const {
+    const int s = slot(r);
+    tma::wait(&b->empty[s], phase(r) ^ 1u);
+    b->more[s] = 1;
+    tma::arrive_expect_tx(&b->full[s], Block::kTile);
+#pragma unroll
+    for (int c = 0; c < Block::kQkPanels; ++c)
+      tma::load_4d(mv, &b->full[s], tile(r) + c * Block::kBc * Block::kQkPanel, c * Block::kQkPanel, t * Block::kBc,
+                   kv, 0);
+  }
+  // The loading thread: there is no ring tile r (the block's last tile was r − 1).
+  __device__ void end(int r) const {
+    const int s = slot(r);
+    tma::wait(&b->empty[s], phase(r) ^ 1u);
+    b->more[s] = 0;
+    tma::arrive(&b->full[s]);
+  }
+  // A transposing warp: whether ring tile r comes (its V then sits in tile(r)); done with it.
+  __device__ bool wait(int r) const {
+    tma::wait(&b->full[slot(r)], phase(r));
+    return b->more[slot(r)] != 0;
+  }
+  __device__ void release(int r) const { tma::arrive(&b->empty[slot(r)]); }
+};
+
+// The staging's barriers, in static shared memory of the kernel that instantiates it.
+template <int VS>
+__device__ VBarriers<VS>* v_barriers() {
+  __shared__ VBarriers<VS> b;
+  return &b;
+}
+
+// Transposing warp w (0 .. kVWarps − 1) of the producer warpgroup, ring tile after ring tile until the end: V from
+// its slot into the ring stage's Vᵀ (relayout::TransposeLdsm, keys in p_key order as the consumers' P registers
+// hold them), once the consumers have released the stage; then a proxy fence (wgmma reads Vᵀ through the async
+// proxy, and TMA writes the slot next), and one arrival each on the stage's full barrier and the slot's empty one.
+template <class Block, class Staging>
+__device__ void transpose_v_tiles(const Block& blk, const Staging& st, int w) {
+  using T = relayout::TransposeLdsm<Block::kBc, Block::kD, Block::kSwK, Block::kSwVt>;
+  const int lane = roles::lane();
+  for (int r = 0; st.wait(r); ++r) {
+    blk.ring.wait_empty(r);
+    T::template run<kVWarps>(st.tile(r), blk.svt + blk.ring.stage(r) * Block::kTile, w, lane);
+    wgmma::proxy_fence();
+    __syncwarp();
+    if (lane == 0) {
+      blk.ring.arrive_full(r);
+      st.release(r);
+    }
+  }
+}
+
+// Stage 7's producer has no staging: Vᵀ comes by TMA (its map, or tile images) straight into the ring.
+struct NoStaging {
+  static constexpr int kSlots = 0;
+};
+
+// The staging a producer has: none with VS = 0 (stage 7), else VS slots after O's staging panels (two consumers'
+// 64 rows × 128 bytes past the ring), initialised here (thread 0, then a block barrier).
+template <class Block, int VS>
+struct StagingOf {
+  using type = VStaging<Block, VS>;
+  __device__ static type make(const Block& blk) {
+    const type st{blk.svt + Block::kStages * Block::kTile + 2 * 64 * 128, v_barriers<VS>()};
+    if (threadIdx.x == 0) st.init();
+    __syncthreads();
+    return st;
+  }
+};
+template <class Block>
+struct StagingOf<Block, 0> {
+  using type = NoStaging;
+  __device__ static type make(const Block&) { return NoStaging(); }
+};
+
+}  // namespace sdpa

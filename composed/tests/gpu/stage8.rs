@@ -1,0 +1,111 @@
+// Stage 8 (V as the caller has it, transposed in the kernel): bit for bit stage 7's result, and its mutants caught.
+use crate::prelude::*;
+
+/// Shapes on which stage 8 must give stage 7's bits: every tile of V it transposes is the Vᵀ stage 7 reads (keys in
+/// P's order, zero past Sk), and the consumers are the same code. Plain, the mission shape, partial key tiles (Sk not
+/// a multiple of 224 or 128), causal with Sq ≠ Sk both ways, grouped-query heads, many units a block.
+fn same_bits_shapes() -> Vec<(String, Shape)> {
+    [
+        Shape::new(1, 8, 512, 64),
+        Shape::new(2, 4, 1000, 128),
+        Shape::cross(1, 3, 300, 1000, 128).with_causal(true),
+        Shape::cross(1, 2, 700, 450, 64).with_causal(true),
+        Shape::new(2, 8, 600, 128)
+            .with_kv_heads(2)
+            .expect("8 / 2")
+            .with_causal(true),
+        Shape::cross(1, 6, 77, 3000, 64)
+            .with_kv_heads(3)
+            .expect("6 / 3"),
+        Shape::new(1, 1, 1, 128),
+    ]
+    .into_iter()
+    .map(|s| {
+        let mask = if s.causal { "_causal" } else { "" };
+        (
+            format!(
+                "{}x{}q{}kv_{}x{}x{}{mask}",
+                s.b, s.h, s.hkv, s.sq, s.sk, s.d
+            ),
+            s,
+        )
+    })
+    .collect()
+}
+
+pub fn add(t: &mut Suite) {
+    for (name, shape) in same_bits_shapes() {
+        t.gpu(
+            &format!("stage8::same_bits_as_stage7::{name}"),
+            move |gpu| {
+                // Stage 7 reads Vᵀ made by prep_vt / prep_vt_tiles; stage 8 makes the same bytes in shared memory from V
+                // itself. O and the LSE must match bit for bit, at every block count that changes how units meet the
+                // staging slots (one block: every tile through the same two slots; the device's SMs; a split tail).
+                let qz = quantize_per_head(&normal(shape, 83));
+                for blocks in [None, Some(1), Some(5)] {
+                    let mut d = OnDevice::upload(gpu, &qz)?;
+                    d.use_blocks(blocks);
+                    d.launch(gpu, Stage::S7)?;
+                    let seven = d.download(gpu)?;
+                    d.poison_outputs(gpu)?;
+                    d.launch(gpu, Stage::S8)?;
+                    let eight = d.download(gpu)?;
+                    ensure!(
+                        bit_identical(&seven, &eight),
+                        "{name}, {blocks:?} blocks: stage 8's O / LSE differ from stage 7's"
+                    );
+                }
+                eprintln!("stage8 {name}: stage 7's bits at 3 block counts");
+                Ok(())
+            },
+        );
+    }
+    t.gpu("stage8::refuses_d256_by_name", |gpu| {
+        let qz = quantize_per_head(&normal(Shape::new(1, 2, 64, 256), 1));
+        let e = format!(
+            "{:#}",
+            run_as(gpu, Stage::S8, &qz, OutDtype::F16).unwrap_err()
+        );
+        ensure!(
+            e.contains("stage8 is not built for head dimension D = 256") && e.contains("stage7"),
+            "{e}"
+        );
+        Ok(())
+    });
+    for (mutant, from, to) in [
+        // Vᵀ written into the ring stage after the one the consumers read: they meet another tile's (or no) Vᵀ.
+        (
+            "vt_into_the_next_stage",
+            "blk.svt + blk.ring.stage(r) * Block::kTile, w, lane",
+            "blk.svt + blk.ring.stage(r + 1) * Block::kTile, w, lane",
+        ),
+        // Every V tile loaded into the first staging slot: the transposers of odd tiles read the even tile.
+        (
+            "one_staging_slot",
+            "__device__ unsigned char* tile(int r) const { return sv + slot(r) * Block::kTile; }",
+            "__device__ unsigned char* tile(int r) const { return sv; }",
+        ),
+    ] {
+        t.gpu(&format!("stage8::mutant_{mutant}_is_caught"), move |gpu| {
+            let shape = Shape::new(1, 4, 1000, 128);
+            let qz = quantize_per_head(&normal(shape, 89));
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.launch(gpu, Stage::S8)?;
+            let good = d.download(gpu)?;
+            d.use_kernel(Some(Stage::S8.kernel(128).mutated(
+                "v_staging.cuh",
+                from,
+                to,
+            )?));
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, Stage::S8)?;
+            let caught = match d.download(gpu) {
+                Ok(bad) => !bit_identical(&good, &bad),
+                Err(e) => format!("{e:#}").contains("never written by the kernel"),
+            };
+            ensure!(caught, "the {mutant} mutant gave stage 8's O and LSE");
+            eprintln!("mutant caught: {mutant}");
+            Ok(())
+        });
+    }
+}
