@@ -3,24 +3,52 @@
 
 ``sdpa(q, k, v)`` takes torch CUDA tensors [B, H, S, D] (k and v may have fewer heads than q: grouped-query
 attention, H a multiple of theirs) in bfloat16, float16 or float32, quantized to E4M3 on the GPU with one scale per
-(batch, head); or ``torch.float8_e4m3fn`` tensors with their scales. It runs on torch's current stream, allocates
-its outputs through torch, and copies nothing to the host. Every bad argument raises ``TypeError`` or ``ValueError``
-naming it before anything runs on the GPU.
+(batch, head); or E4M3 codes with their scales: ``torch.float8_e4m3fn`` tensors, or ``uint8`` ones holding the
+codes (FP8 as bytes, for frameworks and DLPack versions without the type). Arrays of other frameworks (CuPy, JAX,
+Numba, ...) are read in place through DLPack (``__dlpack__``) or ``__cuda_array_interface__``. It runs on torch's
+current stream, allocates its outputs through torch, and copies nothing to the host. Every bad argument raises
+``TypeError`` or ``ValueError`` naming it before anything runs on the GPU.
 """
 from __future__ import annotations
 
 import functools
 import math
 
-__all__ = ["sdpa", "check_args"]
+__all__ = ["sdpa", "check_args", "as_tensor"]
 
 _REAL = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
 _FP8 = "torch.float8_e4m3fn"
+_CODES = "torch.uint8"  # E4M3 codes as bytes
 _E4M3_MAX = 448.0
 
 
 def _dtype(t) -> str:
     return str(t.dtype)
+
+
+def _is_tensor(x) -> bool:
+    return all(hasattr(x, a) for a in ("dtype", "shape", "device", "data_ptr"))
+
+
+def as_tensor(x, name="x"):
+    """x as a torch tensor over the same memory (no copy): a torch tensor as it is, another framework's GPU array
+    through DLPack (``__dlpack__``, on torch's current stream) or ``__cuda_array_interface__``. None stays None.
+
+    Raises TypeError naming `name` for anything else, or when torch is needed and not installed.
+    """
+    if x is None or _is_tensor(x):
+        return x
+    dl, cai = hasattr(x, "__dlpack__"), hasattr(x, "__cuda_array_interface__")
+    if not (dl or cai):
+        raise TypeError(
+            f"`{name}` must be a torch tensor or a GPU array with __dlpack__ or __cuda_array_interface__, "
+            f"not {type(x).__name__}"
+        )
+    try:
+        import torch
+    except ImportError as e:
+        raise TypeError(f"`{name}` is a {type(x).__name__}: reading it needs torch, which is not installed") from e
+    return torch.from_dlpack(x) if dl else torch.as_tensor(x, device="cuda")
 
 
 def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None, out_dtype=None):
@@ -30,8 +58,8 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
     naming the argument.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not all(hasattr(t, a) for a in ("dtype", "shape", "device", "data_ptr")):
-            raise TypeError(f"`{name}` must be a torch tensor, not {type(t).__name__}")
+        if not _is_tensor(t):
+            raise TypeError(f"`{name}` must be a torch tensor (as_tensor reads other arrays), not {type(t).__name__}")
         if getattr(t.device, "type", None) != "cuda":
             raise ValueError(f"`{name}` is on {t.device}: fp8_attention runs on CUDA tensors")
         if getattr(t.device, "index", 0) not in (0, None):
@@ -42,9 +70,9 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
     if len(dts) != 1:
         raise TypeError(f"q, k and v must share a dtype; they are {_dtype(q)}, {_dtype(k)}, {_dtype(v)}")
     dt = dts.pop()
-    fp8 = dt == _FP8
+    fp8 = dt in (_FP8, _CODES)
     if not fp8 and dt not in _REAL:
-        raise TypeError(f"dtype {dt} is not supported: bfloat16, float16, float32 or float8_e4m3fn")
+        raise TypeError(f"dtype {dt} is not supported: bfloat16, float16, float32, float8_e4m3fn or uint8 (E4M3 codes)")
     (b, h, sq, d), (bk, hkv, sk, dk) = tuple(q.shape), tuple(k.shape)
     if tuple(v.shape) != (bk, hkv, sk, dk):
         raise ValueError(f"`k` {tuple(k.shape)} and `v` {tuple(v.shape)} must have the same shape")
@@ -60,7 +88,7 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
     if fp8:
         for name, sc, n in scales:
             if sc is None:
-                raise TypeError(f"float8_e4m3fn inputs need `{name}` (float32, one per (batch, head) or one)")
+                raise TypeError(f"E4M3 inputs ({dt}) need `{name}` (float32, one per (batch, head) or one)")
             if _dtype(sc) != "torch.float32":
                 raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
             if getattr(getattr(sc, "device", None), "type", None) != "cuda":
@@ -68,7 +96,8 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
             if sc.numel() not in (1, n):
                 raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (batch, head) = {n}")
     elif any(sc is not None for _, sc, _n in scales):
-        raise TypeError("q_scale, k_scale and v_scale go with float8_e4m3fn inputs; real inputs are quantized here")
+        raise TypeError("q_scale, k_scale and v_scale go with E4M3 inputs (float8_e4m3fn or uint8 codes); real inputs "
+                        "are quantized here")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale = {scale!r} is not a positive finite number")
     if out_dtype is None:
@@ -134,11 +163,15 @@ def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False,
     """softmax(scale · q·kᵀ) · v on E4M3 tensor cores.
 
     q [B, H, Sq, D], k and v [B, Hkv, Sk, D] (H a multiple of Hkv), all on cuda:0, in bfloat16, float16 or float32
-    (quantized to E4M3 here, one scale per (batch, head)), or float8_e4m3fn with `q_scale`, `k_scale`, `v_scale`
-    (float32: one per (batch, head), or one). `causal` masks key j from query i when j > i + Sk − Sq (bottom-right).
+    (quantized to E4M3 here, one scale per (batch, head)), or E4M3 codes (float8_e4m3fn, or uint8 bytes) with
+    `q_scale`, `k_scale`, `v_scale` (float32: one per (batch, head), or one). Torch tensors, or other frameworks'
+    GPU arrays read in place through DLPack or __cuda_array_interface__ (`as_tensor`). `causal` masks key j from query i when j > i + Sk − Sq (bottom-right).
     `scale` defaults to 1/√D; `out_dtype` to q's dtype (bfloat16 for FP8 inputs). Returns O [B, H, Sq, D], and with
     `return_lse` also the LSE [B, H, Sq] (float32, natural log). Runs on torch's current stream.
     """
+    q, k, v = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
+    q_scale, k_scale = as_tensor(q_scale, "q_scale"), as_tensor(k_scale, "k_scale")
+    v_scale = as_tensor(v_scale, "v_scale")
     b, h, hkv, sq, sk, d, fp8, out = check_args(q, k, v, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
                                                 scale=scale, out_dtype=out_dtype)
     import torch

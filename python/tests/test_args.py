@@ -73,7 +73,7 @@ def test_scales_and_options_are_named():
         fa.check_args(q, k, v, q_scale=f32(16), k_scale=f32(4), v_scale=f32(3))
     with pytest.raises(ValueError, match="`q_scale` is on cpu"):
         fa.check_args(q, k, v, q_scale=T((16,), "torch.float32", Dev("cpu", None)), k_scale=f32(4), v_scale=f32(4))
-    with pytest.raises(TypeError, match="go with float8_e4m3fn inputs"):
+    with pytest.raises(TypeError, match="go with E4M3 inputs"):
         fa.check_args(*qkv(), q_scale=f32(16))
     with pytest.raises(ValueError, match="scale = -1.0"):
         fa.check_args(*qkv(), scale=-1.0)
@@ -85,3 +85,41 @@ def test_sdpa_checks_before_it_needs_torch_or_a_gpu():
     # The same errors from the op itself, before it imports torch or asks for the GPU.
     with pytest.raises(ValueError, match="D = 80"):
         fa.sdpa(T((1, 2, 64, 80)), T((1, 2, 64, 80)), T((1, 2, 64, 80)))
+
+
+def test_uint8_codes_are_e4m3_with_their_scales():
+    # FP8 as bytes (DLPack and some frameworks have no float8 type): uint8 inputs are E4M3 codes.
+    q, k, v = qkv(dtype="torch.uint8")
+    f32 = lambda n: T((n,), "torch.float32")  # noqa: E731
+    got = fa.check_args(q, k, v, q_scale=f32(16), k_scale=f32(4), v_scale=f32(1))
+    assert got[-2:] == (True, "bf16")
+    with pytest.raises(TypeError, match=r"E4M3 inputs \(torch.uint8\) need `q_scale`"):
+        fa.check_args(q, k, v)
+
+
+class Cai:
+    """A foreign GPU array: only __cuda_array_interface__."""
+
+    def __init__(self, shape):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f2", "data": (1 << 20, False), "version": 3}
+
+
+def test_as_tensor_names_what_it_cannot_read():
+    assert fa.as_tensor(None) is None
+    t = T((1, 2, 3, 64))
+    assert fa.as_tensor(t) is t
+    with pytest.raises(TypeError, match="`k` must be a torch tensor or a GPU array with __dlpack__"):
+        fa.as_tensor([1, 2], "k")
+    with pytest.raises(TypeError, match="`q` must be a torch tensor or a GPU array"):
+        fa.sdpa("not an array", T((1, 2, 3, 64)), T((1, 2, 3, 64)))
+
+
+def test_a_foreign_array_without_torch_is_named():
+    try:
+        import torch  # noqa: F401
+
+        pytest.skip("torch is installed: a fake array's address would be read")
+    except ImportError:
+        pass
+    with pytest.raises(TypeError, match="`v` is a Cai: reading it needs torch"):
+        fa.as_tensor(Cai((1, 2, 3, 64)), "v")

@@ -119,3 +119,28 @@ def test_drop_in_transformer():
     rel = ((got - ref).norm() / ref.norm()).item()
     assert rel < 2e-2, rel
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() > 0.95
+
+
+def test_other_frameworks_arrays_through_dlpack_and_cuda_array_interface():
+    # CuPy arrays over torch's memory, read back through DLPack (CuPy's __dlpack__) and through
+    # __cuda_array_interface__ alone: the same bits as the torch tensors; uint8 E4M3 codes as float8_e4m3fn.
+    cp = pytest.importorskip("cupy")
+    b, h, s, d = 1, 4, 256, 64
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
+    want = fa.sdpa(q, k, v)
+    cq, ck, cv = (cp.asarray(t) for t in (q, k, v))
+    assert torch.equal(fa.sdpa(cq, ck, cv), want)
+
+    class CaiOnly:
+        def __init__(self, a):
+            self.__cuda_array_interface__ = a.__cuda_array_interface__
+            self.keep = a
+
+    assert torch.equal(fa.sdpa(CaiOnly(cq), CaiOnly(ck), CaiOnly(cv)), want)
+    scales = [torch.full((b * h,), 0.01, device="cuda") for _ in range(3)]
+    codes = [(t / 0.01).clamp(-448, 448).to(torch.float8_e4m3fn) for t in (q, k, v)]
+    as_fp8 = fa.sdpa(*codes, q_scale=scales[0], k_scale=scales[1], v_scale=scales[2])
+    as_bytes = fa.sdpa(*(cp.asarray(c.view(torch.uint8)) for c in codes), q_scale=scales[0], k_scale=scales[1],
+                       v_scale=cp.asarray(scales[2]))
+    assert torch.equal(as_fp8, as_bytes)

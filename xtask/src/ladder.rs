@@ -287,13 +287,15 @@ fn report(
     results.insert((name, key(shape, causal)), row);
 }
 
-pub fn run(out: &Path, iters: usize) -> Result<bool> {
+/// The ladder on this machine's GPU: every stage (or those in `only`, when it names any), PyTorch and cuDNN.
+pub fn run(out: &Path, iters: usize, only: &[Stage]) -> Result<bool> {
+    let picked = |s: &Stage| only.is_empty() || only.contains(s);
     let gpu = lab::Gpu::get().context("the ladder runs on a GPU machine (through the bundle)")?;
     let root = workspace_root();
     let mut results = Results::new();
     let mut refusals = Refusals::new();
     for (shape, causal) in SHAPES {
-        for stage in Stage::ALL {
+        for stage in Stage::ALL.into_iter().filter(picked) {
             let why = if !stage.dims().contains(&shape.d) {
                 "this stage is not built for this head dimension"
             } else if causal && !stage.causal() {
@@ -315,7 +317,8 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
         }
         let mut sets = input_sets(gpu, shape.with_causal(causal), n_sets)?;
         for stage in Stage::ALL.into_iter().filter(|s| {
-            timed(*s, &shape)
+            picked(s)
+                && timed(*s, &shape)
                 && s.dims().contains(&shape.d)
                 && (!causal || s.causal())
                 && (shape.group() == 1 || s.gqa())
@@ -335,7 +338,7 @@ pub fn run(out: &Path, iters: usize) -> Result<bool> {
     }
     let torch_header = torch(&root, &mut results, &mut refusals)?;
     let mut impls: Vec<String> = Vec::new();
-    for s in Stage::ALL {
+    for s in Stage::ALL.into_iter().filter(picked) {
         impls.push(s.name().to_string());
         if s.reads_vt() {
             impls.push(vt_once(s));

@@ -69,6 +69,9 @@ enum Task {
         /// Timed launches per (stage, shape).
         #[arg(long, default_value_t = 200)]
         iters: usize,
+        /// Only these stages (comma-separated names, e.g. stage7,stage8); PyTorch's and cuDNN's rows always.
+        #[arg(long, value_delimiter = ',')]
+        stages: Vec<String>,
     },
     /// On the GPU machine: the FP8 accuracy study (input families × quantization schemes, with cuDNN FP8 and
     /// PyTorch fp16 on the same inputs): accuracy.md and accuracy.json into OUT.
@@ -167,7 +170,13 @@ fn main() -> ExitCode {
             attempts,
         } => gpu_bundle::build(dir, &only, &attempts).map(|()| true),
         Task::Ci => ci::run(),
-        Task::Ladder { out, iters } => ladder::run(&out, iters),
+        Task::Ladder { out, iters, stages } => {
+            let only = stages
+                .iter()
+                .map(|s| composed::Stage::parse(s))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            ladder::run(&out, iters, &only)
+        }
         Task::Accuracy {
             out,
             work,
