@@ -170,13 +170,11 @@ fn main() -> ExitCode {
             attempts,
         } => gpu_bundle::build(dir, &only, &attempts).map(|()| true),
         Task::Ci => ci::run(),
-        Task::Ladder { out, iters, stages } => {
-            let only = stages
-                .iter()
-                .map(|s| composed::Stage::parse(s))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            ladder::run(&out, iters, &only)
-        }
+        Task::Ladder { out, iters, stages } => stages
+            .iter()
+            .map(|s| composed::Stage::parse(s))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .and_then(|only| ladder::run(&out, iters, &only)),
         Task::Accuracy {
             out,
             work,
