@@ -78,18 +78,21 @@ struct Seg {
 
 // The producer's part of unit s.u (the block's n-th unit or part of one, its key tiles ring tiles r0, …): Q, then
 // K and Vᵀ (stage 7: `mvt` is Vᵀ's map), or K and V into `vst`'s slots for the transposing warps (stage 8: `mvt` is
-// V's map).
+// V's map, and every map is (D, S, H, B) over the caller's strides: a head's coordinates are (h, b)).
 template <class Block, int BC, class Staging = NoStaging>
 __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, const tma::Map* mq, const tma::Map* mk,
                                             const tma::Map* mvt, Seg s, int n, int r0, const Staging& vst = Staging()) {
   const TileCoord u = unit_coord(p, s.u);
   const int tiles = s.kt < 0 ? key_tiles<BC>(p, u.qt * kUnitRows) : s.kt;
-  blk.produce_q(mq, n, u.bh, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst);
-  const int kv = u.bh / p.group;
   if constexpr (Staging::kSlots == 0) {
+    blk.produce_q(mq, n, u.bh, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst);
+    const int kv = u.bh / p.group;
     blk.produce_kv(mk, mvt, p.vt_tiles + (long long)kv * ((p.sk + BC - 1) / BC) * Block::kTile, kv, r0, tiles, s.k0);
   } else {
-    blk.produce_k(mk, [&](int r, int t) { vst.load(mvt, r, t, kv); }, Block::kTile, kv, r0, tiles, s.k0);
+    const int kv = u.bh / p.group, hkv = vst.heads / p.group, b = u.bh / vst.heads;
+    blk.produce_q(mq, n, u.bh - b * vst.heads, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst, b);
+    blk.produce_k(mk, [&](int r, int t) { vst.load(mvt, r, t, kv - b * hkv, b); }, Block::kTile, kv - b * hkv, r0,
+                  tiles, s.k0, b);
   }
   return tiles;
 }
@@ -305,16 +308,18 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // last block done with the counter sets it back to zero for the next launch.
 // VS > 0 (stage 8): V comes as the caller has it, by `mvt` (V's map: K's boxes) into VS staging slots, and the
 // producer warpgroup's warps 1–3 transpose each tile into the ring stage's Vᵀ (transpose_v_tiles) while its first
-// thread issues the loads; a stage is full once K has landed and the three warps have arrived.
+// thread issues the loads; a stage is full once K has landed and the three warps have arrived. Q's, K's and V's maps
+// are then (D, S, H, B) over the caller's strides ([B, H, S, D], [B, S, H, D] or any other with D contiguous), and
+// `heads` is H; O's is stage 7's ([B·H + virtual heads, Sq, D], contiguous).
 template <int D, int STAGES, int BC, int VS = 0>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
-                                   const tma::Map* mo) {
+                                   const tma::Map* mo, int heads = 0) {
   using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ QBarriers<2> qbars;
   extern __shared__ unsigned char smem_raw[];
   const Block blk(smem_raw, &bars, &qbars, 2, VS > 0 ? 1 + kVWarps : 1);
-  const typename StagingOf<Block, VS>::type vst = StagingOf<Block, VS>::make(blk);
+  const typename StagingOf<Block, VS>::type vst = StagingOf<Block, VS>::make(blk, heads);
   // Whether any block takes a second unit. If not (at most one unit an SM: the mission shape), each block runs
   // unit blockIdx.x alone, and neither the counter nor the slots are touched: they cost ~0.3 µs a launch there.
   const bool tickets = int(gridDim.x) < p.work;

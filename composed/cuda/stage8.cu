@@ -1,15 +1,16 @@
 // stage8.cu: stage 7 reading V as the caller has it: the producer warpgroup transposes each V tile in shared memory.
 #include "pingpong_attention.cuh"
 
-// The third map is V's (K's boxes over V [B, Hkv, Sk, D]); no Vᵀ is made beforehand. Keys a tile, ring stages and V
+// The third map is V's (K's boxes over V); no Vᵀ is made beforehand. Q's, K's and V's maps are (D, S, heads, B) over
+// the caller's strides: [B, H, S, D], [B, S, H, D] or any layout with D contiguous and 16-byte strides. Keys a tile, ring stages and V
 // staging slots: Stage::bc, Stage::ring_stages and Stage::v_slots on the host. At D = 128, 224-key tiles in two ring
 // stages and two staging slots (FlashAttention-3's FP8 layout: K, V and Vᵀ two deep) fit beside Q's two buffers and
 // O's panels; at D = 64, four ring stages.
 #define STAGE8(D, BC, ST, VS)                                                                                     \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       stage8_d##D(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,     \
-                  const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo) {                   \
-    sdpa::pingpong_attention<D, ST, BC, VS>(p, &mq, &mk, &mv, &mo);                                          \
+                  const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads) {        \
+    sdpa::pingpong_attention<D, ST, BC, VS>(p, &mq, &mk, &mv, &mo, heads);                                   \
   }
 STAGE8(64, 128, 4, 2)
 STAGE8(128, 224, 2, 2)

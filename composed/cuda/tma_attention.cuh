@@ -111,8 +111,10 @@ struct TmaBlock {
   // Persistent blocks (QBUFS > 1) also name the unit, w, in the buffer's slot, from their second unit on (the
   // first is blockIdx.x: a slot written before Q's arrival and read after its wait cost ~0.2 µs of a one-unit
   // block's ~8.5 at the mission shape).
+  // `bh` and `bat`: the map's head and batch coordinates (stage 8's maps are (D, S, H, B): head h of batch b; the
+  // other stages' are (D, S, B·H, 1): bh = b·H + h, bat = 0).
   __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0, int w = 0, int k0 = 0, int kt = -1,
-                            int dst = -1) const {
+                            int dst = -1, int bat = 0) const {
     const int b = n % QBUFS;
     if (QBUFS > 1) {
       tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
@@ -127,7 +129,7 @@ struct TmaBlock {
     for (int w = 0; w < consumers; ++w)
 #pragma unroll
       for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, 0);
+        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, bat);
   }
   // A persistent block's n-th unit is none (w >= Params::work): its slot says so, its full barrier completes on the
   // arrival alone, and the consumers' loop ends when they read it.
@@ -139,14 +141,16 @@ struct TmaBlock {
   }
   // K of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ..., each stage armed for `bytes` (K's, and
   // V's where it comes by TMA into the stage too), and then v(r, t): ring tile r's V, of key tile t.
+  // `kv` and `bat`: the map's head and batch coordinates, as produce_q's.
   template <class V>
-  __device__ void produce_k(const tma::Map* mk, const V& v, unsigned bytes, int kv, int r0, int tiles, int k0) const {
+  __device__ void produce_k(const tma::Map* mk, const V& v, unsigned bytes, int kv, int r0, int tiles, int k0,
+                            int bat = 0) const {
     for (int t = k0; t < k0 + tiles; ++t) {
       const int r = r0 + t - k0;
       ring.acquire(r, bytes);
 #pragma unroll
       for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC, kv, 0);
+        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC, kv, bat);
       v(r, t);
     }
   }

@@ -26,6 +26,9 @@ struct VStaging {
   static constexpr int kSlots = VS;
   unsigned char* sv;
   VBarriers<VS>* b;
+  // Query heads a batch (H): stage 8's maps are (D, S, H, B) over the caller's strides, so a head's coordinates are
+  // (h, b), not B·H flat.
+  int heads;
   __device__ static int slot(int r) { return r % VS; }
   __device__ static unsigned phase(int r) { return unsigned(r / VS) & 1u; }
   __device__ unsigned char* tile(int r) const { return sv + slot(r) * Block::kTile; }
@@ -37,9 +40,9 @@ struct VStaging {
     }
     tma::fence_barrier_init();
   }
-  // The loading thread: ring tile r's V is key tile t of K/V head kv, through V's map (K's boxes), once every
-  // transposing warp is done with the slot's tile before (a fresh barrier's phase "−1" counts as done).
-  __device__ void load(const tma::Map* mv, int r, int t, int kv) const {
+  // The loading thread: ring tile r's V is key tile t of K/V head kv of batch bat, through V's map (K's boxes), once
+  // every transposing warp is done with the slot's tile before (a fresh barrier's phase "−1" counts as done).
+  __device__ void load(const tma::Map* mv, int r, int t, int kv, int bat) const {
     const int s = slot(r);
     tma::wait(&b->empty[s], phase(r) ^ 1u);
     b->more[s] = 1;
@@ -47,7 +50,7 @@ struct VStaging {
 #pragma unroll
     for (int c = 0; c < Block::kQkPanels; ++c)
       tma::load_4d(mv, &b->full[s], tile(r) + c * Block::kBc * Block::kQkPanel, c * Block::kQkPanel, t * Block::kBc,
-                   kv, 0);
+                   kv, bat);
   }
   // The loading thread: there is no ring tile r (the block's last tile was r − 1).
   __device__ void end(int r) const {
@@ -97,12 +100,12 @@ struct NoStaging {
 };
 
 // The staging a producer has: none with VS = 0 (stage 7), else VS slots after O's staging panels (two consumers'
-// 64 rows × 128 bytes past the ring), initialised here (thread 0, then a block barrier).
+// 64 rows × 128 bytes past the ring), initialised here (thread 0, then a block barrier); `heads`: H.
 template <class Block, int VS>
 struct StagingOf {
   using type = VStaging<Block, VS>;
-  __device__ static type make(const Block& blk) {
-    const type st{blk.svt + Block::kStages * Block::kTile + 2 * 64 * 128, v_barriers<VS>()};
+  __device__ static type make(const Block& blk, int heads) {
+    const type st{blk.svt + Block::kStages * Block::kTile + 2 * 64 * 128, v_barriers<VS>(), heads};
     if (threadIdx.x == 0) st.init();
     __syncthreads();
     return st;
@@ -111,7 +114,7 @@ struct StagingOf {
 template <class Block>
 struct StagingOf<Block, 0> {
   using type = NoStaging;
-  __device__ static type make(const Block&) { return NoStaging(); }
+  __device__ static type make(const Block&, int) { return NoStaging(); }
 };
 
 }  // namespace sdpa

@@ -34,6 +34,8 @@ pub struct OnDevice {
     pub(crate) lse_shift: Option<CudaSlice<f32>>,
     /// What launches keep between them: Vᵀ, the schedule's table and its plan, the lab's knobs.
     pub(crate) ws: Workspace,
+    /// Q's, K's and V's layout on the device: None, [B, H, S, D]; or [B, S, H, D] (`use_bshd_inputs`).
+    pub(crate) strides: Option<crate::Strides>,
 }
 
 impl OnDevice {
@@ -147,6 +149,7 @@ impl OnDevice {
             lse: st.clone_htod(&poisoned::<f32>(s.heads() * s.sq))?,
             lse_shift,
             ws: Workspace::new(),
+            strides: None,
         })
     }
 
@@ -226,15 +229,38 @@ impl OnDevice {
         Ok(out)
     }
 
+    /// From now on Q, K and V sit on the device as [B, S, H, D] (the same values, moved), and launches read them
+    /// through those strides (`Tensors::strides`: stage 8 only; the other stages refuse them by name).
+    pub fn use_bshd_inputs(&mut self, gpu: &Gpu) -> Result<()> {
+        if self.strides.is_some() {
+            return Ok(());
+        }
+        let st = &gpu.stream;
+        let s = self.shape;
+        self.q = st.clone_htod(&swap_s_h(&st.clone_dtoh(&self.q)?, s.b, s.h, s.sq, s.d))?;
+        self.k = st.clone_htod(&swap_s_h(&st.clone_dtoh(&self.k)?, s.b, s.hkv, s.sk, s.d))?;
+        self.v = st.clone_htod(&swap_s_h(&st.clone_dtoh(&self.v)?, s.b, s.hkv, s.sk, s.d))?;
+        self.strides = Some(crate::Strides::bshd(&s));
+        Ok(())
+    }
+
     /// The E4M3 inputs and scales as the device holds them (after device quantization: what the reference on
-    /// the dequantized inputs needs).
+    /// the dequantized inputs needs), as [B, H, S, D] whatever their layout there.
     pub fn quantized(&self, gpu: &Gpu) -> Result<Quantized> {
         let st = &gpu.stream;
+        let s = self.shape;
+        let back = |x: Vec<u8>, h: usize, rows: usize| {
+            if self.strides.is_some() {
+                swap_s_h(&x, s.b, rows, h, s.d)
+            } else {
+                x
+            }
+        };
         Ok(Quantized {
             shape: self.shape,
-            q: st.clone_dtoh(&self.q)?,
-            k: st.clone_dtoh(&self.k)?,
-            v: st.clone_dtoh(&self.v)?,
+            q: back(st.clone_dtoh(&self.q)?, s.h, s.sq),
+            k: back(st.clone_dtoh(&self.k)?, s.hkv, s.sk),
+            v: back(st.clone_dtoh(&self.v)?, s.hkv, s.sk),
             q_scale: st.clone_dtoh(&self.scales[0])?,
             k_scale: st.clone_dtoh(&self.scales[1])?,
             v_scale: st.clone_dtoh(&self.scales[2])?,
@@ -284,14 +310,38 @@ fn row_runs(rows: &[usize]) -> impl Iterator<Item = (usize, usize)> + '_ {
     })
 }
 
+/// A [b, x, y, d] tensor (row-major) as [b, y, x, d]: [B, H, S, D] to [B, S, H, D] (x = H, y = S), and back (x = S,
+/// y = H).
+pub(crate) fn swap_s_h<T: Copy>(a: &[T], b: usize, x: usize, y: usize, d: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(a.len());
+    for bi in 0..b {
+        for yi in 0..y {
+            for xi in 0..x {
+                let at = ((bi * x + xi) * y + yi) * d;
+                out.extend_from_slice(&a[at..at + d]);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::row_runs;
+    use super::{row_runs, swap_s_h};
 
     #[test]
     fn rows_come_back_in_runs_of_consecutive_indices() {
         let runs: Vec<_> = row_runs(&[0, 1, 2, 7, 9, 10]).collect();
         assert_eq!(runs, vec![(0, 3), (7, 1), (9, 2)]);
         assert_eq!(row_runs(&[]).count(), 0);
+    }
+
+    #[test]
+    fn swapping_s_and_h_twice_gives_the_tensor_back() {
+        let a: Vec<u32> = (0..2 * 3 * 5 * 4).collect();
+        let t = swap_s_h(&a, 2, 3, 5, 4);
+        // [B, S, H, D] element (b 1, s 4, h 2, d 3) is [B, H, S, D]'s (1, 2, 4, 3).
+        assert_eq!(t[((5 + 4) * 3 + 2) * 4 + 3], a[((3 + 2) * 5 + 4) * 4 + 3]);
+        assert_eq!(swap_s_h(&t, 2, 5, 3, 4), a);
     }
 }

@@ -81,6 +81,7 @@ impl OnDevice {
                 OBuf::F32(b) => b.device_ptr(st),
             }),
             lse: at(self.lse.device_ptr(st)),
+            strides: self.strides,
         };
         // The guards order the buffers' uses across streams; they are dropped once the launch is queued.
         let r = self

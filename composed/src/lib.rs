@@ -31,7 +31,7 @@ pub use stages::{
     Stage, bc,
 };
 pub use validate::{index_text, validate, validate_shape};
-pub use workspace::{Tensors, Workspace, stage_supports};
+pub use workspace::{Strides, Tensors, Workspace, stage_supports};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {

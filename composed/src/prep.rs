@@ -328,6 +328,38 @@ pub(crate) fn tma_maps(
     ])
 }
 
+/// Stage 8's tensor maps: Q, K and V of `s` at their `strides` (`Strides`), each (D, S, H, B) in boxes of one K
+/// panel × 64 query rows or `bc` keys (V's as K's: stage 8 transposes its tiles in shared memory), and O's as
+/// [`tma_maps`] makes it. A stride that is not a multiple of 16 bytes is refused by name, naming the tensor.
+pub(crate) fn tma_maps_strided(
+    s: &fixtures::Shape,
+    bc: usize,
+    [q, k, v]: [u64; 3],
+    strides: crate::workspace::Strides,
+    o: Option<u64>,
+    o_extra: usize,
+) -> Result<[tma_ring::TensorMap; 4]> {
+    use frag_layout::Swizzle;
+    use tma_ring::{Elem, MapSpec};
+    let sw = if s.d == 64 {
+        Swizzle::B64
+    } else {
+        Swizzle::B128
+    };
+    let u = |x: [usize; 3]| x.map(|e| e as u64);
+    let (b, h, hkv, d) = (s.b as u64, s.h as u64, s.hkv as u64, s.d as u64);
+    let map = |name: &str, at: u64, heads: u64, rows: usize, st: [usize; 3], bx: usize| {
+        MapSpec::strided(Elem::U8, [b, heads, rows as u64, d], u(st), bx as u32, sw)
+            .encode(at)
+            .with_context(|| format!("{name} at strides (S, H, B) = {st:?} elements"))
+    };
+    let qm = map("q", q, h, s.sq, strides.q, 64)?;
+    let km = map("k", k, hkv, s.sk, strides.k, bc)?;
+    let vm = map("v", v, hkv, s.sk, strides.v, bc)?;
+    let om = tma_maps(s, bc, q, k, VMap::Unread, o, o_extra)?[3];
+    Ok([qm, km, vm, om])
+}
+
 /// The kernels of the device pipeline; a mutation test replaces one.
 #[derive(Debug, Clone, Copy)]
 pub struct Prep {

@@ -14,9 +14,48 @@ use crate::prep;
 use crate::stages::Stage;
 use crate::tables::{Params, out_dtype_code};
 
-/// Where one launch reads and writes: device addresses of E4M3 Q [B, H, Sq, D], K and V [B, Hkv, Sk, D], their
-/// f32 scales (one per (batch, head)), O in the launch's dtype and the f32 LSE, each with room for
-/// [`Workspace::output_rows`] rows of O and LSE. Borrowed: the caller keeps them alive until the launch has run.
+/// Element strides of the S, H and B dimensions of Q, K and V (D contiguous): `[s, h, b]` each. [B, H, S, D] is
+/// (D, S·D, H·S·D), [B, S, H, D] is (H·D, D, S·H·D); the heads of a fused [B, S, 3, H, D] projection are
+/// (3·H·D, D, S·3·H·D). Stage 8 reads any of them through its tensor maps (each stride a multiple of 16 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Strides {
+    pub q: [usize; 3],
+    pub k: [usize; 3],
+    pub v: [usize; 3],
+}
+
+impl Strides {
+    /// Contiguous [B, H, S, D] tensors of shape `s`.
+    pub fn contiguous(s: &fixtures::Shape) -> Strides {
+        let kv = [s.d, s.sk * s.d, s.hkv * s.sk * s.d];
+        Strides {
+            q: [s.d, s.sq * s.d, s.h * s.sq * s.d],
+            k: kv,
+            v: kv,
+        }
+    }
+
+    /// Contiguous [B, S, H, D] tensors of shape `s`.
+    pub fn bshd(s: &fixtures::Shape) -> Strides {
+        let kv = [s.hkv * s.d, s.d, s.sk * s.hkv * s.d];
+        Strides {
+            q: [s.h * s.d, s.d, s.sq * s.h * s.d],
+            k: kv,
+            v: kv,
+        }
+    }
+
+    /// Elements a buffer must hold for a tensor of `[b, h, rows, d]` at element strides `[s, h, b]`: its last
+    /// element's offset, plus one.
+    pub fn extent([b, h, rows, d]: [usize; 4], [ss, sh, sb]: [usize; 3]) -> usize {
+        (b - 1) * sb + (h - 1) * sh + (rows - 1) * ss + d
+    }
+}
+
+/// Where one launch reads and writes: device addresses of E4M3 Q [B, H, Sq, D], K and V [B, Hkv, Sk, D] (contiguous,
+/// or at `strides`: stage 8), their f32 scales (one per (batch, head)), O in the launch's dtype and the f32 LSE, each
+/// with room for [`Workspace::output_rows`] rows of O and LSE. Borrowed: the caller keeps them alive until the launch
+/// has run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tensors {
     pub q: u64,
@@ -27,6 +66,8 @@ pub struct Tensors {
     pub v_scale: u64,
     pub o: u64,
     pub lse: u64,
+    /// Q's, K's and V's element strides; None: contiguous [B, H, S, D].
+    pub strides: Option<Strides>,
 }
 
 /// What launches of the stages keep between them: Vᵀ in the layout the TMA stages read (made from the launch's V,
@@ -67,6 +108,7 @@ type MapsKey = (
     prep::VMap,
     Option<u64>,
     usize,
+    Option<Strides>,
 );
 
 impl Workspace {
@@ -124,6 +166,11 @@ impl Workspace {
         t: &Tensors,
     ) -> Result<()> {
         stage_supports(stage, s)?;
+        ensure!(
+            t.strides.is_none() || stage.transposes_v(),
+            "{} reads contiguous [B, H, S, D] inputs: strided Q, K, V take stage8",
+            stage.name()
+        );
         let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
         let smem = stage.smem_bytes(s.d);
         let key = (spec.name, std::ptr::from_ref(spec.source) as usize, smem);
@@ -198,11 +245,16 @@ impl Workspace {
                 Some((a, _)) => prep::VMap::Vt(*a),
                 None => prep::VMap::Unread,
             };
-            let key: MapsKey = (*s, bc, p.q, p.k, v, o_map, o_extra);
+            let key: MapsKey = (*s, bc, p.q, p.k, v, o_map, o_extra, t.strides);
             match &self.maps {
                 Some((at, m)) if *at == key => Some(*m),
                 _ => {
-                    let m = prep::tma_maps(s, bc, p.q, p.k, v, o_map, o_extra)?;
+                    let m = if stage.transposes_v() {
+                        let strides = t.strides.unwrap_or_else(|| Strides::contiguous(s));
+                        prep::tma_maps_strided(s, bc, [p.q, p.k, p.v], strides, o_map, o_extra)?
+                    } else {
+                        prep::tma_maps(s, bc, p.q, p.k, v, o_map, o_extra)?
+                    };
                     self.maps = Some((key, m));
                     Some(m)
                 }
@@ -223,7 +275,13 @@ impl Workspace {
                 b.arg(&m[3]);
             }
         }
-        // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt[, o]]) with the grid and block it was written for;
+        // Stage 8's maps are (D, S, H, B): a head's coordinates are (h, b), and the kernel takes H.
+        let heads = s.h as i32;
+        if stage.transposes_v() {
+            b.arg(&heads);
+        }
+        // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt or v[, o]][, int heads]) with the grid and block it was
+        // written for;
         // the caller's tensors hold the extents of `s` (Tensors' contract; validate() checks uploaded ones), O and
         // the LSE `output_rows` rows; each map describes its tensor (tma_maps).
         unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;

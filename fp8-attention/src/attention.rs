@@ -436,6 +436,7 @@ impl Attention {
                 OutBuf::F32(b) => b.device_ptr_mut(stream),
             }),
             lse: at(out.lse.device_ptr_mut(stream)),
+            strides: None,
         };
         self.ws
             .launch(gpu, self.stage, stream, &s, scale, self.cfg.out_dtype, &t)?;

@@ -160,6 +160,7 @@ fn t_of(q: u64, k: u64, v: u64, q_scale: u64, k_scale: u64, v_scale: u64, o: u64
         v_scale,
         o,
         lse,
+        strides: None,
     }
 }
 

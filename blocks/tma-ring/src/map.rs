@@ -69,6 +69,26 @@ impl MapSpec {
         }
     }
 
+    /// A map over a tensor of sizes `[b, h, s, d]` at any element strides `[s, h, b]` of its S, H and B dimensions (D
+    /// contiguous): dims (D, S, H, B), a box of one swizzle panel × `rows` rows of one head. [`MapSpec::heads`] is
+    /// its two common layouts.
+    pub fn strided(
+        elem: Elem,
+        [b, h, s, d]: [u64; 4],
+        [ss, sh, sb]: [u64; 3],
+        rows: u32,
+        sw: Swizzle,
+    ) -> MapSpec {
+        let e = elem.bytes();
+        MapSpec {
+            elem,
+            dims: [d, s, h, b],
+            strides: [ss * e, sh * e, sb * e],
+            boxes: [(sw.row_bytes() as u64 / e) as u32, rows, 1, 1],
+            swizzle: sw,
+        }
+    }
+
     /// Every rule cuTensorMapEncodeTiled enforces that the lab relies on, each failing by name.
     pub fn check(&self, address: u64) -> Result<()> {
         ensure!(
@@ -163,6 +183,26 @@ mod tests {
         assert_eq!(m.strides, [3 * 128, 128, 100 * 3 * 128]);
         assert_eq!(m.boxes, [32, 64, 1, 1]);
         m.check(0x1000).unwrap();
+        // The general form gives the same maps, and any other layout: heads of a fused [B, S, 3, H, D] projection.
+        assert_eq!(
+            MapSpec::strided(
+                Elem::U16,
+                [2, 3, 100, 64],
+                [3 * 64, 64, 100 * 3 * 64],
+                64,
+                Swizzle::B64
+            ),
+            m
+        );
+        let fused = MapSpec::strided(
+            Elem::U8,
+            [2, 3, 100, 128],
+            [9 * 128, 128, 100 * 9 * 128],
+            64,
+            Swizzle::B128,
+        );
+        assert_eq!(fused.strides, [9 * 128, 128, 100 * 9 * 128]);
+        fused.check(0x1000).unwrap();
     }
 
     #[test]

@@ -60,6 +60,51 @@ pub fn add(t: &mut Suite) {
             },
         );
     }
+    for shape in [
+        Shape::new(2, 8, 512, 64),
+        Shape::cross(2, 4, 300, 700, 128)
+            .with_kv_heads(2)
+            .expect("4 / 2")
+            .with_causal(true),
+    ] {
+        let name = format!(
+            "{}x{}q{}kv_{}x{}x{}",
+            shape.b, shape.h, shape.hkv, shape.sq, shape.sk, shape.d
+        );
+        t.gpu(&format!("stage8::bshd_inputs::{name}"), move |gpu| {
+            // Q, K and V moved on the device to [B, S, H, D] and read through those strides (tensor maps of (D, S, H,
+            // B)): the same bits as from [B, H, S, D]. Stage 7 refuses strided inputs by name, before any launch.
+            let qz = quantize_per_head(&normal(shape, 97));
+            let mut d = OnDevice::upload(gpu, &qz)?;
+            d.launch(gpu, Stage::S8)?;
+            let plain = d.download(gpu)?;
+            d.use_bshd_inputs(gpu)?;
+            ensure!(d.quantized(gpu)?.q == qz.q, "the [B, S, H, D] copy does not read back as the problem");
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, Stage::S8)?;
+            ensure!(
+                bit_identical(&d.download(gpu)?, &plain),
+                "{name}: O / LSE from [B, S, H, D] inputs differ from [B, H, S, D]'s"
+            );
+            let e = format!("{:#}", d.launch(gpu, Stage::S7).unwrap_err());
+            ensure!(e.contains("strided Q, K, V take stage8"), "{e}");
+            // The batch coordinate dropped from Q's loads: batch 1 would read batch 0's queries.
+            d.use_kernel(Some(Stage::S8.kernel(shape.d).mutated(
+                "pingpong_attention.cuh",
+                "s.kt, s.dst, b);",
+                "s.kt, s.dst, 0);",
+            )?));
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, Stage::S8)?;
+            let caught = match d.download(gpu) {
+                Ok(bad) => !bit_identical(&bad, &plain),
+                Err(e) => format!("{e:#}").contains("never written by the kernel"),
+            };
+            ensure!(caught, "a lost batch coordinate went unnoticed");
+            eprintln!("stage8 {name}: [B, S, H, D] inputs give [B, H, S, D]'s bits; the batch-coordinate mutant is caught");
+            Ok(())
+        });
+    }
     t.gpu("stage8::refuses_d256_by_name", |gpu| {
         let qz = quantize_per_head(&normal(Shape::new(1, 2, 64, 256), 1));
         let e = format!(
