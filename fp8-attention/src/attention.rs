@@ -1,7 +1,7 @@
 // The Attention op: one configuration, called many times on tensors already on the device, on the caller's stream.
 use std::sync::Arc;
 
-use composed::{Stage, Tensors, Workspace};
+use composed::{Stage, Strides, Tensors, Workspace};
 use fixtures::{OutDtype, Shape};
 use half::{bf16, f16};
 use lab::Gpu;
@@ -223,6 +223,30 @@ impl Attention {
         })
     }
 
+    /// The op on `stage` rather than the device's default: [`Stage::S8`] reads V as the caller has it (no transpose
+    /// kernel before the attention: one launch a call) and takes strided inputs ([`Attention::forward_strided`]).
+    /// Refused by name where the device or the stage cannot run `cfg`.
+    pub fn with_stage(gpu: &Gpu, cfg: Config, stage: Stage) -> Result<Attention> {
+        let mut op = Attention::new(gpu, cfg)?;
+        let hopper = matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a);
+        if stage.kernel(64).archs == [lab::Arch::Sm90a] && !hopper {
+            return Err(Error::Unsupported(format!(
+                "{} needs an sm_90 GPU; {} is {}",
+                stage.name(),
+                gpu.name,
+                gpu.arch
+            )));
+        }
+        if cfg.causal && !stage.causal() {
+            return Err(Error::Unsupported(format!(
+                "{} has no causal masking: stage7 and stage8 have",
+                stage.name()
+            )));
+        }
+        op.stage = stage;
+        Ok(op)
+    }
+
     /// The stage the op launches.
     pub fn stage(&self) -> Stage {
         self.stage
@@ -287,8 +311,12 @@ impl Attention {
         check_inputs(&s, lens, scale)?;
         if !self.stage.dims().contains(&s.d) {
             return Err(Error::Unsupported(format!(
-                "head dimension D = {} needs an sm_90 GPU (stage 7); {} is {}",
-                s.d, gpu.name, gpu.arch
+                "head dimension D = {}: {} takes D = {:?} (stage 7 on an sm_90 GPU takes 64, 128 and 256); {} is {}",
+                s.d,
+                self.stage.name(),
+                self.stage.dims(),
+                gpu.name,
+                gpu.arch
             )));
         }
         if s.group() > 1 && !self.stage.gqa() {
@@ -298,6 +326,39 @@ impl Attention {
             )));
         }
         Ok((s, scale))
+    }
+
+    /// As [`Attention::forward_into`], on E4M3 codes at any element strides ([`Strides`]: the S, H and B dimensions
+    /// of Q, K and V, D contiguous: [B, S, H, D], the heads of a fused projection, ...), read in place. Stage 8 only
+    /// ([`Attention::with_stage`]): its tensor maps take the strides, so no copy is made. Each buffer must hold its
+    /// view's last element; each stride must be a positive multiple of 16 bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_strided(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        s: Shape,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+        strides: Strides,
+        out: &mut Output,
+    ) -> Result<()> {
+        if !self.stage.transposes_v() {
+            return Err(Error::Unsupported(format!(
+                "strided E4M3 inputs are read in place by stage8 (Attention::with_stage); this op runs {}",
+                self.stage.name()
+            )));
+        }
+        let lens = Lengths {
+            q_scales: q.scales.len(),
+            k_scales: k.scales.len(),
+            v_scales: v.scales.len(),
+            ..Lengths::of(&s)
+        };
+        let (s, scale) = self.checked(gpu, s, &lens)?;
+        check_strides(&s, [q.codes.len(), k.codes.len(), v.codes.len()], &strides)?;
+        self.launch_into(gpu, stream, s, scale, q, k, v, Some(strides), out)
     }
 
     /// Rows O (each D wide) and the LSE must hold for a call on `s` ([`Attention::forward_into`]'s outputs): B·H·Sq,
@@ -363,7 +424,7 @@ impl Attention {
             v_scales: v.scales.len(),
         };
         let (s, scale) = self.checked(gpu, s, &lens)?;
-        self.launch_into(gpu, stream, s, scale, q, k, v, out)
+        self.launch_into(gpu, stream, s, scale, q, k, v, None, out)
     }
 
     /// Queues the call on checked inputs ([`Attention::checked`]) into new outputs; the codes and scales may be
@@ -380,11 +441,12 @@ impl Attention {
         v: Fp8,
     ) -> Result<Output> {
         let mut out = self.alloc_output(gpu, stream, &s)?;
-        self.launch_into(gpu, stream, s, scale, q, k, v, &mut out)?;
+        self.launch_into(gpu, stream, s, scale, q, k, v, None, &mut out)?;
         Ok(out)
     }
 
-    /// As [`Attention::launch`], into `out` once its dtype and sizes are checked.
+    /// As [`Attention::launch`], into `out` once its dtype and sizes are checked; `strides`: the inputs' (None:
+    /// contiguous).
     #[allow(clippy::too_many_arguments)]
     fn launch_into(
         &mut self,
@@ -395,6 +457,7 @@ impl Attention {
         q: Fp8,
         k: Fp8,
         v: Fp8,
+        strides: Option<Strides>,
         out: &mut Output,
     ) -> Result<()> {
         let rows = self.ws.output_rows(gpu, self.stage, &s)?;
@@ -436,7 +499,7 @@ impl Attention {
                 OutBuf::F32(b) => b.device_ptr_mut(stream),
             }),
             lse: at(out.lse.device_ptr_mut(stream)),
-            strides: None,
+            strides,
         };
         self.ws
             .launch(gpu, self.stage, stream, &s, scale, self.cfg.out_dtype, &t)?;
@@ -445,9 +508,70 @@ impl Attention {
     }
 }
 
+/// Why E4M3 inputs of shape `s` at `strides` cannot be read from buffers of `lens` elements (Q, K, V): a stride that
+/// is not a positive multiple of 16 bytes (TMA's rule), or a buffer that ends before its view's last element; named.
+pub fn check_strides(s: &Shape, lens: [usize; 3], strides: &Strides) -> Result<()> {
+    let views = [
+        ("q", [s.b, s.h, s.sq, s.d], strides.q),
+        ("k", [s.b, s.hkv, s.sk, s.d], strides.k),
+        ("v", [s.b, s.hkv, s.sk, s.d], strides.v),
+    ];
+    for ((tensor, dims, st), got) in views.into_iter().zip(lens) {
+        for (what, x) in ["S", "H", "B"].into_iter().zip(st) {
+            if x == 0 || !x.is_multiple_of(16) {
+                return Err(Error::Layout {
+                    tensor,
+                    why: format!(
+                        "its stride of {what} is {x} elements (bytes): TMA reads strides that are positive multiples of 16"
+                    ),
+                });
+            }
+        }
+        let want = Strides::extent(dims, st);
+        if got < want {
+            return Err(Error::Length {
+                tensor,
+                got,
+                want,
+                dims,
+            });
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bad_strides_are_named() {
+        let s = Shape::cross(2, 8, 100, 300, 128).with_kv_heads(2).unwrap();
+        let bshd = Strides::bshd(&s);
+        let n = |h: usize, rows: usize| 2 * h * rows * 128;
+        assert!(check_strides(&s, [n(8, 100), n(2, 300), n(2, 300)], &bshd).is_ok());
+        let e = check_strides(&s, [n(8, 100), n(2, 300) - 1, n(2, 300)], &bshd)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`k` holds 153599 elements") && e.contains("needs 153600"),
+            "{e}"
+        );
+        let odd = Strides {
+            v: [2 * 128, 120, 300 * 2 * 128],
+            ..bshd
+        };
+        let e = check_strides(&s, [n(8, 100), n(2, 300), n(2, 300)], &odd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`v`: its stride of H is 120 elements"), "{e}");
+        // The heads of a fused [B, S, 3, H, D] projection: q's view ends inside the fused buffer's first third.
+        let fused = Strides {
+            q: [3 * 8 * 128, 128, 100 * 3 * 8 * 128],
+            ..bshd
+        };
+        assert!(check_strides(&s, [2 * 100 * 3 * 8 * 128, n(2, 300), n(2, 300)], &fused).is_ok());
+    }
 
     #[test]
     fn every_bad_input_is_named() {

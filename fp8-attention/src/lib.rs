@@ -37,9 +37,9 @@ mod ring;
 mod ring_nccl;
 mod staging;
 
-pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs};
+pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs, check_strides};
 pub use composed::bench::Timing;
-pub use composed::{Stage, validate, validate_shape};
+pub use composed::{Stage, Strides, validate, validate_shape};
 pub use error::{Error, Result};
 pub use fixtures::{
     Attention as HostOutput, Granularity, OutDtype, Quantized, Raw, Rotate, Scheme, Shape,

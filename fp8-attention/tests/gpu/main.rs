@@ -1,6 +1,7 @@
 // fp8-attention's test binary: the Attention op on device tensors against the lab's own path, bit for bit.
 mod real;
 mod ring;
+mod stage8;
 
 use std::sync::Arc;
 
@@ -232,5 +233,6 @@ fn main() {
     });
     real::add(&mut t);
     ring::add(&mut t);
+    stage8::add(&mut t);
     t.run()
 }
