@@ -1,4 +1,4 @@
-//! `composed`: the fused FP8 SDPA forward, stages 1 → 7, each a short kernel source composing block headers, with
+//! `composed`: the fused FP8 SDPA forward, stages 1 → 8, each a short kernel source composing block headers, with
 //! the launch plans that run them.
 //!
 //! [`Stage`] lists them; [`validate`] checks inputs (a clear error, no launch); [`OnDevice`] keeps a problem on the
@@ -12,8 +12,9 @@ mod device;
 mod launch;
 pub mod plan;
 mod prep;
-pub mod ragged;
+pub use ragged_plan as ragged;
 mod stages;
+mod strides;
 pub mod tables;
 pub mod trace;
 mod validate;
@@ -28,10 +29,11 @@ pub use prep::{
 };
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,
-    Stage, bc,
+    STAGE7, STAGE8, Stage, bc,
 };
+pub use strides::Strides;
 pub use validate::{index_text, validate, validate_shape};
-pub use workspace::{Strides, Tensors, Workspace, stage_supports};
+pub use workspace::{Tensors, Workspace, stage_supports};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {

@@ -335,7 +335,7 @@ pub(crate) fn tma_maps_strided(
     s: &fixtures::Shape,
     bc: usize,
     [q, k, v]: [u64; 3],
-    strides: crate::workspace::Strides,
+    strides: crate::strides::Strides,
     o: Option<u64>,
     o_extra: usize,
 ) -> Result<[tma_ring::TensorMap; 4]> {

@@ -12,45 +12,8 @@ use lab::cudarc::driver::CudaSlice;
 use crate::plan::{SplitPlan, grid, schedule_section};
 use crate::prep;
 use crate::stages::Stage;
+use crate::strides::Strides;
 use crate::tables::{Params, out_dtype_code};
-
-/// Element strides of the S, H and B dimensions of Q, K and V (D contiguous): `[s, h, b]` each. [B, H, S, D] is
-/// (D, S·D, H·S·D), [B, S, H, D] is (H·D, D, S·H·D); the heads of a fused [B, S, 3, H, D] projection are
-/// (3·H·D, D, S·3·H·D). Stage 8 reads any of them through its tensor maps (each stride a multiple of 16 bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Strides {
-    pub q: [usize; 3],
-    pub k: [usize; 3],
-    pub v: [usize; 3],
-}
-
-impl Strides {
-    /// Contiguous [B, H, S, D] tensors of shape `s`.
-    pub fn contiguous(s: &fixtures::Shape) -> Strides {
-        let kv = [s.d, s.sk * s.d, s.hkv * s.sk * s.d];
-        Strides {
-            q: [s.d, s.sq * s.d, s.h * s.sq * s.d],
-            k: kv,
-            v: kv,
-        }
-    }
-
-    /// Contiguous [B, S, H, D] tensors of shape `s`.
-    pub fn bshd(s: &fixtures::Shape) -> Strides {
-        let kv = [s.hkv * s.d, s.d, s.sk * s.hkv * s.d];
-        Strides {
-            q: [s.h * s.d, s.d, s.sq * s.h * s.d],
-            k: kv,
-            v: kv,
-        }
-    }
-
-    /// Elements a buffer must hold for a tensor of `[b, h, rows, d]` at element strides `[s, h, b]`: its last
-    /// element's offset, plus one.
-    pub fn extent([b, h, rows, d]: [usize; 4], [ss, sh, sb]: [usize; 3]) -> usize {
-        (b - 1) * sb + (h - 1) * sh + (rows - 1) * ss + d
-    }
-}
 
 /// Where one launch reads and writes: device addresses of E4M3 Q [B, H, Sq, D], K and V [B, Hkv, Sk, D] (contiguous,
 /// or at `strides`: stage 8), their f32 scales (one per (batch, head)), O in the launch's dtype and the f32 LSE, each

@@ -13,6 +13,7 @@ pub fn all_kernels() -> Vec<KernelSpec> {
     v.extend(ring_schedule::kernels());
     v.extend(pack_gqa::kernels());
     v.extend(attn_merge::kernels());
+    v.extend(ragged_plan::kernels());
     v.extend(wgmma::kernels());
     v.extend(tma_ring::kernels());
     v.extend(fp8_relayout::kernels());

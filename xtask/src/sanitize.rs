@@ -108,6 +108,12 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "racecheck", "synccheck"],
     ),
     (
+        // The device plan of a packed batch: atomics into the histogram and the table, the scan's shared memory.
+        "ragged-plan--gpu",
+        "gpu::plan::matches_the_model",
+        &["memcheck", "racecheck"],
+    ),
+    (
         // TransposeLdsm: ldmatrix.trans and stmatrix over V's and Vᵀ's tiles, by four and by three warps.
         "fp8-relayout--gpu",
         "gpu::transpose::transpose_ldsm",
