@@ -47,7 +47,9 @@ pub use fixtures::{
 };
 pub use lab::Gpu;
 pub use real::{Real, RealDtype, RealElem};
-pub use ring::{RankOutput, Shard, ring_on_one_device, zigzag_join, zigzag_range, zigzag_split};
+pub use ring::{
+    RankOutput, Shard, StepTime, ring_on_one_device, zigzag_join, zigzag_range, zigzag_split,
+};
 pub use ring_nccl::{on_ranks, ring_attention_rank};
 
 /// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the

@@ -59,13 +59,29 @@ pub struct Shard<'a> {
     pub lens: [usize; 2],
 }
 
-/// A rank's result: per half, O (f32, [B, H, L, D]) and the LSE ([B, H, L]).
+/// A rank's result: per half, O (f32, [B, H, L, D]) and the LSE ([B, H, L]); over NCCL, each step's times too.
 #[derive(Debug)]
 pub struct RankOutput {
     /// O of each half.
     pub o: [CudaSlice<f32>; 2],
     /// The LSE of each half.
     pub lse: [CudaSlice<f32>; 2],
+    /// Each step's times on this rank (device events), in step order: empty for the one-device ring.
+    pub steps: Vec<StepTime>,
+}
+
+/// One ring step's times on a rank, from device events: its attention on the shard in hand (every kernel of its
+/// blocks and merges), the transfer of the next shard on the communicator's stream (None on the last step, which
+/// sends nothing), and the step as the ring lives it (from its start to the next step's, which waits for both; the
+/// last step's ends with its attention). Communication is hidden where `step_ms` is `attention_ms`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepTime {
+    /// The step's attention, ms.
+    pub attention_ms: f32,
+    /// The next shard's transfer, ms.
+    pub transfer_ms: Option<f32>,
+    /// The whole step, ms.
+    pub step_ms: f32,
 }
 
 /// Ring attention's arithmetic for `world` ranks on one device, on `stream`: rank r's queries against every rank's
@@ -120,7 +136,7 @@ pub fn ring_on_one_device(
                 gpu, stream, world, rank, step, mine, k.halves, v.halves, k.lens,
             )?;
         }
-        outs.push(steps.finish());
+        outs.push(steps.finish(Vec::new()));
     }
     Ok(outs)
 }
@@ -262,10 +278,11 @@ impl RankSteps {
     }
 
     /// The rank's result.
-    pub(crate) fn finish(self) -> RankOutput {
+    pub(crate) fn finish(self, steps: Vec<StepTime>) -> RankOutput {
         RankOutput {
             o: self.o,
             lse: self.lse,
+            steps,
         }
     }
 }

@@ -4,12 +4,16 @@ use std::time::{Duration, Instant};
 
 use fixtures::Shape;
 use lab::Gpu;
-use lab::cudarc::driver::{CudaSlice, CudaStream};
+use lab::cudarc::driver::sys::CUevent_flags;
+use lab::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use lab::cudarc::nccl::{Comm, Id, ReduceOp, group_end, group_start};
 
 use crate::attention::Fp8;
 use crate::error::{Error, Result};
-use crate::ring::{RankOutput, RankSteps, Shard, zigzag_range};
+use crate::ring::{RankOutput, RankSteps, Shard, StepTime, zigzag_range};
+
+/// A step's events: its attention's start and end on the rank's stream, its transfer's on the communicator's.
+type StepMarks = (CudaEvent, CudaEvent, Option<(CudaEvent, CudaEvent)>);
 
 /// The two halves of a travelling tensor as the attention reads them.
 fn halves<'a>(codes: &'a [CudaSlice<u8>; 2], scales: &'a [CudaSlice<f32>; 2]) -> [Fp8<'a>; 2] {
@@ -153,11 +157,19 @@ pub fn ring_attention_rank(
         ((rank + 1) % world) as i32,
         ((rank + world - 1) % world) as i32,
     );
+    // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
+    let timed = |s: &Arc<CudaStream>| {
+        s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(drv)
+    };
+    let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
     for step in 0..world {
         // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
         // done before this step's transfer fills it.
         st.join(&comm_stream).map_err(drv)?;
         comm_stream.join(&st).map_err(drv)?;
+        let a0 = timed(&st)?;
+        let mut transfer = None;
         let (lo, hi) = bufs.split_at_mut(1);
         let (cur, nxt) = if step % 2 == 0 {
             (&mut lo[0], &mut hi[0])
@@ -166,6 +178,7 @@ pub fn ring_attention_rank(
         };
         let src = ring_schedule::source(world, rank, step);
         if step + 1 < world {
+            let c0 = timed(&comm_stream)?;
             let (send_lens, recv_lens) = (
                 lens(src),
                 lens(ring_schedule::source(world, rank, step + 1)),
@@ -190,6 +203,7 @@ pub fn ring_attention_rank(
                 }
             }
             group_end().map_err(nccl("group end"))?;
+            transfer = Some((c0, timed(&comm_stream)?));
         }
         // The travel buffers are sized for the longest half: the step reads the first elements.
         steps.step(
@@ -203,10 +217,21 @@ pub fn ring_attention_rank(
             halves(&cur.v, &cur.vs),
             lens(src),
         )?;
+        marks.push((a0, timed(&st)?, transfer));
     }
     wait(&comm_stream, deadline, rank, "the ring's transfers")?;
     wait(&st, deadline, rank, "the ring's attention")?;
-    Ok(steps.finish())
+    let ms = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map_err(drv);
+    let mut times = Vec::with_capacity(world);
+    for (i, (a0, a1, transfer)) in marks.iter().enumerate() {
+        let step_end = marks.get(i + 1).map_or(a1, |next| &next.0);
+        times.push(StepTime {
+            attention_ms: ms(a0, a1)?,
+            transfer_ms: transfer.as_ref().map(|(c0, c1)| ms(c0, c1)).transpose()?,
+            step_ms: ms(a0, step_end)?,
+        });
+    }
+    Ok(steps.finish(times))
 }
 
 /// Runs `f` once a rank on GPUs 0 … `world` − 1 of this host, a thread each, each rank with its device and its

@@ -3,7 +3,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use fixtures::{Raw, Shape, quantize_per_head};
-use fp8_attention::{Fp8, Shard, ring_attention_rank, zigzag_range};
+use fp8_attention::{Fp8, Shard, StepTime, ring_attention_rank, zigzag_range};
 use lab::cudarc::driver::CudaSlice;
 
 use crate::shape_text;
@@ -30,7 +30,8 @@ fn host_shard(s: Shape, world: usize, r: usize) -> HostShard {
 }
 
 /// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
-/// rank's stream synchronised: the ranks run in lockstep), and prints it beside stage 7 on the whole problem on GPU 0.
+/// rank's stream synchronised: the ranks run in lockstep), and prints it beside stage 7 on the whole problem on GPU 0,
+/// then rank 0's last call step by step: attention, transfer, and the step against its attention.
 pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     ensure!(world >= 1, "--ranks {world}: at least one rank");
     ensure!(
@@ -43,52 +44,54 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         have >= world,
         "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
     );
-    let times = fp8_attention::on_ranks(world, |r, gpu, comm| -> Result<Vec<f64>> {
-        let st = comm.stream();
-        let h = host_shard(s, world, r);
-        let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
-        let up = |x: &[u8]| st.clone_htod(x);
-        let upf = |x: &[f32]| st.clone_htod(x);
-        let codes: Vec<[CudaSlice<u8>; 2]> = vec![
-            [up(&h.q[0].q)?, up(&h.q[1].q)?],
-            [up(&h.q[0].k)?, up(&h.q[1].k)?],
-            [up(&h.q[0].v)?, up(&h.q[1].v)?],
-        ];
-        let scales: Vec<[CudaSlice<f32>; 2]> = vec![
-            [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
-            [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
-            [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
-        ];
-        let shard = |t: usize| Shard {
-            halves: [0, 1].map(|i| Fp8 {
-                codes: &codes[t][i],
-                scales: &scales[t][i],
-            }),
-            lens,
-        };
-        let mut out = vec![];
-        for it in 0..=iters {
-            let t0 = Instant::now();
-            drop(ring_attention_rank(
-                gpu,
-                comm,
-                s,
-                shard(0),
-                shard(1),
-                shard(2),
-                std::time::Duration::from_secs(300),
-            )?);
-            if it > 0 {
-                out.push(t0.elapsed().as_secs_f64() * 1e3);
+    let times =
+        fp8_attention::on_ranks(world, |r, gpu, comm| -> Result<(Vec<f64>, Vec<StepTime>)> {
+            let st = comm.stream();
+            let h = host_shard(s, world, r);
+            let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
+            let up = |x: &[u8]| st.clone_htod(x);
+            let upf = |x: &[f32]| st.clone_htod(x);
+            let codes: Vec<[CudaSlice<u8>; 2]> = vec![
+                [up(&h.q[0].q)?, up(&h.q[1].q)?],
+                [up(&h.q[0].k)?, up(&h.q[1].k)?],
+                [up(&h.q[0].v)?, up(&h.q[1].v)?],
+            ];
+            let scales: Vec<[CudaSlice<f32>; 2]> = vec![
+                [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
+                [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
+                [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
+            ];
+            let shard = |t: usize| Shard {
+                halves: [0, 1].map(|i| Fp8 {
+                    codes: &codes[t][i],
+                    scales: &scales[t][i],
+                }),
+                lens,
+            };
+            let (mut out, mut steps) = (vec![], vec![]);
+            for it in 0..=iters {
+                let t0 = Instant::now();
+                let o = ring_attention_rank(
+                    gpu,
+                    comm,
+                    s,
+                    shard(0),
+                    shard(1),
+                    shard(2),
+                    std::time::Duration::from_secs(300),
+                )?;
+                if it > 0 {
+                    out.push(t0.elapsed().as_secs_f64() * 1e3);
+                }
+                steps = o.steps;
             }
-        }
-        Ok(out)
-    })?;
-    let mut rank0 = vec![];
+            Ok((out, steps))
+        })?;
+    let (mut rank0, mut steps0) = (vec![], vec![]);
     for (r, t) in times.into_iter().enumerate() {
-        let t = t.with_context(|| format!("rank {r}"))?;
+        let (t, steps) = t.with_context(|| format!("rank {r}"))?;
         if r == 0 {
-            rank0 = t;
+            (rank0, steps0) = (t, steps);
         }
     }
     rank0.sort_by(f64::total_cmp);
@@ -108,5 +111,25 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         flops / (one.p50_us * 1e-6) / 1e12,
         one.p50_us / 1e3 / ring_ms
     );
+    // Communication hidden: each step's time against its attention's (rank 0, the last call; device events).
+    for (i, st) in steps0.iter().enumerate() {
+        println!(
+            "  step {i}: attention {:.3} ms, transfer {}, step {:.3} ms ({:.3}× its attention)",
+            st.attention_ms,
+            st.transfer_ms
+                .map_or("none".into(), |t| format!("{t:.3} ms")),
+            st.step_ms,
+            st.step_ms / st.attention_ms.max(f32::MIN_POSITIVE)
+        );
+    }
+    if let Some(worst) = steps0
+        .iter()
+        .map(|st| st.step_ms / st.attention_ms.max(f32::MIN_POSITIVE))
+        .max_by(f32::total_cmp)
+    {
+        println!(
+            "  the slowest step against its attention: {worst:.3}× (communication hidden at 1.00×)"
+        );
+    }
     Ok(())
 }

@@ -238,6 +238,20 @@ fn ring_nccl_run(
             },
             std::time::Duration::from_secs(60),
         )?;
+        // A time for every step: attention and step positive, a transfer on every step but the last.
+        ensure!(
+            out.steps.len() == world,
+            "rank {r}: {} step times for {world} steps",
+            out.steps.len()
+        );
+        for (i, t) in out.steps.iter().enumerate() {
+            ensure!(
+                t.attention_ms > 0.0
+                    && t.step_ms >= t.attention_ms
+                    && t.transfer_ms.is_some() == (i + 1 < world),
+                "rank {r}, step {i}: {t:?}"
+            );
+        }
         let take = |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
             Ok(st.clone_dtoh(x)?[..n].to_vec())
         };
