@@ -361,4 +361,94 @@ pub fn add(t: &mut Suite) {
             Ok(())
         },
     );
+    t.gpus(
+        2,
+        "ring::nccl::2_gpus::a_peer_that_stops_ends_the_other_rank_by_its_timeout",
+        |_gpus| {
+            // Rank 1 joins the ranks' input check (one all-reduce of a zero flag, as ring_attention_rank does) and then
+            // stops, as a peer that died would: rank 0 passes the check, posts its first send and receive, and must come
+            // back with Error::Ring naming the stall within its timeout (3 s here), not hang. Dropping its communicator
+            // then aborts it (cudarc's Comm calls ncclCommAbort on drop).
+            use fp8_attention::{Shard, on_ranks, ring_attention_rank, zigzag_range, zigzag_split};
+            use lab::cudarc::nccl::ReduceOp;
+            let s = Shape::new(1, 2, 512, 64);
+            let qz = quantize_per_head(&Raw::random(s, 7, 1.0));
+            let dims = [s.b, s.h, s.sq, s.d];
+            let (qs, ks, vs) = (
+                zigzag_split(&qz.q, dims, 2),
+                zigzag_split(&qz.k, dims, 2),
+                zigzag_split(&qz.v, dims, 2),
+            );
+            let t0 = std::time::Instant::now();
+            let res = on_ranks(2, |r, gpu, comm| -> Result<String> {
+                let st = comm.stream();
+                if r == 1 {
+                    let flag = st.clone_htod(&[0i32])?;
+                    let mut worst = st.alloc_zeros::<i32>(1)?;
+                    comm.all_reduce(&flag, &mut worst, &ReduceOp::Max)
+                        .map_err(|e| anyhow::anyhow!("rank 1's check: {e:?}"))?;
+                    st.synchronize()?;
+                    return Ok("stopped".into());
+                }
+                let up = |x: &Vec<u8>| st.clone_htod(&x[..]);
+                let (dq, dk, dv) = (
+                    [up(&qs[0][0])?, up(&qs[0][1])?],
+                    [up(&ks[0][0])?, up(&ks[0][1])?],
+                    [up(&vs[0][0])?, up(&vs[0][1])?],
+                );
+                let (sq, sk, sv) = (
+                    st.clone_htod(&qz.q_scale)?,
+                    st.clone_htod(&qz.k_scale)?,
+                    st.clone_htod(&qz.v_scale)?,
+                );
+                let l = [0, 1].map(|h| zigzag_range(s.sq, 2, 0, h).len());
+                fn sh<'a>(
+                    c: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+                    sc: &'a lab::cudarc::driver::CudaSlice<f32>,
+                    lens: [usize; 2],
+                ) -> Shard<'a> {
+                    Shard {
+                        halves: [
+                            Fp8 {
+                                codes: &c[0],
+                                scales: sc,
+                            },
+                            Fp8 {
+                                codes: &c[1],
+                                scales: sc,
+                            },
+                        ],
+                        lens,
+                    }
+                }
+                let out = ring_attention_rank(
+                    gpu,
+                    comm,
+                    s,
+                    sh(&dq, &sq, l),
+                    sh(&dk, &sk, l),
+                    sh(&dv, &sv, l),
+                    std::time::Duration::from_secs(3),
+                );
+                Ok(format!(
+                    "{:#}",
+                    out.err()
+                        .map(anyhow::Error::from)
+                        .unwrap_or_else(|| anyhow::anyhow!("no error"))
+                ))
+            })?;
+            let e0 = res.into_iter().next().expect("rank 0")?;
+            ensure!(
+                e0.contains("rank 0") && e0.contains("did not finish in time"),
+                "rank 0: {e0}"
+            );
+            ensure!(
+                t0.elapsed().as_secs() < 30,
+                "rank 0 took {:?} to give up",
+                t0.elapsed()
+            );
+            eprintln!("a peer that stops: rank 0 `{e0}` after {:?}", t0.elapsed());
+            Ok(())
+        },
+    );
 }
