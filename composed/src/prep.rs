@@ -312,20 +312,26 @@ pub(crate) fn tma_maps(
             VMap::Unread => km,
         },
         match o {
-            Some(o) => {
-                // O's heads and, past them, the virtual heads a split tail's parts write (`SplitPlan`).
-                MapSpec::heads(
-                    Elem::U16,
-                    [1, heads + o_extra as u64, sq, d],
-                    false,
-                    64,
-                    Swizzle::B128,
-                )
-                .encode(o)?
-            }
+            Some(o) => o_map(s, o, o_extra)?,
             None => qm,
         },
     ])
+}
+
+/// O's map for the TMA stores: a 16-bit [B·H + `o_extra`, Sq, D] tensor (O's heads and, past them, the virtual heads
+/// a split tail's parts write: `SplitPlan`) in boxes of 64 rows × 64 columns (128 bytes, 128-byte swizzle).
+fn o_map(s: &fixtures::Shape, o: u64, o_extra: usize) -> Result<tma_ring::TensorMap> {
+    use frag_layout::Swizzle;
+    use tma_ring::{Elem, MapSpec};
+    let (heads, sq, d) = (s.heads() as u64, s.sq as u64, s.d as u64);
+    MapSpec::heads(
+        Elem::U16,
+        [1, heads + o_extra as u64, sq, d],
+        false,
+        64,
+        Swizzle::B128,
+    )
+    .encode(o)
 }
 
 /// Stage 8's tensor maps: Q, K and V of `s` at their `strides` (`Strides`), each (D, S, H, B) in boxes of one K
@@ -356,7 +362,11 @@ pub(crate) fn tma_maps_strided(
     let qm = map("q", q, h, s.sq, strides.q, 64)?;
     let km = map("k", k, hkv, s.sk, strides.k, bc)?;
     let vm = map("v", v, hkv, s.sk, strides.v, bc)?;
-    let om = tma_maps(s, bc, q, k, VMap::Unread, o, o_extra)?[3];
+    // Without O's map (f32 O, written directly) Q's fills its slot, as in tma_maps.
+    let om = match o {
+        Some(o) => o_map(s, o, o_extra)?,
+        None => qm,
+    };
     Ok([qm, km, vm, om])
 }
 
