@@ -1,5 +1,6 @@
 // pingpong_attention.cuh: the body of stage 7: stage 6's producer and ring, the two consumers taking turns on the tensor cores.
 #pragma once
+#include "ragged_units.cuh"
 #include "tma_attention.cuh"
 #include "v_staging.cuh"
 
@@ -31,6 +32,22 @@ template <int BC>
 __device__ __forceinline__ int key_tiles(const Params& p, int q0) {
   const int visible = p.causal ? min(p.sk, max(0, min(q0 + kUnitRows, p.sq) + p.sk - p.sq)) : p.sk;
   return max(1, (visible + BC - 1) / BC);
+}
+
+// Unit w of the dense schedule as a consumer sees it (a split tail's part: kt >= 0 key tiles).
+template <int BC>
+__device__ __forceinline__ UnitView dense_view(const Params& p, int w, int kt) {
+  const TileCoord u = unit_coord(p, w);
+  const int q0 = u.qt * kUnitRows;
+  return UnitView{u.bh, u.bh / p.group, q0, kt < 0 ? key_tiles<BC>(p, q0) : kt, p.sq, p.sk, 0, 0, 0};
+}
+template <bool VARLEN, int BC>
+__device__ __forceinline__ UnitView unit_view(const Params& p, const RaggedArgs& rg, int w, int kt) {
+  if constexpr (VARLEN) {
+    return ragged_view(p, rg, w);
+  } else {
+    return dense_view<BC>(p, w, kt);
+  }
 }
 
 // Stage 7's schedule buffer (Params::sched), mirrored field for field by composed::tables (SplitHead, SplitPart,
@@ -95,6 +112,22 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
                   tiles, s.k0, b);
   }
   return tiles;
+}
+
+// The producer's part of ragged unit s.u (a packed batch's unit from the plan's table, `rg`; stage 8 varlen): Q's rows
+// of the unit's sequence and head, then its key tiles from the sequence's first key row (maps over the packed tensors:
+// (D, total, heads, 1)); V into `vst`'s slots.
+template <class Block, class Staging>
+__device__ __forceinline__ int produce_ragged_unit(const Params& p, const RaggedArgs& rg, const Block& blk,
+                                                   const tma::Map* mq, const tma::Map* mk, const tma::Map* mv, int u,
+                                                   int n, int r0, const Staging& vst) {
+  const ragged::Unit ru = ragged::unit(rg.table, u);
+  const ragged::Coord rc = ragged::coord(rg.cu_q, rg.cu_k, ru, kUnitRows);
+  blk.produce_q(mq, n, ru.head, rc.q_row0, u);
+  const int kv = ru.head / p.group, k_row0 = rc.k_row0;
+  blk.produce_k(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, k_row0); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
+                k_row0);
+  return ru.key_tiles;
 }
 
 // One 64-column panel P of a consumer's O, times its rows' factors `f`, through its staging panel `so` and a TMA
@@ -162,26 +195,29 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
 // 1 only, after its last GEMM issue (a block learns its next unit from the producer as it goes). The unit's last
 // slot and Q's buffer go back always: behind a test of `next`, ptxas's schedule of the loop cost 13% at
 // (4, 16, 4096, 64).
-template <int D, int BC, class Block, class Next>
+// VARLEN: unit w is the plan's (`rg`, ragged_units.cuh): its sequence's rows, Sq and Sk, scales per (sequence, head),
+// O and the LSE by direct stores into the packed outputs (no split tail).
+template <int D, int BC, bool VARLEN = false, class Block, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n,
                                              tma::Cursor<Block::kStages>& at,
                                              Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so, int k0,
-                                             int kt, int dest) {
+                                             int kt, int dest, const RaggedArgs& rg = RaggedArgs()) {
   mark(kMarkUnit);
   if (roles::thread_in_group() == 0) blk.qb->dest[wg] = dest;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   constexpr wgmma::Swizzle SWT = Block::kSwVt;
   using SL = frag::WgmmaD<BC>;
   using OL = frag::WgmmaD<D>;
-  const TileCoord u = unit_coord(p, w);
   // kt >= 0: a split tail's part, key tiles k0 .. k0 + kt − 1, its limits moved instead of its columns (never causal).
-  const int bh = u.bh, kv = bh / p.group, q0 = u.qt * kUnitRows, tiles = kt < 0 ? key_tiles<BC>(p, q0) : kt;
+  // bh and kv: the scales' heads (VARLEN: sequence · heads + head, sequence · K/V heads + K/V head).
+  const UnitView u = unit_view<VARLEN, BC>(p, rg, w, kt);
+  const int bh = u.bh, kv = u.kv, q0 = u.q0, tiles = u.tiles;
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
   int limit[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
-    limit[h] = p.causal ? min(p.sk, max(0, row + p.sk - p.sq + 1)) : p.sk - k0 * BC;
+    limit[h] = p.causal ? min(u.sk, max(0, row + u.sk - u.sq + 1)) : u.sk - k0 * BC;
   }
   osm::RowState st;
   osm::init(st);
@@ -278,15 +314,27 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   osm::finish_rows<kFp8POffset>(st, scale, inv, lse);
   // A split tail's part writes its O and LSE, as a unit would, to virtual unit dst past the real ones (in O's and the
   // LSE's buffers and O's map), for the merge kernel; dst read back from shared memory, not kept in a register.
-  const int dst = blk.qb->dest[wg];
-  const int obh = dst < 0 ? bh : dst / p.q_tiles, orow = (dst < 0 ? q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
-  store_lse(p, lse, obh, orow);
-  const float vs = p.v_scale[kv];
-  wgmma::wait<0>();
-  wgmma::fence_operand(o[0].x);
-  __syncwarp();
-  if (roles::lane() == 0) at.release();
-  epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+  if constexpr (VARLEN) {
+    // The unit's rows in the packed outputs: O [total_q, heads, D], the LSE [heads, total_q].
+    const int head = bh - u.seq * rg.heads, row0 = u.q_row0 + 64 * wg, valid = u.rows - 64 * wg;
+    store_lse_rows(p.lse + (long long)head * rg.total_q + row0, lse, valid);
+    const float vs = p.v_scale[kv];
+    wgmma::wait<0>();
+    wgmma::fence_operand(o[0].x);
+    __syncwarp();
+    if (roles::lane() == 0) at.release();
+    epilogue_rows<D>(p, o, inv, vs, ((long long)row0 * rg.heads + head) * D, (long long)rg.heads * D, valid, wg);
+  } else {
+    const int dst = blk.qb->dest[wg];
+    const int obh = dst < 0 ? bh : dst / p.q_tiles, orow = (dst < 0 ? q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
+    store_lse(p, lse, obh, orow);
+    const float vs = p.v_scale[kv];
+    wgmma::wait<0>();
+    wgmma::fence_operand(o[0].x);
+    __syncwarp();
+    if (roles::lane() == 0) at.release();
+    epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+  }
   mark(kMarkEpilogueEnd);
 }
 
@@ -311,9 +359,11 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // thread issues the loads; a stage is full once K has landed and the three warps have arrived. Q's, K's and V's maps
 // are then (D, S, H, B) over the caller's strides ([B, H, S, D], [B, S, H, D] or any other with D contiguous), and
 // `heads` is H; O's is stage 7's ([B·H + virtual heads, Sq, D], contiguous).
-template <int D, int STAGES, int BC, int VS = 0>
+// VARLEN (stage 8 varlen): units from the plan's table (`rg`: ragged-plan's, built on the device), their count read
+// there; no split tail.
+template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
-                                   const tma::Map* mo, int heads = 0) {
+                                   const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs()) {
   using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ QBarriers<2> qbars;
@@ -322,7 +372,8 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   const typename StagingOf<Block, VS>::type vst = StagingOf<Block, VS>::make(blk, heads);
   // Whether any block takes a second unit. If not (at most one unit an SM: the mission shape), each block runs
   // unit blockIdx.x alone, and neither the counter nor the slots are touched: they cost ~0.3 µs a launch there.
-  const bool tickets = int(gridDim.x) < p.work;
+  const int work = VARLEN ? ragged::count(rg.table) : p.work;
+  const bool tickets = int(gridDim.x) < work;
   // Registers after setmaxnreg: the producer's and each consumer's (128·producer + 256·consumer ≤ 64K). At D = 256 a
   // consumer holds O (128 a thread), S (64) and P (16): 232 left ptxas 16 bytes short (a spill and wgmma serialised,
   // C7512), so the producer gives up 16 more.
@@ -337,20 +388,24 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       // parts; taken greedily, the whole units' ends were ragged by up to a unit.
       const SplitTable tab(p);
       SplitHead* sched = reinterpret_cast<SplitHead*>(p.sched);
-      const int split = tickets ? tab.split() : p.work, pieces = tickets ? tab.pieces() : 0;
+      const int split = tickets && !VARLEN ? tab.split() : work, pieces = tickets && !VARLEN ? tab.pieces() : 0;
       const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
       for (int w = blockIdx.x; w < split || w < end; ++n) {
-        const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
-        r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0, vst);
+        if constexpr (VARLEN) {
+          r0 += produce_ragged_unit(p, rg, blk, mq, mk, mvt, w, n, r0, vst);
+        } else {
+          const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
+          r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0, vst);
+        }
         if (pieces > 0) {
           w = w >= split ? w + 1 : w + int(gridDim.x) < split ? w + int(gridDim.x) : mine;
         } else {
-          w = tickets ? int(gridDim.x) + atomicAdd(&sched->counter, 1) : p.work;
+          w = tickets ? int(gridDim.x) + atomicAdd(&sched->counter, 1) : work;
         }
       }
       if constexpr (VS > 0) vst.end(r0);
       if (tickets) {
-        blk.end_units(n, p.work);
+        blk.end_units(n, work);
         __threadfence();  // this block's last ticket is taken before it counts itself done
         if (atomicAdd(&sched->done, 1) == int(gridDim.x) - 1) {
           sched->counter = 0;
@@ -372,10 +427,13 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     Marks mark;
     // O's staging panels (epilogue_staged), 64 rows × 128 bytes a consumer, after the ring.
     unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;
-    for (int w = blockIdx.x, n = 0; w < p.work; w = tickets ? blk.unit(++n) : p.work) {
+    // The unit count: read from Params at each use in the dense schedule (a copy in a register moved ptxas's schedule
+    // of stage 7's last turn and epilogue), the plan's count in the ragged one.
+    const auto units = [&] { return VARLEN ? work : p.work; };
+    for (int w = blockIdx.x, n = 0; w < units(); w = tickets ? blk.unit(++n) : units()) {
       // A block's first unit is whole (the host splits only past a first wave); later ones say so in their slot.
-      consume_unit<D, BC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < p.work; }, mark, mo, so,
-                          n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1);
+      consume_unit<D, BC, VARLEN>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); }, mark, mo,
+                                  so, n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1, rg);
       at.advance();
     }
     if (threadIdx.x % 128 == 0) tma::store_wait<0>();  // O's last stores written before the block's shared memory goes

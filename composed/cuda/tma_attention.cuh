@@ -142,15 +142,17 @@ struct TmaBlock {
   // K of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ..., each stage armed for `bytes` (K's, and
   // V's where it comes by TMA into the stage too), and then v(r, t): ring tile r's V, of key tile t.
   // `kv` and `bat`: the map's head and batch coordinates, as produce_q's.
+  // `row0`: the key rows' first (a packed batch's sequence starts there).
   template <class V>
   __device__ void produce_k(const tma::Map* mk, const V& v, unsigned bytes, int kv, int r0, int tiles, int k0,
-                            int bat = 0) const {
+                            int bat = 0, int row0 = 0) const {
     for (int t = k0; t < k0 + tiles; ++t) {
       const int r = r0 + t - k0;
       ring.acquire(r, bytes);
 #pragma unroll
       for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC, kv, bat);
+        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC + row0, kv,
+                     bat);
       v(r, t);
     }
   }

@@ -18,6 +18,7 @@ mod strides;
 pub mod tables;
 pub mod trace;
 mod validate;
+mod varlen;
 mod workspace;
 
 pub use device::OnDevice;
@@ -29,10 +30,11 @@ pub use prep::{
 };
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,
-    STAGE7, STAGE8, Stage, bc,
+    STAGE7, STAGE8, STAGE8_VARLEN, Stage, bc,
 };
 pub use strides::Strides;
 pub use validate::{index_text, validate, validate_shape};
+pub use varlen::{Varlen, VarlenShape, VarlenTensors, varlen_kernel};
 pub use workspace::{Tensors, Workspace, stage_supports};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.

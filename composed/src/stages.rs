@@ -31,6 +31,10 @@ pub const HEADERS: &[Header] = &[
         name: "v_staging.cuh",
         code: include_str!("../cuda/v_staging.cuh"),
     },
+    Header {
+        name: "ragged_units.cuh",
+        code: include_str!("../cuda/ragged_units.cuh"),
+    },
 ];
 
 pub(crate) const BLOCK_HEADERS: &[&[Header]] = &[
@@ -43,6 +47,7 @@ pub(crate) const BLOCK_HEADERS: &[&[Header]] = &[
     wgmma::HEADERS,
     fp8_relayout::HEADERS,
     tma_ring::HEADERS,
+    ragged_plan::HEADERS,
     HEADERS,
 ];
 
@@ -65,6 +70,7 @@ pub const STAGE5: Source = source!("stage5.cu");
 pub const STAGE6: Source = source!("stage6.cu");
 pub const STAGE7: Source = source!("stage7.cu");
 pub const STAGE8: Source = source!("stage8.cu");
+pub const STAGE8_VARLEN: Source = source!("stage8_varlen.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
@@ -439,6 +445,14 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma("stage7_d256", &STAGE7),
     k90a_tma8("stage8_d64"),
     k90a_tma8("stage8_d128"),
+    KernelSpec {
+        source: &STAGE8_VARLEN,
+        ..k90a_tma8("stage8_varlen_d64")
+    },
+    KernelSpec {
+        source: &STAGE8_VARLEN,
+        ..k90a_tma8("stage8_varlen_d128")
+    },
     k90a_merge("stage7_merge_d64"),
     k90a_merge("stage7_merge_d128"),
     k90a_merge("stage7_merge_d256"),

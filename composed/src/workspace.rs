@@ -349,7 +349,7 @@ pub fn stage_supports(stage: Stage, s: &fixtures::Shape) -> Result<()> {
 }
 
 /// `spec` loaded, with `smem` bytes of dynamic shared memory allowed.
-fn load_with_smem(gpu: &Gpu, spec: &KernelSpec, smem: usize) -> Result<Kernel> {
+pub(crate) fn load_with_smem(gpu: &Gpu, spec: &KernelSpec, smem: usize) -> Result<Kernel> {
     let k = gpu.load(spec)?;
     k.func
         .set_attribute(

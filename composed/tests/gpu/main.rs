@@ -7,6 +7,7 @@ mod prep;
 mod stage7;
 mod stage8;
 mod tables;
+mod varlen;
 
 /// What every test module uses: the crates' items and the shared cases and checks.
 mod prelude {
@@ -37,6 +38,7 @@ fn main() {
     matrix::add(&mut t);
     stage7::add(&mut t);
     stage8::add(&mut t);
+    varlen::add(&mut t);
     tables::add(&mut t);
     t.run()
 }

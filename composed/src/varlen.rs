@@ -1,0 +1,204 @@
+// A packed (variable-length) batch on stage 8: the plan made on the device from cu_seqlens, then one persistent launch.
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use fixtures::OutDtype;
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use lab::{Gpu, KernelSpec};
+use ragged_plan::{DevicePlan, Geometry, Planner};
+
+use crate::stages::{KERNELS, Stage};
+use crate::tables::{Params, SplitHead, out_dtype_code};
+use crate::workspace::load_with_smem;
+
+/// A packed batch's sizes: B sequences, H query heads and Hkv key/value heads of D, `total_q` query and `total_k` key
+/// tokens in all; causal masks bottom-right aligned per sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VarlenShape {
+    pub batch: usize,
+    pub h: usize,
+    pub hkv: usize,
+    pub d: usize,
+    pub total_q: usize,
+    pub total_k: usize,
+    pub causal: bool,
+}
+
+/// Device addresses of a packed batch: E4M3 Q [total_q, H, D], K and V [total_k, Hkv, D]; f32 scales per (sequence,
+/// head) ([B, H] and [B, Hkv]); O [total_q, H, D] in the launch's dtype and the LSE [H, total_q] (f32). Borrowed: the
+/// caller keeps them alive until the launch has run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VarlenTensors {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub q_scale: u64,
+    pub k_scale: u64,
+    pub v_scale: u64,
+    pub o: u64,
+    pub lse: u64,
+}
+
+/// What a packed batch's launches keep: the device plan (its table sized for the last geometry) and the schedule's
+/// counter.
+#[derive(Debug, Default)]
+pub struct Varlen {
+    planner: Planner,
+    plan: Option<DevicePlan>,
+    sched: Option<CudaSlice<i32>>,
+}
+
+/// Stage 8's kernel over packed batches at head dimension `d`.
+pub fn varlen_kernel(d: usize) -> KernelSpec {
+    KernelSpec::find(KERNELS, &format!("stage8_varlen_d{d}"))
+}
+
+impl Varlen {
+    pub fn new() -> Varlen {
+        Varlen::default()
+    }
+
+    /// Queues the plan of the batch whose boundaries `cu_q`, `cu_k` (B + 1 entries each, i32; valid: the caller checks
+    /// a host copy with `ragged::validate_cu_seqlens`, the device trusts them) are on the device, then stage 8's
+    /// packed kernel over it, on `st`. `softmax_scale`: the problem's; `out`: O's dtype.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &mut self,
+        gpu: &Gpu,
+        st: &Arc<CudaStream>,
+        s: &VarlenShape,
+        softmax_scale: f32,
+        out: OutDtype,
+        t: &VarlenTensors,
+        cu_q: &CudaSlice<i32>,
+        cu_k: &CudaSlice<i32>,
+    ) -> Result<()> {
+        let stage = Stage::S8;
+        ensure!(
+            stage.dims().contains(&s.d),
+            "a packed batch of head dimension D = {} on stage8: it takes D = {:?}",
+            s.d,
+            stage.dims()
+        );
+        ensure!(
+            s.h > 0 && s.hkv > 0 && s.h.is_multiple_of(s.hkv),
+            "H = {} query heads and Hkv = {} key/value heads: H must be a positive multiple of Hkv",
+            s.h,
+            s.hkv
+        );
+        ensure!(
+            s.total_q <= i32::MAX as usize && s.total_k <= i32::MAX as usize,
+            "{} query and {} key tokens: more than 2^31 − 1",
+            s.total_q,
+            s.total_k
+        );
+        let (bc, d) = (stage.bc(s.d), s.d);
+        let g = Geometry {
+            batch: s.batch,
+            heads: s.h,
+            tile_rows: 128,
+            bc,
+            causal: s.causal,
+            total_q: s.total_q,
+            total_k: s.total_k,
+        };
+        let plan = match self.plan.take() {
+            Some(p) if p.geometry == g => p,
+            _ => self.planner.alloc(st, g)?,
+        };
+        let plan = self.plan.insert(plan);
+        self.planner.run(gpu, st, cu_q, cu_k, plan)?;
+        let sched = match self.sched.take() {
+            Some(b) => b,
+            None => st.alloc_zeros::<i32>(size_of::<SplitHead>() / 4)?,
+        };
+        let sched = self.sched.insert(sched);
+        let spec = varlen_kernel(d);
+        let smem = stage.smem_bytes(d);
+        let k = load_with_smem(gpu, &spec, smem)?;
+        let (table, _g1) = plan.table.device_ptr(st);
+        let (sched_at, _g2) = sched.device_ptr(st);
+        let (cq, _g3) = cu_q.device_ptr(st);
+        let (ck, _g4) = cu_k.device_ptr(st);
+        let p = Params {
+            q: t.q,
+            k: t.k,
+            v: t.v,
+            q_scale: t.q_scale,
+            k_scale: t.k_scale,
+            v_scale: t.v_scale,
+            o: t.o,
+            lse: t.lse,
+            sq: s.total_q as i32,
+            sk: s.total_k as i32,
+            softmax_scale,
+            o_dtype: out_dtype_code(out),
+            causal: i32::from(s.causal),
+            group: (s.h / s.hkv) as i32,
+            q_rows: 128,
+            q_tiles: 0,
+            work: 0,
+            section: 1,
+            vt_tiles: 0,
+            sched: sched_at,
+        };
+        let maps = packed_maps(s, bc, [t.q, t.k, t.v])?;
+        let (heads, total_q) = (s.h as i32, s.total_q as i32);
+        let blocks = gpu.sms.min(g.max_units().max(1)) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (stage.threads() as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut b = st.launch_builder(&k.func);
+        b.arg(&p)
+            .arg(&maps[0])
+            .arg(&maps[1])
+            .arg(&maps[2])
+            .arg(&maps[0])
+            .arg(&heads)
+            .arg(&table)
+            .arg(&cq)
+            .arg(&ck)
+            .arg(&total_q);
+        // SAFETY: stage8_varlen_dD(Params, maps q, k, v, o (not read), int heads, const int* table, cu_q, cu_k, int
+        // total_q) with the block it was written for; the plan's table holds the units the planner just queued on
+        // this stream (room for every unit of the geometry); the caller's tensors hold the packed extents.
+        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
+        Ok(())
+    }
+}
+
+/// Stage 8's maps over packed tensors: Q [total_q, H, D] and K, V [total_k, Hkv, D], each (D, total, heads, 1) in
+/// boxes of one K panel × 64 query rows or `bc` keys.
+fn packed_maps(
+    s: &VarlenShape,
+    bc: usize,
+    [q, k, v]: [u64; 3],
+) -> Result<[tma_ring::TensorMap; 3]> {
+    use frag_layout::Swizzle;
+    use tma_ring::{Elem, MapSpec};
+    let sw = if s.d == 64 {
+        Swizzle::B64
+    } else {
+        Swizzle::B128
+    };
+    let d = s.d as u64;
+    let map = |name: &str, at: u64, heads: usize, total: usize, rows: usize| {
+        let (h, n) = (heads as u64, total.max(1) as u64);
+        MapSpec::strided(
+            Elem::U8,
+            [1, h, n, d],
+            [h * d, d, n * h * d],
+            rows as u32,
+            sw,
+        )
+        .encode(at)
+        .with_context(|| format!("packed {name}: {total} tokens of {heads} heads"))
+    };
+    Ok([
+        map("q", q, s.h, s.total_q, 64)?,
+        map("k", k, s.hkv, s.total_k, bc)?,
+        map("v", v, s.hkv, s.total_k, bc)?,
+    ])
+}
