@@ -194,6 +194,8 @@ pub struct Attention {
     stage: Stage,
     ws: Workspace,
     pub(crate) staging: crate::staging::Staging,
+    /// What packed batches' calls keep (`forward_varlen`): the device plan's buffers, the schedule's counter.
+    pub(crate) varlen: composed::Varlen,
 }
 
 impl Attention {
@@ -220,6 +222,7 @@ impl Attention {
             stage,
             ws,
             staging: Default::default(),
+            varlen: Default::default(),
         })
     }
 
@@ -245,6 +248,11 @@ impl Attention {
         }
         op.stage = stage;
         Ok(op)
+    }
+
+    /// The op's configuration.
+    pub fn config(&self) -> Config {
+        self.cfg
     }
 
     /// The stage the op launches.

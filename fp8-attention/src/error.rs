@@ -49,7 +49,8 @@ pub enum Error {
         /// Scales it needs.
         want: usize,
     },
-    /// A real-valued input's view that the quantizer cannot read (strides, alignment, or past its buffer).
+    /// An input the kernels cannot read as laid out: a real-valued view (strides, alignment, past its buffer), E4M3
+    /// strides TMA refuses, or a packed batch's boundaries.
     #[error("`{tensor}`: {why}")]
     Layout {
         /// The tensor's name.

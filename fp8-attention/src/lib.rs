@@ -5,6 +5,9 @@
 //! [B, H, S, D] strides ([`Real`]: quantized on the device; [`Attention::forward_real`]), on the caller's stream,
 //! returning O and the LSE ([`Output`]) or writing them into the caller's buffers ([`Attention::forward_into`]);
 //! every bad input is an [`Error`] naming what is wrong, before any launch. D = 64, 128 or 256 (256: sm_90).
+//! [`Attention::with_stage`] picks stage 8 (V read as given: one launch a call), which also reads E4M3 inputs at any
+//! strides ([`Attention::forward_strided`]); [`Attention::forward_varlen`] runs a packed (variable-length) batch
+//! ([`Packed`]: cu_seqlens on the host, checked by name) on stage 8's packed kernel.
 //!
 //! Ring attention (a sequence over several GPUs): [`ring_attention_rank`] is one rank's part over an NCCL
 //! communicator, on zigzag shards ([`zigzag_split`], [`Shard`]); [`ring_on_one_device`] runs every rank's steps on
@@ -36,6 +39,7 @@ mod real;
 mod ring;
 mod ring_nccl;
 mod staging;
+mod varlen;
 
 pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs, check_strides};
 pub use composed::bench::Timing;
@@ -51,6 +55,7 @@ pub use ring::{
     RankOutput, Shard, StepTime, ring_on_one_device, zigzag_join, zigzag_range, zigzag_split,
 };
 pub use ring_nccl::{on_ranks, ring_attention_rank};
+pub use varlen::{Packed, PackedOutput, check_packed};
 
 /// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the
 /// architecture, the compile options and the NVRTC and headers used), so that a process's first call does not wait

@@ -1,7 +1,7 @@
 // The op on stage 8: one launch a call (V read as the caller has it), stage 7's bits, inputs read in place at any strides.
 use anyhow::ensure;
 use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
-use fp8_attention::{Attention, Config, Fp8, Stage, Strides};
+use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, Stage, Strides};
 use lab::Suite;
 
 use crate::{forward, inputs, lab_path, same_bits};
@@ -172,6 +172,83 @@ pub fn add(t: &mut Suite) {
         .unwrap_err()
         .to_string();
         ensure!(e.contains("stage8 takes D = [64, 128]"), "{e}");
+        Ok(())
+    });
+    t.gpu("stage8::forward_varlen::each_sequence_s_bits", |gpu| {
+        // A packed batch through the op: each sequence's O and LSE bit for bit the op's (stage 8) on that sequence
+        // alone; causal grouped-query heads, a sequence with no queries, D = 128.
+        let (h, hkv, d) = (8, 2, 128);
+        let lens = [(300usize, 300usize), (0, 50), (129, 700), (1, 1)];
+        let (mut cq, mut ck) = (vec![0i32], vec![0i32]);
+        for &(a, b) in &lens {
+            cq.push(cq.last().unwrap() + a as i32);
+            ck.push(ck.last().unwrap() + b as i32);
+        }
+        let (tq, tk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize);
+        let st = gpu.stream.clone();
+        let cfg = Config { causal: true, out_dtype: OutDtype::F16, softmax_scale: None };
+        let mut op = Attention::with_stage(gpu, cfg, Stage::S8)?;
+        let (mut q, mut k, mut v) = (vec![0u8; tq * h * d], vec![0u8; tk * hkv * d], vec![0u8; tk * hkv * d]);
+        let (mut qs, mut ks, mut vs) = (vec![1f32; 4 * h], vec![1f32; 4 * hkv], vec![1f32; 4 * hkv]);
+        let mut alone = vec![];
+        for (i, &(sq, sk)) in lens.iter().enumerate() {
+            if sq == 0 {
+                alone.push(None);
+                continue;
+            }
+            let s = Shape::cross(1, h, sq, sk, d).with_kv_heads(hkv)?.with_causal(true);
+            let qz = quantize_per_head(&Raw::random(s, 40 + i as u64, 1.0));
+            for (dst, src, heads, rows, row0) in [
+                (&mut q, &qz.q, h, sq, cq[i] as usize),
+                (&mut k, &qz.k, hkv, sk, ck[i] as usize),
+                (&mut v, &qz.v, hkv, sk, ck[i] as usize),
+            ] {
+                for hi in 0..heads {
+                    for r in 0..rows {
+                        let (from, to) = ((hi * rows + r) * d, ((row0 + r) * heads + hi) * d);
+                        dst[to..to + d].copy_from_slice(&src[from..from + d]);
+                    }
+                }
+            }
+            qs[i * h..(i + 1) * h].copy_from_slice(&qz.q_scale);
+            ks[i * hkv..(i + 1) * hkv].copy_from_slice(&qz.k_scale);
+            vs[i * hkv..(i + 1) * hkv].copy_from_slice(&qz.v_scale);
+            alone.push(Some(forward(&mut op, gpu, &st, s, &inputs(&st, &qz)?)?.to_host(&st)?));
+        }
+        let (dq, dk, dv) = (st.clone_htod(&q)?, st.clone_htod(&k)?, st.clone_htod(&v)?);
+        let (dqs, dks, dvs) = (st.clone_htod(&qs)?, st.clone_htod(&ks)?, st.clone_htod(&vs)?);
+        let f = |codes, scales| Fp8 { codes, scales };
+        let b = Packed { h, hkv, d, cu_seqlens_q: &cq, cu_seqlens_k: &ck };
+        let out = op.forward_varlen(gpu, &st, &b, f(&dq, &dqs), f(&dk, &dks), f(&dv, &dvs))?;
+        let OutBuf::F16(o) = &out.o else { anyhow::bail!("O is not f16") };
+        let (o, lse) = (st.clone_dtoh(o)?, st.clone_dtoh(&out.lse)?);
+        for (i, a) in alone.iter().enumerate() {
+            let Some(a) = a else { continue };
+            let sq = lens[i].0;
+            for hi in 0..h {
+                for r in 0..sq {
+                    let row = cq[i] as usize + r;
+                    ensure!(
+                        lse[hi * tq + row].to_bits() == a.lse[hi * sq + r].to_bits(),
+                        "sequence {i} head {hi} row {r}: the LSE differs from the sequence alone"
+                    );
+                    for c in 0..d {
+                        ensure!(
+                            o[(row * h + hi) * d + c].to_f32().to_bits() == a.o[(hi * sq + r) * d + c].to_bits(),
+                            "sequence {i} head {hi} row {r} column {c}: O differs from the sequence alone"
+                        );
+                    }
+                }
+            }
+        }
+        // Boundaries that decrease: named, nothing launched.
+        let bad = [0, 300, 200, 429, 430];
+        let e = op
+            .forward_varlen(gpu, &st, &Packed { cu_seqlens_q: &bad, ..b }, f(&dq, &dqs), f(&dk, &dks), f(&dv, &dvs))
+            .unwrap_err()
+            .to_string();
+        ensure!(e.contains("`cu_seqlens_q`") && e.contains("decreases"), "{e}");
+        eprintln!("forward_varlen: {} sequences bit for bit as each alone; decreasing boundaries named", lens.len());
         Ok(())
     });
 }

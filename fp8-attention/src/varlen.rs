@@ -1,0 +1,261 @@
+// Packed (variable-length) batches through the Attention op: boundaries checked by name, stage 8's packed kernel.
+use std::sync::Arc;
+
+use composed::ragged::validate_cu_seqlens;
+use composed::{VarlenShape, VarlenTensors};
+use half::{bf16, f16};
+use lab::Gpu;
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+
+use crate::attention::{Attention, Fp8, OutBuf};
+use crate::error::{Error, Result};
+use fixtures::OutDtype;
+
+/// A packed batch's sizes as a call gives them: H query heads, Hkv key/value heads, D, and the boundaries of its B
+/// sequences in the packed tokens, on the host (B + 1 entries each, from 0 to the tokens in all).
+#[derive(Debug, Clone, Copy)]
+pub struct Packed<'a> {
+    /// Query heads.
+    pub h: usize,
+    /// Key/value heads (a divisor of `h`).
+    pub hkv: usize,
+    /// Head dimension.
+    pub d: usize,
+    /// Where each sequence's queries start, and the query tokens in all last.
+    pub cu_seqlens_q: &'a [i32],
+    /// Where each sequence's keys start, and the key tokens in all last.
+    pub cu_seqlens_k: &'a [i32],
+}
+
+impl Packed<'_> {
+    /// Sequences in the batch.
+    pub fn batch(&self) -> usize {
+        self.cu_seqlens_q.len().saturating_sub(1)
+    }
+    /// Query tokens in all.
+    pub fn total_q(&self) -> usize {
+        self.cu_seqlens_q.last().map_or(0, |&x| x.max(0) as usize)
+    }
+    /// Key tokens in all.
+    pub fn total_k(&self) -> usize {
+        self.cu_seqlens_k.last().map_or(0, |&x| x.max(0) as usize)
+    }
+}
+
+/// A packed call's outputs on the device: O [total_q, H, D] in the op's dtype and the LSE [H, total_q] (f32).
+#[derive(Debug)]
+pub struct PackedOutput {
+    /// O, [total_q, H, D].
+    pub o: OutBuf,
+    /// The LSE, [H, total_q].
+    pub lse: CudaSlice<f32>,
+}
+
+/// Why a packed batch `b` with inputs of these element and scale counts cannot run: the first thing wrong, named
+/// (its boundaries, a head ratio, a head dimension stage 8 lacks, a tensor too short, scales not one per (sequence,
+/// head)); nothing is launched.
+pub fn check_packed(b: &Packed, lens: [usize; 3], scales: [usize; 3]) -> Result<()> {
+    let batch = b.batch();
+    let boundary = |name: &'static str, cu: &[i32], total: usize| {
+        validate_cu_seqlens(name, cu, batch, total).map_err(|e| Error::Layout {
+            tensor: name,
+            why: e.to_string(),
+        })
+    };
+    if b.cu_seqlens_q.is_empty() {
+        return Err(Error::Layout {
+            tensor: "cu_seqlens_q",
+            why: "it is empty: B sequences need B + 1 entries".into(),
+        });
+    }
+    boundary("cu_seqlens_q", b.cu_seqlens_q, b.total_q())?;
+    boundary("cu_seqlens_k", b.cu_seqlens_k, b.total_k())?;
+    for (what, got) in [("H", b.h), ("Hkv", b.hkv)] {
+        if got == 0 {
+            return Err(Error::Empty { what, got });
+        }
+    }
+    if !b.h.is_multiple_of(b.hkv) {
+        return Err(Error::HeadRatio { h: b.h, hkv: b.hkv });
+    }
+    if !composed::Stage::S8.dims().contains(&b.d) {
+        return Err(Error::Unsupported(format!(
+            "head dimension D = {}: packed batches run on stage8, which takes D = {:?}",
+            b.d,
+            composed::Stage::S8.dims()
+        )));
+    }
+    // Named as [B, heads, S, D] with the batch's tokens as one sequence (the element counts of [total, heads, D]).
+    let dims = [
+        [1, b.h, b.total_q(), b.d],
+        [1, b.hkv, b.total_k(), b.d],
+        [1, b.hkv, b.total_k(), b.d],
+    ];
+    for ((tensor, got), d) in ["q", "k", "v"].into_iter().zip(lens).zip(dims) {
+        let want = d.iter().product();
+        if got < want {
+            return Err(Error::Length {
+                tensor,
+                got,
+                want,
+                dims: d,
+            });
+        }
+    }
+    for ((tensor, got), want) in ["q scales", "k scales", "v scales"]
+        .into_iter()
+        .zip(scales)
+        .zip([batch * b.h, batch * b.hkv, batch * b.hkv])
+    {
+        if got != want {
+            return Err(Error::Scales { tensor, got, want });
+        }
+    }
+    Ok(())
+}
+
+impl Attention {
+    /// Attention over a packed batch: Q [total_q, H, D], K and V [total_k, Hkv, D] (E4M3 codes, scales one per
+    /// (sequence, head)), sequence i's rows from `b.cu_seqlens_q[i]` and `b.cu_seqlens_k[i]`; causal (the op's)
+    /// bottom-right per sequence. Runs stage 8's packed kernel on sm_90 (the units planned on the device from the
+    /// boundaries, which are checked here and copied to the device on `stream`), into new outputs on `stream`.
+    pub fn forward_varlen(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        b: &Packed,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+    ) -> Result<PackedOutput> {
+        check_packed(
+            b,
+            [q.codes.len(), k.codes.len(), v.codes.len()],
+            [q.scales.len(), k.scales.len(), v.scales.len()],
+        )?;
+        if !matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a) {
+            return Err(Error::Unsupported(format!(
+                "packed batches run on stage8, which needs an sm_90 GPU; {} is {}",
+                gpu.name, gpu.arch
+            )));
+        }
+        let cfg = self.config();
+        let drv = |e: lab::cudarc::driver::DriverError| Error::Device(anyhow::Error::from(e));
+        let (tq, n) = (b.total_q(), b.total_q() * b.h * b.d);
+        // SAFETY: every element a caller reads is written by the launch below (each sequence's rows), queued after it
+        // on `stream`; rows of no sequence do not exist (total_q counts the sequences' rows only).
+        let mut o = unsafe {
+            match cfg.out_dtype {
+                OutDtype::F16 => OutBuf::F16(stream.alloc::<f16>(n.max(1)).map_err(drv)?),
+                OutDtype::Bf16 => OutBuf::Bf16(stream.alloc::<bf16>(n.max(1)).map_err(drv)?),
+                OutDtype::F32 => OutBuf::F32(stream.alloc::<f32>(n.max(1)).map_err(drv)?),
+            }
+        };
+        let mut lse = unsafe { stream.alloc::<f32>((b.h * tq).max(1)).map_err(drv)? };
+        let cu_q = stream.clone_htod(b.cu_seqlens_q).map_err(drv)?;
+        let cu_k = stream.clone_htod(b.cu_seqlens_k).map_err(drv)?;
+        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
+        let mut at = |(ptr, g)| {
+            guards.push(g);
+            ptr
+        };
+        let t = VarlenTensors {
+            q: at(q.codes.device_ptr(stream)),
+            k: at(k.codes.device_ptr(stream)),
+            v: at(v.codes.device_ptr(stream)),
+            q_scale: at(q.scales.device_ptr(stream)),
+            k_scale: at(k.scales.device_ptr(stream)),
+            v_scale: at(v.scales.device_ptr(stream)),
+            o: at(match &mut o {
+                OutBuf::F16(x) => x.device_ptr_mut(stream),
+                OutBuf::Bf16(x) => x.device_ptr_mut(stream),
+                OutBuf::F32(x) => x.device_ptr_mut(stream),
+            }),
+            lse: at(lse.device_ptr_mut(stream)),
+        };
+        let shape = VarlenShape {
+            batch: b.batch(),
+            h: b.h,
+            hkv: b.hkv,
+            d: b.d,
+            total_q: tq,
+            total_k: b.total_k(),
+            causal: cfg.causal,
+        };
+        let scale = cfg.softmax_scale.unwrap_or(1.0 / (b.d as f32).sqrt());
+        self.varlen
+            .launch(gpu, stream, &shape, scale, cfg.out_dtype, &t, &cu_q, &cu_k)?;
+        drop(guards);
+        Ok(PackedOutput { o, lse })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_packed_input_is_named() {
+        let (cq, ck) = ([0, 100, 100, 350], [0, 300, 310, 900]);
+        let b = Packed {
+            h: 8,
+            hkv: 2,
+            d: 128,
+            cu_seqlens_q: &cq,
+            cu_seqlens_k: &ck,
+        };
+        let lens = [350 * 8 * 128, 900 * 2 * 128, 900 * 2 * 128];
+        let scales = [3 * 8, 3 * 2, 3 * 2];
+        assert!(check_packed(&b, lens, scales).is_ok());
+        let e = |b: &Packed, l: [usize; 3], s: [usize; 3]| {
+            check_packed(b, l, s).unwrap_err().to_string()
+        };
+        let bad_q = [0, 100, 90, 350];
+        let m = e(
+            &Packed {
+                cu_seqlens_q: &bad_q,
+                ..b
+            },
+            lens,
+            scales,
+        );
+        assert!(
+            m.contains("`cu_seqlens_q`") && m.contains("decreases"),
+            "{m}"
+        );
+        let short_k = [0, 300, 310];
+        let m = e(
+            &Packed {
+                cu_seqlens_k: &short_k,
+                ..b
+            },
+            lens,
+            scales,
+        );
+        assert!(m.contains("`cu_seqlens_k` has 3 entries"), "{m}");
+        let m = e(&Packed { hkv: 3, ..b }, lens, scales);
+        assert!(m.contains("H = 8") && m.contains("Hkv = 3"), "{m}");
+        let m = e(&Packed { d: 256, ..b }, lens, scales);
+        assert!(m.contains("D = 256") && m.contains("stage8"), "{m}");
+        let m = e(&b, [lens[0], lens[1] - 1, lens[2]], scales);
+        assert!(
+            m.contains("`k` holds 230399 elements") && m.contains("needs 230400"),
+            "{m}"
+        );
+        let m = e(&b, lens, [24, 6, 2]);
+        assert!(
+            m.contains("`v scales` holds 2 scales") && m.contains("needs 6"),
+            "{m}"
+        );
+        let empty: [i32; 0] = [];
+        let m = e(
+            &Packed {
+                cu_seqlens_q: &empty,
+                ..b
+            },
+            lens,
+            scales,
+        );
+        assert!(m.contains("`cu_seqlens_q`: it is empty"), "{m}");
+    }
+}
