@@ -143,6 +143,11 @@ pub enum Cmd {
         /// shards; stage7), timed beside stage 7 on the whole problem on GPU 0.
         #[arg(long)]
         ranks: Option<usize>,
+        /// A packed (variable-length) batch of this many tokens instead, on stage8's packed kernel: sequences of 100
+        /// to S tokens (the shape's S; Sq = Sk each), the shape's heads and D; timed beside dense stages 7 and 8 at
+        /// about the same query×key pairs.
+        #[arg(long)]
+        varlen: Option<usize>,
         #[command(flatten)]
         scheme: SchemeArgs,
     },

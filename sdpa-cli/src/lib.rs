@@ -13,6 +13,7 @@ mod bench;
 mod files;
 mod ring;
 mod run;
+mod varlen;
 
 pub use args::{Args, Check, Cmd, Scales, SchemeArgs};
 pub use bench::{Edit, parse_variant};
@@ -71,11 +72,20 @@ pub fn execute(args: Args) -> Result<()> {
             kv_heads,
             api,
             ranks,
+            varlen,
             scheme,
         } => {
             let s = shape
                 .with_kv_heads(kv_heads.unwrap_or(shape.h))?
                 .with_causal(causal);
+            if let Some(tokens) = varlen {
+                ensure!(
+                    stage == Stage::S8,
+                    "--varlen runs packed batches on stage8, not {}",
+                    stage.name()
+                );
+                return varlen::bench_varlen(s, tokens, 20);
+            }
             if let Some(n) = ranks {
                 ensure!(
                     stage == Stage::S7,
