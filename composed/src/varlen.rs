@@ -4,6 +4,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, ensure};
 use fixtures::OutDtype;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+
+use crate::strides::Strides;
 use lab::{Gpu, KernelSpec};
 use ragged_plan::{DevicePlan, Geometry, Planner};
 
@@ -24,9 +26,10 @@ pub struct VarlenShape {
     pub causal: bool,
 }
 
-/// Device addresses of a packed batch: E4M3 Q [total_q, H, D], K and V [total_k, Hkv, D]; f32 scales per (sequence,
-/// head) ([B, H] and [B, Hkv]); O [total_q, H, D] in the launch's dtype and the LSE [H, total_q] (f32). Borrowed: the
-/// caller keeps them alive until the launch has run.
+/// Device addresses of a packed batch: E4M3 Q [total_q, H, D], K and V [total_k, Hkv, D] (packed, or at `strides`);
+/// f32 scales per (sequence, head) ([B, H] and [B, Hkv]); O [total_q, H, D] in the launch's dtype and the LSE [H,
+/// total_q] (f32); the boundaries `cu_q`, `cu_k` (B + 1 i32 each). Borrowed: the caller keeps them alive until the
+/// launch has run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VarlenTensors {
     pub q: u64,
@@ -37,6 +40,11 @@ pub struct VarlenTensors {
     pub v_scale: u64,
     pub o: u64,
     pub lse: u64,
+    pub cu_q: u64,
+    pub cu_k: u64,
+    /// Element strides of Q's, K's and V's token, head and (unused: one batch) batch dimensions; None: packed
+    /// [total, heads, D]. Quantized codes in [1, H, total, D] are (D, total·D, ·).
+    pub strides: Option<Strides>,
 }
 
 /// What a packed batch's launches keep: the device plan (its table sized for the last geometry) and the schedule's
@@ -58,10 +66,9 @@ impl Varlen {
         Varlen::default()
     }
 
-    /// Queues the plan of the batch whose boundaries `cu_q`, `cu_k` (B + 1 entries each, i32; valid: the caller checks
-    /// a host copy with `ragged::validate_cu_seqlens`, the device trusts them) are on the device, then stage 8's
-    /// packed kernel over it, on `st`. `softmax_scale`: the problem's; `out`: O's dtype.
-    #[allow(clippy::too_many_arguments)]
+    /// Queues the plan of the batch whose boundaries are on the device at `t.cu_q`, `t.cu_k` (B + 1 entries each,
+    /// i32; valid: the caller checks a host copy with `ragged::validate_cu_seqlens`, the device trusts them), then
+    /// stage 8's packed kernel over it, on `st`. `softmax_scale`: the problem's; `out`: O's dtype.
     pub fn launch(
         &mut self,
         gpu: &Gpu,
@@ -70,8 +77,6 @@ impl Varlen {
         softmax_scale: f32,
         out: OutDtype,
         t: &VarlenTensors,
-        cu_q: &CudaSlice<i32>,
-        cu_k: &CudaSlice<i32>,
     ) -> Result<()> {
         let stage = Stage::S8;
         ensure!(
@@ -107,7 +112,7 @@ impl Varlen {
             _ => self.planner.alloc(st, g)?,
         };
         let plan = self.plan.insert(plan);
-        self.planner.run(gpu, st, cu_q, cu_k, plan)?;
+        self.planner.run(gpu, st, t.cu_q, t.cu_k, plan)?;
         let sched = match self.sched.take() {
             Some(b) => b,
             None => st.alloc_zeros::<i32>(size_of::<SplitHead>() / 4)?,
@@ -118,8 +123,7 @@ impl Varlen {
         let k = load_with_smem(gpu, &spec, smem)?;
         let (table, _g1) = plan.table.device_ptr(st);
         let (sched_at, _g2) = sched.device_ptr(st);
-        let (cq, _g3) = cu_q.device_ptr(st);
-        let (ck, _g4) = cu_k.device_ptr(st);
+        let (cq, ck) = (t.cu_q, t.cu_k);
         let p = Params {
             q: t.q,
             k: t.k,
@@ -142,7 +146,7 @@ impl Varlen {
             vt_tiles: 0,
             sched: sched_at,
         };
-        let maps = packed_maps(s, bc, [t.q, t.k, t.v])?;
+        let maps = packed_maps(s, bc, [t.q, t.k, t.v], t.strides)?;
         let (heads, total_q) = (s.h as i32, s.total_q as i32);
         let blocks = gpu.sms.min(g.max_units().max(1)) as u32;
         let cfg = LaunchConfig {
@@ -169,12 +173,13 @@ impl Varlen {
     }
 }
 
-/// Stage 8's maps over packed tensors: Q [total_q, H, D] and K, V [total_k, Hkv, D], each (D, total, heads, 1) in
-/// boxes of one K panel × 64 query rows or `bc` keys.
+/// Stage 8's maps over packed tensors: Q [total_q, H, D] and K, V [total_k, Hkv, D] (or at `strides`), each (D, total,
+/// heads, 1) in boxes of one K panel × 64 query rows or `bc` keys.
 fn packed_maps(
     s: &VarlenShape,
     bc: usize,
     [q, k, v]: [u64; 3],
+    strides: Option<Strides>,
 ) -> Result<[tma_ring::TensorMap; 3]> {
     use frag_layout::Swizzle;
     use tma_ring::{Elem, MapSpec};
@@ -184,21 +189,19 @@ fn packed_maps(
         Swizzle::B128
     };
     let d = s.d as u64;
-    let map = |name: &str, at: u64, heads: usize, total: usize, rows: usize| {
-        let (h, n) = (heads as u64, total.max(1) as u64);
-        MapSpec::strided(
-            Elem::U8,
-            [1, h, n, d],
-            [h * d, d, n * h * d],
-            rows as u32,
-            sw,
-        )
-        .encode(at)
-        .with_context(|| format!("packed {name}: {total} tokens of {heads} heads"))
-    };
+    let map =
+        |name: &str, at: u64, heads: usize, total: usize, rows: usize, st: Option<[usize; 3]>| {
+            let (h, n) = (heads as u64, total.max(1) as u64);
+            let st = st.map_or([h * d, d, n * h * d], |x| x.map(|e| e as u64));
+            MapSpec::strided(Elem::U8, [1, h, n, d], st, rows as u32, sw)
+                .encode(at)
+                .with_context(|| {
+                    format!("packed {name}: {total} tokens of {heads} heads at strides {st:?}")
+                })
+        };
     Ok([
-        map("q", q, s.h, s.total_q, 64)?,
-        map("k", k, s.hkv, s.total_k, bc)?,
-        map("v", v, s.hkv, s.total_k, bc)?,
+        map("q", q, s.h, s.total_q, 64, strides.map(|x| x.q))?,
+        map("k", k, s.hkv, s.total_k, bc, strides.map(|x| x.k))?,
+        map("v", v, s.hkv, s.total_k, bc, strides.map(|x| x.v))?,
     ])
 }

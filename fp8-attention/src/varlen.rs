@@ -172,6 +172,9 @@ impl Attention {
                 OutBuf::F32(x) => x.device_ptr_mut(stream),
             }),
             lse: at(lse.device_ptr_mut(stream)),
+            cu_q: at(cu_q.device_ptr(stream)),
+            cu_k: at(cu_k.device_ptr(stream)),
+            strides: None,
         };
         let shape = VarlenShape {
             batch: b.batch(),
@@ -184,7 +187,7 @@ impl Attention {
         };
         let scale = cfg.softmax_scale.unwrap_or(1.0 / (b.d as f32).sqrt());
         self.varlen
-            .launch(gpu, stream, &shape, scale, cfg.out_dtype, &t, &cu_q, &cu_k)?;
+            .launch(gpu, stream, &shape, scale, cfg.out_dtype, &t)?;
         drop(guards);
         Ok(PackedOutput { o, lse })
     }

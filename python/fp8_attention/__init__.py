@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["sdpa", "check_args", "as_tensor"]
+__all__ = ["sdpa", "sdpa_varlen", "check_args", "check_varlen_args", "as_tensor"]
 
 _REAL = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
 _FP8 = "torch.float8_e4m3fn"
@@ -194,3 +194,142 @@ def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False,
                  float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream)
     o = o[: b * h * sq * d].view(b, h, sq, d)
     return (o, lse[: b * h * sq].view(b, h, sq)) if return_lse else o
+
+
+def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
+                      out_dtype=None):
+    """Checks sdpa_varlen's arguments without touching the GPU; returns (B, H, Hkv, total_q, total_k, D, fp8, out dtype
+    name). The boundaries' values are not read here (sdpa_varlen's `validate` does).
+
+    Raises TypeError for a wrong type or dtype and ValueError for a wrong device, shape, head ratio or scale count,
+    each naming the argument.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not _is_tensor(t):
+            raise TypeError(f"`{name}` must be a torch tensor (as_tensor reads other arrays), not {type(t).__name__}")
+        if getattr(t.device, "type", None) != "cuda" or getattr(t.device, "index", 0) not in (0, None):
+            raise ValueError(f"`{name}` is on {t.device}: fp8_attention runs on cuda:0")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if len(t.shape) != 3:
+            raise ValueError(f"`{name}` has shape {tuple(t.shape)}: expected packed [total tokens, heads, D]")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if _dtype(t) != "torch.int32" or len(t.shape) != 1 or t.shape[0] < 1:
+            raise TypeError(f"`{name}` is {_dtype(t)} of shape {tuple(t.shape)}: it must be int32 [B + 1]")
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries and cu_seqlens_k {cu_seqlens_k.shape[0]}:"
+                         " both are B + 1")
+    b = cu_seqlens_q.shape[0] - 1
+    dts = {_dtype(q), _dtype(k), _dtype(v)}
+    if len(dts) != 1:
+        raise TypeError(f"q, k and v must share a dtype; they are {_dtype(q)}, {_dtype(k)}, {_dtype(v)}")
+    dt = dts.pop()
+    fp8 = dt in (_FP8, _CODES)
+    if not fp8 and dt not in _REAL:
+        raise TypeError(f"dtype {dt} is not supported: bfloat16, float16, float32, float8_e4m3fn or uint8 (E4M3 codes)")
+    (tq, h, d), (tk, hkv, dk) = tuple(q.shape), tuple(k.shape)
+    if tuple(v.shape) != (tk, hkv, dk):
+        raise ValueError(f"`k` {tuple(k.shape)} and `v` {tuple(v.shape)} must have the same shape")
+    if d != dk:
+        raise ValueError(f"`q` {tuple(q.shape)} and `k` {tuple(k.shape)}: D must agree")
+    if min(h, hkv) < 1:
+        raise ValueError(f"`q` {tuple(q.shape)}, `k` {tuple(k.shape)}: heads must be at least 1")
+    if d not in (64, 128):
+        raise ValueError(f"head dimension D = {d} is not supported by packed batches: D = 64 or 128")
+    if h % hkv:
+        raise ValueError(f"H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads")
+    if fp8:
+        for name, sc, n in (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv)):
+            if sc is None:
+                raise TypeError(f"E4M3 inputs ({dt}) need `{name}` (float32, one per (sequence, head) or one)")
+            if _dtype(sc) != "torch.float32":
+                raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
+            if sc.numel() not in (1, n):
+                raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (sequence, head) = {n}")
+    elif any(sc is not None for sc in (q_scale, k_scale, v_scale)):
+        raise TypeError("q_scale, k_scale and v_scale go with E4M3 inputs (float8_e4m3fn or uint8 codes); real inputs "
+                        "are quantized here")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale = {scale!r} is not a positive finite number")
+    if out_dtype is None:
+        out = "bf16" if fp8 else _REAL[dt]
+    else:
+        out = _REAL.get(str(out_dtype))
+        if out is None:
+            raise TypeError(f"out_dtype {out_dtype} is not supported: torch.bfloat16, torch.float16 or torch.float32")
+    return b, h, hkv, tq, tk, d, fp8, out
+
+
+def _check_boundaries(name, cu, total):
+    """The boundaries' values on the host (one copy, a sync): from 0, non-decreasing, to the packed tokens."""
+    c = cu.tolist()
+    if c[0] != 0:
+        raise ValueError(f"`{name}` starts at {c[0]}, not 0")
+    for i in range(len(c) - 1):
+        if c[i + 1] < c[i]:
+            raise ValueError(f"`{name}` decreases: [{i + 1}] = {c[i + 1]} after [{i}] = {c[i]} (it must be non-decreasing)")
+    if c[-1] != total:
+        raise ValueError(f"`{name}` ends at {c[-1]}, and the packed tensor holds {total} tokens")
+
+
+def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, out_dtype=None, return_lse=False,
+                q_scale=None, k_scale=None, v_scale=None, validate=True):
+    """softmax(scale · q·kᵀ) · v over a packed (variable-length) batch, on E4M3 tensor cores (stage 8, sm_90).
+
+    q [total_q, H, D], k and v [total_k, Hkv, D] (H a multiple of Hkv; D = 64 or 128; any token and head strides that
+    are multiples of 16 bytes, D contiguous), sequence i's rows from cu_seqlens_q[i] and cu_seqlens_k[i] (int32
+    [B + 1] on cuda:0). Real inputs are quantized here with a scale per head; E4M3 codes (float8_e4m3fn or uint8) take
+    `q_scale`, `k_scale`, `v_scale` per (sequence, head) or one. `causal` is bottom-right per sequence. `validate`
+    copies the boundaries to the host to check them (a sync: pass False inside a CUDA graph; the device then trusts
+    them). Returns O [total_q, H, D], and with `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
+    """
+    q, k, v = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
+    cu_seqlens_q, cu_seqlens_k = as_tensor(cu_seqlens_q, "cu_seqlens_q"), as_tensor(cu_seqlens_k, "cu_seqlens_k")
+    q_scale, k_scale = as_tensor(q_scale, "q_scale"), as_tensor(k_scale, "k_scale")
+    v_scale = as_tensor(v_scale, "v_scale")
+    b, h, hkv, tq, tk, d, fp8, out = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, q_scale=q_scale,
+                                                       k_scale=k_scale, v_scale=v_scale, scale=scale,
+                                                       out_dtype=out_dtype)
+    if validate:
+        _check_boundaries("cu_seqlens_q", cu_seqlens_q, tq)
+        _check_boundaries("cu_seqlens_k", cu_seqlens_k, tk)
+    import torch
+
+    if b == 0 or tq == 0:
+        tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
+        o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
+        lse = torch.full((h, tq), float("-inf"), dtype=torch.float32, device=q.device)
+        return (o, lse) if return_lse else o
+
+    from . import _core
+
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    keep = []
+    if fp8:
+        codes = []
+        for t in (q, k, v):
+            if t.stride(2) != 1 or t.data_ptr() % 16 or t.stride(0) % 16 or t.stride(1) % 16:
+                t = t.contiguous()
+            codes.append(t)
+        strides = [[t.stride(0), t.stride(1)] for t in codes]
+        c = [t.data_ptr() for t in codes]
+        scales = [_per_head(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv), (v_scale, b * hkv))]
+        keep += codes + scales
+    else:
+        # One scale a head over the whole packed tensor: the [1, H, total, D] views quantized in place, codes
+        # contiguous [1, H, total, D], the scales repeated for every sequence.
+        views = [t.unsqueeze(0).transpose(1, 2) for t in (q, k, v)]
+        c, s, kept = _quantize(*views, _REAL[_dtype(q)], 1, h, hkv, tq, tk, d, stream)
+        keep.append(kept)
+        strides = [[d, tq * d], [d, tk * d], [d, tk * d]]
+        heads = (kept[1][: h], kept[1][_pad4(h): _pad4(h) + hkv], kept[1][_pad4(h) + _pad4(hkv): _pad4(h) + _pad4(hkv) + hkv])
+        scales = [x.unsqueeze(0).expand(b, x.numel()).contiguous() for x in heads]
+        keep += scales
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
+    o = torch.empty(max(tq * h * d, 1), dtype=tdt, device=q.device)
+    lse = torch.empty(max(h * tq, 1), dtype=torch.float32, device=q.device)
+    _core.launch_varlen([c[0], c[1], c[2], scales[0].data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(),
+                         o.data_ptr(), lse.data_ptr()],
+                        [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()], strides, b, h, hkv, d, tq, tk,
+                        bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream)
+    o = o[: tq * h * d].view(tq, h, d)
+    return (o, lse[: h * tq].view(h, tq)) if return_lse else o

@@ -10,3 +10,12 @@ def sdpa(
     q: Any, k: Any, v: Any, *, causal: bool = ..., scale: Optional[float] = ..., out_dtype: Any = ...,
     return_lse: bool = ..., q_scale: Any = ..., k_scale: Any = ..., v_scale: Any = ...,
 ) -> Union[Any, Tuple[Any, Any]]: ...
+def check_varlen_args(
+    q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, q_scale: Any = ..., k_scale: Any = ...,
+    v_scale: Any = ..., scale: Optional[float] = ..., out_dtype: Any = ...,
+) -> Tuple[int, int, int, int, int, int, bool, str]: ...
+def sdpa_varlen(
+    q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = ..., scale: Optional[float] = ...,
+    out_dtype: Any = ..., return_lse: bool = ..., q_scale: Any = ..., k_scale: Any = ..., v_scale: Any = ...,
+    validate: bool = ...,
+) -> Union[Any, Tuple[Any, Any]]: ...

@@ -9,3 +9,7 @@ def quantize(
     views: list[tuple[int, tuple[int, int, int]]], dtype: str, codes: tuple[int, int, int],
     scales: tuple[int, int, int], amax: int, b: int, h: int, hkv: int, sq: int, sk: int, d: int, stream: int,
 ) -> None: ...
+def launch_varlen(
+    tensors: list[int], cu: list[int], strides: list[list[int]], batch: int, h: int, hkv: int, d: int, total_q: int,
+    total_k: int, causal: bool, softmax_scale: float, out_dtype: str, stream: int,
+) -> None: ...

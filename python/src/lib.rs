@@ -2,7 +2,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use composed::{Stage, Tensors, Workspace};
+use composed::{Stage, Strides, Tensors, Varlen, VarlenShape, VarlenTensors, Workspace};
 use fixtures::{OutDtype, Shape};
 use fp8_attention::{Error, Lengths, check_inputs};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -257,11 +257,100 @@ fn quantize(
     Ok(())
 }
 
-/// The extension: `output_rows`, `quantize` and `launch`; `fp8_attention.sdpa` is the API.
+/// One packed batch's launch state (the device plan's buffers, the schedule's counter) per CUDA stream.
+fn varlens() -> &'static Mutex<HashMap<usize, Varlen>> {
+    static V: OnceLock<Mutex<HashMap<usize, Varlen>>> = OnceLock::new();
+    V.get_or_init(Default::default)
+}
+
+/// Queues a packed (variable-length) batch on stage 8's packed kernel on the CUDA stream `stream`: E4M3 q [total_q,
+/// H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales per (sequence,
+/// head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device, checked by the
+/// caller: the device trusts them). Sizes and strides are checked before anything is queued.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn launch_varlen(
+    tensors: [u64; 8],
+    cu: [u64; 2],
+    strides: [[usize; 2]; 3],
+    batch: usize,
+    h: usize,
+    hkv: usize,
+    d: usize,
+    total_q: usize,
+    total_k: usize,
+    causal: bool,
+    softmax_scale: f32,
+    out_dtype: &str,
+    stream: usize,
+) -> PyResult<()> {
+    if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
+        return Err(py_err(Error::SoftmaxScale(softmax_scale)));
+    }
+    let out = out_dtype
+        .parse::<OutDtype>()
+        .map_err(|e| PyValueError::new_err(format!("out_dtype: {e:#}")))?;
+    let names = ["q", "k", "v", "q_scale", "k_scale", "v_scale", "o", "lse"];
+    for (name, p) in names.into_iter().zip(tensors).chain([("cu_seqlens_q", cu[0]), ("cu_seqlens_k", cu[1])]) {
+        if p == 0 || p % 4 != 0 || (p % 16 != 0 && !name.starts_with("cu")) {
+            return Err(PyValueError::new_err(format!(
+                "`{name}` is at address {p:#x}: it must be a device address aligned to 16 bytes (4 for cu_seqlens)"
+            )));
+        }
+    }
+    for (name, [st, sh]) in ["q", "k", "v"].into_iter().zip(strides) {
+        if st == 0 || sh == 0 || st % 16 != 0 || sh % 16 != 0 {
+            return Err(PyValueError::new_err(format!(
+                "`{name}` has strides (token {st}, head {sh}) elements: TMA reads positive multiples of 16 bytes"
+            )));
+        }
+    }
+    let at = |[st, sh]: [usize; 2], total: usize| [st, sh, (total.max(1) * st).max(1)];
+    let [q, k, v, q_scale, k_scale, v_scale, o, lse] = tensors;
+    let t = VarlenTensors {
+        q,
+        k,
+        v,
+        q_scale,
+        k_scale,
+        v_scale,
+        o,
+        lse,
+        cu_q: cu[0],
+        cu_k: cu[1],
+        strides: Some(Strides {
+            q: at(strides[0], total_q),
+            k: at(strides[1], total_k),
+            v: at(strides[2], total_k),
+        }),
+    };
+    let shape = VarlenShape {
+        batch,
+        h,
+        hkv,
+        d,
+        total_q,
+        total_k,
+        causal,
+    };
+    let (gpu, _) = gpu()?;
+    let st = borrowed(gpu, stream);
+    let mut vs = varlens()
+        .lock()
+        .map_err(|_| PyRuntimeError::new_err("fp8_attention: varlen lock poisoned"))?;
+    vs.entry(stream)
+        .or_default()
+        .launch(gpu, &st, &shape, softmax_scale, out, &t)
+        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
+}
+
+/// The extension: `output_rows`, `quantize`, `launch` and `launch_varlen`; `fp8_attention.sdpa` and `sdpa_varlen` are
+/// the API.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(output_rows, m)?)?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
+    m.add_function(wrap_pyfunction!(launch_varlen, m)?)?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
     Ok(())
 }

@@ -123,3 +123,29 @@ def test_a_foreign_array_without_torch_is_named():
         pass
     with pytest.raises(TypeError, match="`v` is a Cai: reading it needs torch"):
         fa.as_tensor(Cai((1, 2, 3, 64)), "v")
+
+
+def packed(tq=300, tk=900, h=8, hkv=2, d=128, b=3, dtype="torch.bfloat16"):
+    return (T((tq, h, d), dtype), T((tk, hkv, d), dtype), T((tk, hkv, d), dtype), T((b + 1,), "torch.int32"),
+            T((b + 1,), "torch.int32"))
+
+
+def test_varlen_arguments_are_named():
+    assert fa.check_varlen_args(*packed()) == (3, 8, 2, 300, 900, 128, False, "bf16")
+    f32 = lambda n: T((n,), "torch.float32")  # noqa: E731
+    a = packed(dtype="torch.uint8")
+    assert fa.check_varlen_args(*a, q_scale=f32(24), k_scale=f32(6), v_scale=f32(1))[-2:] == (True, "bf16")
+    bad = [
+        (lambda a: (T((300, 8, 2, 128)),) + a[1:], ValueError, "expected packed [total tokens, heads, D]"),
+        (lambda a: a[:3] + (T((4,), "torch.int64"), a[4]), TypeError, "`cu_seqlens_q` is torch.int64"),
+        (lambda a: a[:4] + (T((5,), "torch.int32"),), ValueError, "cu_seqlens_q has 4 entries and cu_seqlens_k 5"),
+        (lambda a: (T((300, 8, 256)), T((900, 2, 256)), T((900, 2, 256))) + a[3:], ValueError, "D = 256"),
+        (lambda a: (a[0], T((900, 3, 128)), T((900, 3, 128))) + a[3:], ValueError, "H = 8"),
+        (lambda a: (a[0], a[1], T((899, 2, 128))) + a[3:], ValueError, "must have the same shape"),
+    ]
+    for change, kind, words in bad:
+        with pytest.raises(kind) as e:
+            fa.check_varlen_args(*change(packed()))
+        assert words in str(e.value), str(e.value)
+    with pytest.raises(ValueError, match="`v_scale` holds 5 scales"):
+        fa.check_varlen_args(*a, q_scale=f32(24), k_scale=f32(6), v_scale=f32(5))

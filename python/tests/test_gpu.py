@@ -144,3 +144,50 @@ def test_other_frameworks_arrays_through_dlpack_and_cuda_array_interface():
     as_bytes = fa.sdpa(*(cp.asarray(c.view(torch.uint8)) for c in codes), q_scale=scales[0], k_scale=scales[1],
                        v_scale=cp.asarray(scales[2]))
     assert torch.equal(as_fp8, as_bytes)
+
+
+def test_varlen_sequences_as_each_alone():
+    # E4M3 codes with scales per (sequence, head): each sequence's O and LSE bit for bit what sdpa gives it alone
+    # (stage 8's packed kernel against the dense one); causal grouped-query heads, a sequence with no queries.
+    h, hkv, d = 8, 2, 128
+    lens = [(300, 300), (0, 50), (129, 700), (1, 1)]
+    g = torch.Generator(device="cuda").manual_seed(21)
+    cq = torch.tensor([0] + [sum(x[0] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                      device="cuda")
+    ck = torch.tensor([0] + [sum(x[1] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                      device="cuda")
+    tq, tk = int(cq[-1]), int(ck[-1])
+    to8 = lambda x: (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)  # noqa: E731
+    q = to8(torch.randn(tq, h, d, device="cuda", generator=g))
+    k = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    v = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    b = len(lens)
+    qs = torch.rand(b * h, device="cuda", generator=g) * 0.02 + 0.01
+    ks = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
+    vs = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
+    o, lse = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, q_scale=qs, k_scale=ks, v_scale=vs, return_lse=True)
+    for i, (sq, sk) in enumerate(lens):
+        if sq == 0:
+            continue
+        a, bq = int(cq[i]), int(ck[i])
+        one = lambda x, lo, n: x[lo: lo + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
+        oi, li = fa.sdpa(one(q, a, sq), one(k, bq, sk), one(v, bq, sk), causal=True, q_scale=qs[i * h: (i + 1) * h],
+                         k_scale=ks[i * hkv: (i + 1) * hkv], v_scale=vs[i * hkv: (i + 1) * hkv], return_lse=True)
+        assert torch.equal(o[a: a + sq], oi[0].transpose(0, 1)), i
+        assert torch.equal(lse[:, a: a + sq], li[0]), i
+    # Real inputs: one scale a head over the packed tensors, against float64 attention sequence by sequence.
+    qr = torch.randn(tq, h, d, device="cuda", generator=g, dtype=torch.bfloat16)
+    kr = torch.randn(tk, hkv, d, device="cuda", generator=g, dtype=torch.bfloat16)
+    vr = torch.randn(tk, hkv, d, device="cuda", generator=g, dtype=torch.bfloat16)
+    o = fa.sdpa_varlen(qr, kr, vr, cq, ck)
+    for i, (sq, sk) in enumerate(lens):
+        if sq == 0:
+            continue
+        a, bq = int(cq[i]), int(ck[i])
+        qd = qr[a: a + sq].double().transpose(0, 1)
+        kd = kr[bq: bq + sk].double().transpose(0, 1).repeat_interleave(h // hkv, dim=0)
+        vd = vr[bq: bq + sk].double().transpose(0, 1).repeat_interleave(h // hkv, dim=0)
+        ref = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), dim=-1) @ vd
+        got = o[a: a + sq].double().transpose(0, 1)
+        rel = ((got - ref).norm() / ref.norm()).item()
+        assert rel < 5e-2, (i, rel)

@@ -74,6 +74,9 @@ pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
         v_scale: at(vs.device_ptr(&st)),
         o: at(o.device_ptr(&st)),
         lse: at(lse.device_ptr(&st)),
+        cu_q: at(dcu.device_ptr(&st)),
+        cu_k: at(dcu.device_ptr(&st)),
+        strides: None,
     };
     let shape = VarlenShape {
         batch: b,
@@ -87,12 +90,12 @@ pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
     let mut vl = Varlen::new();
     let scale = 1.0 / (d as f32).sqrt();
     for _ in 0..3 {
-        vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, &t, &dcu, &dcu)?;
+        vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, &t)?;
     }
     let mut us = Vec::with_capacity(iters);
     for _ in 0..iters.max(1) {
         let e0 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, &t, &dcu, &dcu)?;
+        vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, &t)?;
         let e1 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         st.synchronize()?;
         us.push(f64::from(e0.elapsed_ms(&e1)?) * 1e3);

@@ -58,23 +58,21 @@ impl Planner {
         })
     }
 
-    /// Queues the plan of the batch whose boundaries `cu_q`, `cu_k` (B + 1 each, checked by the caller:
-    /// `validate_cu_seqlens`) are on the device, into `plan` (sized for this geometry by [`Planner::alloc`]).
+    /// Queues the plan of the batch whose boundaries are on the device at `cu_q`, `cu_k` (device addresses of B + 1
+    /// i32 each, checked by the caller: `validate_cu_seqlens` on a host copy; the device trusts them), into `plan`
+    /// (sized for this geometry by [`Planner::alloc`]).
     pub fn run(
         &self,
         gpu: &Gpu,
         st: &Arc<CudaStream>,
-        cu_q: &CudaSlice<i32>,
-        cu_k: &CudaSlice<i32>,
+        cu_q: u64,
+        cu_k: u64,
         plan: &mut DevicePlan,
     ) -> Result<()> {
         let g = plan.geometry;
         ensure!(
-            cu_q.len() == g.batch + 1 && cu_k.len() == g.batch + 1,
-            "the boundaries hold {} and {} entries: B = {} sequences need B + 1",
-            cu_q.len(),
-            cu_k.len(),
-            g.batch
+            cu_q != 0 && cu_k != 0,
+            "the boundaries' device addresses are null"
         );
         ensure!(
             g.batch <= i32::MAX as usize
@@ -102,14 +100,14 @@ impl Planner {
             gpu.load(&self.offsets)?,
             gpu.load(&self.scatter)?,
         );
-        // SAFETY: each kernel's arguments as ragged_plan.cu declares them; cu_q and cu_k hold B + 1 entries (checked),
+        // SAFETY: each kernel's arguments as ragged_plan.cu declares them; cu_q and cu_k hold B + 1 entries (the caller's),
         // counts `bins` and the table `table_words` (alloc): room for every unit and key-tile count of the geometry,
         // which bounds any boundaries of its totals (Geometry's test); blocks ≥ B read cu[B] at most.
         unsafe {
             if g.batch > 0 {
                 st.launch_builder(&hist.func)
-                    .arg(cu_q)
-                    .arg(cu_k)
+                    .arg(&cu_q)
+                    .arg(&cu_k)
                     .arg(&heads)
                     .arg(&rows)
                     .arg(&bc)
@@ -128,8 +126,8 @@ impl Planner {
                 })?;
             if g.batch > 0 {
                 st.launch_builder(&scat.func)
-                    .arg(cu_q)
-                    .arg(cu_k)
+                    .arg(&cu_q)
+                    .arg(&cu_k)
                     .arg(&heads)
                     .arg(&rows)
                     .arg(&bc)

@@ -104,8 +104,17 @@ fn device_plan(gpu: &Gpu, planner: &Planner, b: &Batch) -> Result<(Vec<RaggedUni
     validate_cu_seqlens("cu_seqlens_k", &ck, g.batch, g.total_k)?;
     let (dq, dk) = (st.clone_htod(&cq)?, st.clone_htod(&ck)?);
     let mut plan = planner.alloc(st, g)?;
-    planner.run(gpu, st, &dq, &dk, &mut plan)?;
+    planner.run(gpu, st, addr(&dq, st), addr(&dk, st), &mut plan)?;
     Ok((plan.units(st, &cq)?, plan))
+}
+
+/// The device address of `x` (its uses on `st` are ordered by the stream).
+fn addr(
+    x: &lab::cudarc::driver::CudaSlice<i32>,
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+) -> u64 {
+    use lab::cudarc::driver::DevicePtr;
+    x.device_ptr(st).0
 }
 
 fn model(b: &Batch) -> Vec<RaggedUnit> {
@@ -136,7 +145,7 @@ fn main() {
             let (cq, ck) = b.cu();
             let st = &gpu.stream;
             let (dq, dk) = (st.clone_htod(&cq)?, st.clone_htod(&ck)?);
-            Planner::default().run(gpu, st, &dq, &dk, &mut plan)?;
+            Planner::default().run(gpu, st, addr(&dq, st), addr(&dk, st), &mut plan)?;
             same_plan(&plan.units(st, &cq)?, &want)?;
             eprintln!("{name}: {} units longest first, as the model's", want.len());
             Ok(())

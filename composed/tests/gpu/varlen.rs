@@ -106,6 +106,7 @@ pub fn add(t: &mut Suite) {
             let lse = st.clone_htod(&lab::numerics::poisoned::<f32>(h * tq))?;
             let (dcq, dck) = (st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?);
             let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+            let (cq_at, ck_at) = (addr(dcq.device_ptr(&st)), addr(dck.device_ptr(&st)));
             let tensors = VarlenTensors {
                 q: addr(dq.device_ptr(&st)),
                 k: addr(dk.device_ptr(&st)),
@@ -115,12 +116,15 @@ pub fn add(t: &mut Suite) {
                 v_scale: addr(dvs.device_ptr(&st)),
                 o: addr(o.device_ptr(&st)),
                 lse: addr(lse.device_ptr(&st)),
+                cu_q: cq_at,
+                cu_k: ck_at,
+                strides: None,
             };
             let shape = VarlenShape { batch, h, hkv, d, total_q: tq, total_k: tk, causal };
             let mut vl = Varlen::new();
             let scale = 1.0 / (d as f32).sqrt();
             for launch in 0..2 {
-                vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &tensors, &dcq, &dck)?;
+                vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &tensors)?;
                 let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
                 for (i, a) in alone.iter().enumerate() {
                     let Some(a) = a else { continue };
