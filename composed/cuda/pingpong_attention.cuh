@@ -116,17 +116,24 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
 
 // The producer's part of ragged unit s.u (a packed batch's unit from the plan's table, `rg`; stage 8 varlen): Q's rows
 // of the unit's sequence and head, then its key tiles from the sequence's first key row (maps over the packed tensors:
-// (D, total, heads, 1)); V into `vst`'s slots.
+// (D, total, heads, 1)), or from its pages of a paged cache (maps over the pool); V into `vst`'s slots.
 template <class Block, class Staging>
-__device__ __forceinline__ int produce_ragged_unit(const Params& p, const RaggedArgs& rg, const Block& blk,
-                                                   const tma::Map* mq, const tma::Map* mk, const tma::Map* mv, int u,
-                                                   int n, int r0, const Staging& vst) {
+__device__ __forceinline__ int produce_ragged_unit(const Params& p, const RaggedArgs& rg, const PagedArgs& pg,
+                                                   const Block& blk, const tma::Map* mq, const tma::Map* mk,
+                                                   const tma::Map* mv, int u, int n, int r0, const Staging& vst) {
   const ragged::Unit ru = ragged::unit(rg.table, u);
   const ragged::Coord rc = ragged::coord(rg.cu_q, rg.cu_k, ru, kUnitRows);
   blk.produce_q(mq, n, ru.head, rc.q_row0, u);
-  const int kv = ru.head / p.group, k_row0 = rc.k_row0;
-  blk.produce_k(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, k_row0); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
-                k_row0);
+  const int kv = ru.head / p.group;
+  if (pg.pages.pages != nullptr) {
+    const PagedRows rows{pg.pages, ru.seq, rc.sk, pg.box, pg.oob_row};
+    blk.produce_k(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
+                  rows);
+  } else {
+    const KeyRows rows{rc.k_row0};
+    blk.produce_k(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
+                  rows);
+  }
   return ru.key_tiles;
 }
 
@@ -363,7 +370,8 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // there; no split tail.
 template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
-                                   const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs()) {
+                                   const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs(),
+                                   const PagedArgs* pg = nullptr) {
   using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ QBarriers<2> qbars;
@@ -392,7 +400,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
       for (int w = blockIdx.x; w < split || w < end; ++n) {
         if constexpr (VARLEN) {
-          r0 += produce_ragged_unit(p, rg, blk, mq, mk, mvt, w, n, r0, vst);
+          r0 += produce_ragged_unit(p, rg, *pg, blk, mq, mk, mvt, w, n, r0, vst);
         } else {
           const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
           r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0, vst);

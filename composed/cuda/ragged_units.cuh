@@ -1,5 +1,6 @@
 // ragged_units.cuh: a unit as a consumer sees it, dense (unit_coord) or ragged (a packed batch's plan), and packed outputs.
 #pragma once
+#include "paged_kv.cuh"
 #include "ragged_plan.cuh"
 #include "tma_attention.cuh"
 
@@ -13,6 +14,36 @@ struct RaggedArgs {
   const int* cu_k = nullptr;
   int total_q = 0;
   int heads = 0;
+};
+
+// A paged KV cache (`pages.pages` set; the producer's only): K and V are a pool of pages ([num_pages · page_size, Hkv,
+// D]) whose rows a sequence's keys reach through its block table (paged-kv); `box`: rows a TMA box of K or V (gcd(BC,
+// page_size), so that no box crosses a page), `oob_row` a row past the pool (a box there comes back zeros). Apart from
+// RaggedArgs, which the consumers take, and passed by pointer: a larger struct there, or a defaulted one beside it, moved
+// stage 7's schedule.
+struct PagedArgs {
+  paged::Table pages = {nullptr, 0, 0};
+  int box = 0;
+  int oob_row = 0;
+};
+
+// A paged cache's key rows for sequence `seq` (Sk `sk`): a tile of BC keys as BC / box boxes, each from its page;
+// boxes of keys past Sk come from past the pool (zeros: masked keys must be finite, and the table holds no entry for
+// them).
+struct PagedRows {
+  paged::Table t;
+  int seq, sk, box, oob_row;
+  template <int BC, int PANEL, int PANELS>
+  __device__ __forceinline__ void load(const tma::Map* m, unsigned long long* bar, unsigned char* dst, int tile, int kv,
+                                       int) const {
+    for (int j = 0; j * box < BC; ++j) {
+      const int key = tile * BC + j * box;
+      const int row = key < sk ? int(paged::pool_row(t, seq, key)) : oob_row;
+#pragma unroll
+      for (int c = 0; c < PANELS; ++c)
+        tma::load_4d(m, bar, dst + c * BC * PANEL + j * box * PANEL, c * PANEL, row, kv, 0);
+    }
+  }
 };
 
 // A unit as a consumer needs it: the heads its scales are read at (bh: query; kv: key/value), its first query row

@@ -26,6 +26,18 @@ struct QBarriers {
   int dest[2];
 };
 
+// Where a key tile's rows come from: `row0` on, consecutive (the dense and packed layouts). Loads tile t's rows of
+// K/V head kv (batch bat) into `dst` (PANELS panels of BC rows × PANEL bytes, one box each) on `bar`.
+struct KeyRows {
+  int row0;
+  template <int BC, int PANEL, int PANELS>
+  __device__ __forceinline__ void load(const tma::Map* m, unsigned long long* bar, unsigned char* dst, int t, int kv,
+                                       int bat) const {
+#pragma unroll
+    for (int c = 0; c < PANELS; ++c) tma::load_4d(m, bar, dst + c * BC * PANEL, c * PANEL, t * BC + row0, kv, bat);
+  }
+};
+
 // The shared memory and barriers both TMA stages use: QBUFS Q buffers (128 rows each), then STAGES K tiles and
 // STAGES Vᵀ tiles of BC keys, 1024-aligned in the dynamic segment; the ring and Q's barriers (released by the 4
 // warps of each of `consumers` warpgroups, 1 or 2) initialised by thread 0 before a block barrier, the last one
@@ -142,17 +154,15 @@ struct TmaBlock {
   // K of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ..., each stage armed for `bytes` (K's, and
   // V's where it comes by TMA into the stage too), and then v(r, t): ring tile r's V, of key tile t.
   // `kv` and `bat`: the map's head and batch coordinates, as produce_q's.
-  // `row0`: the key rows' first (a packed batch's sequence starts there).
-  template <class V>
+  // `rows`: where the tiles' key rows are (KeyRows: consecutive from a first row; a paged cache's through its block
+  // table).
+  template <class V, class Rows = KeyRows>
   __device__ void produce_k(const tma::Map* mk, const V& v, unsigned bytes, int kv, int r0, int tiles, int k0,
-                            int bat = 0, int row0 = 0) const {
+                            int bat = 0, Rows rows = Rows{0}) const {
     for (int t = k0; t < k0 + tiles; ++t) {
       const int r = r0 + t - k0;
       ring.acquire(r, bytes);
-#pragma unroll
-      for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mk, ring.full(r), sk + ring.stage(r) * kTile + c * BC * kQkPanel, c * kQkPanel, t * BC + row0, kv,
-                     bat);
+      rows.template load<BC, kQkPanel, kQkPanels>(mk, ring.full(r), sk + ring.stage(r) * kTile, t, kv, bat);
       v(r, t);
     }
   }

@@ -40,18 +40,16 @@ struct VStaging {
     }
     tma::fence_barrier_init();
   }
-  // The loading thread: ring tile r's V is key tile t (from key row row0) of K/V head kv of batch bat, through V's map
-  // (K's boxes), once every transposing warp is done with the slot's tile before (a fresh barrier's phase "−1" counts as
-  // done).
-  __device__ void load(const tma::Map* mv, int r, int t, int kv, int bat, int row0 = 0) const {
+  // The loading thread: ring tile r's V is key tile t of K/V head kv of batch bat, its rows where `rows` says (as K's),
+  // through V's map (K's boxes), once every transposing warp is done with the slot's tile before (a fresh barrier's
+  // phase "−1" counts as done).
+  template <class Rows = KeyRows>
+  __device__ void load(const tma::Map* mv, int r, int t, int kv, int bat, const Rows& rows = Rows{0}) const {
     const int s = slot(r);
     tma::wait(&b->empty[s], phase(r) ^ 1u);
     b->more[s] = 1;
     tma::arrive_expect_tx(&b->full[s], Block::kTile);
-#pragma unroll
-    for (int c = 0; c < Block::kQkPanels; ++c)
-      tma::load_4d(mv, &b->full[s], tile(r) + c * Block::kBc * Block::kQkPanel, c * Block::kQkPanel,
-                   t * Block::kBc + row0, kv, bat);
+    rows.template load<Block::kBc, Block::kQkPanel, Block::kQkPanels>(mv, &b->full[s], tile(r), t, kv, bat);
   }
   // The loading thread: there is no ring tile r (the block's last tile was r − 1).
   __device__ void end(int r) const {

@@ -48,6 +48,7 @@ pub(crate) const BLOCK_HEADERS: &[&[Header]] = &[
     fp8_relayout::HEADERS,
     tma_ring::HEADERS,
     ragged_plan::HEADERS,
+    paged_kv::HEADERS,
     HEADERS,
 ];
 

@@ -45,6 +45,20 @@ pub struct VarlenTensors {
     /// Element strides of Q's, K's and V's token, head and (unused: one batch) batch dimensions; None: packed
     /// [total, heads, D]. Quantized codes in [1, H, total, D] are (D, total·D, ·).
     pub strides: Option<Strides>,
+    /// K and V as a paged cache's pool instead of packed: `k` and `v` are then pools [num_pages, page_size, Hkv, D],
+    /// and `cu_k` the prefix sums of the sequences' lengths in keys.
+    pub paged: Option<PagedKv>,
+}
+
+/// A paged KV cache as a launch reads it: the block table's device address ([B][max_pages] i32 page indices, checked by
+/// the caller with `paged_kv::validate`: every entry a sequence's length reaches is in the pool), pages of
+/// `page_size` rows (a power of two, 16 to 256), `num_pages` of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PagedKv {
+    pub block_table: u64,
+    pub max_pages: usize,
+    pub page_size: usize,
+    pub num_pages: usize,
 }
 
 /// What a packed batch's launches keep: the device plan (its table sized for the last geometry) and the schedule's
@@ -54,6 +68,7 @@ pub struct Varlen {
     planner: Planner,
     plan: Option<DevicePlan>,
     sched: Option<CudaSlice<i32>>,
+    kernel: Option<KernelSpec>,
 }
 
 /// Stage 8's kernel over packed batches at head dimension `d`.
@@ -64,6 +79,12 @@ pub fn varlen_kernel(d: usize) -> KernelSpec {
 impl Varlen {
     pub fn new() -> Varlen {
         Varlen::default()
+    }
+
+    /// Launch `spec` (a variant of the packed kernel: same name and parameters) from now on; `None` goes back to
+    /// `varlen_kernel`'s.
+    pub fn use_kernel(&mut self, spec: Option<KernelSpec>) {
+        self.kernel = spec;
     }
 
     /// Queues the plan of the batch whose boundaries are on the device at `t.cu_q`, `t.cu_k` (B + 1 entries each,
@@ -118,7 +139,7 @@ impl Varlen {
             None => st.alloc_zeros::<i32>(size_of::<SplitHead>() / 4)?,
         };
         let sched = self.sched.insert(sched);
-        let spec = varlen_kernel(d);
+        let spec = self.kernel.unwrap_or_else(|| varlen_kernel(d));
         let smem = stage.smem_bytes(d);
         let k = load_with_smem(gpu, &spec, smem)?;
         let (table, _g1) = plan.table.device_ptr(st);
@@ -146,7 +167,38 @@ impl Varlen {
             vt_tiles: 0,
             sched: sched_at,
         };
-        let maps = packed_maps(s, bc, [t.q, t.k, t.v], t.strides)?;
+        let mut maps = packed_maps(s, bc, [t.q, t.k, t.v], t.strides)?;
+        let (mut table_at, mut max_pages, mut shift, mut box_rows, mut oob) =
+            (0u64, 0i32, 0i32, 0i32, 0i32);
+        if let Some(pk) = t.paged {
+            ensure!(
+                pk.page_size.is_power_of_two() && (16..=256).contains(&pk.page_size),
+                "page size {}: the kernels take a power of two from 16 to 256",
+                pk.page_size
+            );
+            let rows = pk.num_pages * pk.page_size;
+            ensure!(
+                rows < i32::MAX as usize
+                    && pk.max_pages <= i32::MAX as usize
+                    && pk.block_table != 0,
+                "a pool of {} pages of {} rows (or a table of {} pages a sequence) the kernel cannot address",
+                pk.num_pages,
+                pk.page_size,
+                pk.max_pages
+            );
+            // No box crosses a page: gcd(BC, page size) rows a box (the key tile a whole number of boxes).
+            let b = gcd(bc, pk.page_size);
+            let [km, vm] = pool_maps(s, b, [t.k, t.v], rows)?;
+            maps[1] = km;
+            maps[2] = vm;
+            (table_at, max_pages, shift, box_rows, oob) = (
+                pk.block_table,
+                pk.max_pages as i32,
+                pk.page_size.trailing_zeros() as i32,
+                b as i32,
+                rows as i32,
+            );
+        }
         let (heads, total_q) = (s.h as i32, s.total_q as i32);
         let blocks = gpu.sms.min(g.max_units().max(1)) as u32;
         let cfg = LaunchConfig {
@@ -164,10 +216,17 @@ impl Varlen {
             .arg(&table)
             .arg(&cq)
             .arg(&ck)
-            .arg(&total_q);
+            .arg(&total_q)
+            .arg(&table_at)
+            .arg(&max_pages)
+            .arg(&shift)
+            .arg(&box_rows)
+            .arg(&oob);
         // SAFETY: stage8_varlen_dD(Params, maps q, k, v, o (not read), int heads, const int* table, cu_q, cu_k, int
-        // total_q) with the block it was written for; the plan's table holds the units the planner just queued on
-        // this stream (room for every unit of the geometry); the caller's tensors hold the packed extents.
+        // total_q, const int* block_table, int max_pages, page_shift, box, oob_row) with the block it was written for;
+        // the plan's table holds the units the planner just queued on this stream (room for every unit of the
+        // geometry); the caller's tensors hold the packed extents, and its block table every page its sequences'
+        // lengths reach (the kernel reads no entry past a sequence's length).
         unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
         Ok(())
     }
@@ -204,4 +263,64 @@ fn packed_maps(
         map("k", k, s.hkv, s.total_k, bc, strides.map(|x| x.k))?,
         map("v", v, s.hkv, s.total_k, bc, strides.map(|x| x.v))?,
     ])
+}
+
+/// K's and V's maps over a paged cache's pools ([num_pages · page_size rows, Hkv, D]), boxes of `box` rows.
+fn pool_maps(
+    s: &VarlenShape,
+    box_rows: usize,
+    [k, v]: [u64; 2],
+    rows: usize,
+) -> Result<[tma_ring::TensorMap; 2]> {
+    use frag_layout::Swizzle;
+    use tma_ring::{Elem, MapSpec};
+    let sw = if s.d == 64 {
+        Swizzle::B64
+    } else {
+        Swizzle::B128
+    };
+    let (h, d, n) = (s.hkv as u64, s.d as u64, rows as u64);
+    let map = |name: &str, at: u64| {
+        MapSpec::strided(
+            Elem::U8,
+            [1, h, n, d],
+            [h * d, d, n * h * d],
+            box_rows as u32,
+            sw,
+        )
+        .encode(at)
+        .with_context(|| {
+            format!(
+                "the paged cache's {name} pool: {rows} rows of {} heads",
+                s.hkv
+            )
+        })
+    };
+    Ok([map("k", k)?, map("v", v)?])
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn boxes_never_cross_a_page() {
+        for (bc, page, want) in [
+            (224, 16, 16),
+            (224, 32, 32),
+            (224, 64, 32),
+            (224, 256, 32),
+            (128, 64, 64),
+            (128, 256, 128),
+        ] {
+            let b = super::gcd(bc, page);
+            assert_eq!(b, want);
+            assert!(
+                page.is_multiple_of(b) && bc.is_multiple_of(b) && b.is_multiple_of(8),
+                "{bc} {page}: {b}"
+            );
+        }
+    }
 }

@@ -175,6 +175,7 @@ impl Attention {
             cu_q: at(cu_q.device_ptr(stream)),
             cu_k: at(cu_k.device_ptr(stream)),
             strides: None,
+            paged: None,
         };
         let shape = VarlenShape {
             batch: b.batch(),

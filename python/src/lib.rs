@@ -323,6 +323,7 @@ fn launch_varlen(
             k: at(strides[1], total_k),
             v: at(strides[2], total_k),
         }),
+        paged: None,
     };
     let shape = VarlenShape {
         batch,

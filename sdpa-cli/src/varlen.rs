@@ -77,6 +77,7 @@ pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
         cu_q: at(dcu.device_ptr(&st)),
         cu_k: at(dcu.device_ptr(&st)),
         strides: None,
+        paged: None,
     };
     let shape = VarlenShape {
         batch: b,

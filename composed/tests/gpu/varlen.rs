@@ -1,7 +1,7 @@
 // Stage 8 over packed (variable-length) batches: every sequence's O and LSE bit for bit as stage 8 gives it alone.
 use crate::prelude::*;
 use composed::ragged::validate_cu_seqlens;
-use composed::{Varlen, VarlenShape, VarlenTensors};
+use composed::{PagedKv, Varlen, VarlenShape, VarlenTensors};
 use half::f16;
 use lab::cudarc::driver::DevicePtr;
 
@@ -67,6 +67,50 @@ fn pack(dst: &mut [u8], src: &[u8], h: usize, s: usize, d: usize, row0: usize) {
     }
 }
 
+/// Packed K and V rows ([total_k, Hkv·D bytes a row], sequence i's from cu_k[i]) in a paged cache: each sequence's keys
+/// cut into pages of `page` rows (the last zero-padded), the pages shuffled through a pool with spare pages, the block
+/// table [B][max_pages] (−1 past a sequence's pages). (the two pools, the table, max_pages, num_pages).
+fn page_out(
+    tensors: [&[u8]; 2],
+    cu_k: &[i32],
+    row_bytes: usize,
+    page: usize,
+    seed: u64,
+) -> (Vec<Vec<u8>>, Vec<i32>, usize, usize) {
+    let b = cu_k.len() - 1;
+    let pages_of = |i: usize| ((cu_k[i + 1] - cu_k[i]) as usize).div_ceil(page);
+    let max_pages = (0..b).map(pages_of).max().unwrap_or(0).max(1);
+    let used: usize = (0..b).map(pages_of).sum();
+    let num_pages = used + 3;
+    // A permutation of the pool's pages (a fixed LCG shuffle): sequence pages land anywhere, spares between.
+    let mut ids: Vec<usize> = (0..num_pages).collect();
+    let mut x = seed | 1;
+    for i in (1..num_pages).rev() {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ids.swap(i, (x >> 33) as usize % (i + 1));
+    }
+    let mut table = vec![-1i32; b * max_pages];
+    let mut pools = vec![vec![0u8; num_pages * page * row_bytes]; 2];
+    let mut next = 0;
+    for i in 0..b {
+        let (k0, sk) = (cu_k[i] as usize, (cu_k[i + 1] - cu_k[i]) as usize);
+        for j in 0..pages_of(i) {
+            let id = ids[next];
+            next += 1;
+            table[i * max_pages + j] = id as i32;
+            let rows = page.min(sk - j * page);
+            for (t, pool) in tensors.iter().zip(pools.iter_mut()) {
+                let src = &t[(k0 + j * page) * row_bytes..(k0 + j * page + rows) * row_bytes];
+                pool[id * page * row_bytes..id * page * row_bytes + rows * row_bytes]
+                    .copy_from_slice(src);
+            }
+        }
+    }
+    (pools, table, max_pages, num_pages)
+}
+
 pub fn add(t: &mut Suite) {
     for (name, lens, h, hkv, d, causal) in cases() {
         t.gpu(&format!("varlen::stage8::{name}::bits_of_each_sequence_alone"), move |gpu| {
@@ -102,8 +146,8 @@ pub fn add(t: &mut Suite) {
             let up8 = |x: &[u8]| st.clone_htod(if x.is_empty() { &[0u8][..] } else { x });
             let (dq, dk, dv) = (up8(&q)?, up8(&k)?, up8(&v)?);
             let (dqs, dks, dvs) = (st.clone_htod(&qs)?, st.clone_htod(&ks)?, st.clone_htod(&vs)?);
-            let o = st.clone_htod(&lab::numerics::poisoned::<f16>(tq * h * d))?;
-            let lse = st.clone_htod(&lab::numerics::poisoned::<f32>(h * tq))?;
+            let mut o = st.clone_htod(&lab::numerics::poisoned::<f16>(tq * h * d))?;
+            let mut lse = st.clone_htod(&lab::numerics::poisoned::<f32>(h * tq))?;
             let (dcq, dck) = (st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?);
             let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
             let (cq_at, ck_at) = (addr(dcq.device_ptr(&st)), addr(dck.device_ptr(&st)));
@@ -119,6 +163,7 @@ pub fn add(t: &mut Suite) {
                 cu_q: cq_at,
                 cu_k: ck_at,
                 strides: None,
+                paged: None,
             };
             let shape = VarlenShape { batch, h, hkv, d, total_q: tq, total_k: tk, causal };
             let mut vl = Varlen::new();
@@ -151,8 +196,146 @@ pub fn add(t: &mut Suite) {
                     }
                 }
             }
-            eprintln!("varlen {name}: {batch} sequences, every O and LSE bit as each sequence alone, twice");
+            // The same keys in a paged cache (shuffled pages of 16, 64 and 256 rows): the same bits.
+            for page in [16usize, 64, 256] {
+                let (pools, table, max_pages, num_pages) = page_out([&k, &v], &cu_k, hkv * d, page, page as u64);
+                let (pk, pv) = (st.clone_htod(&pools[0])?, st.clone_htod(&pools[1])?);
+                let dt = st.clone_htod(&table)?;
+                let paged_t = VarlenTensors {
+                    k: addr(pk.device_ptr(&st)),
+                    v: addr(pv.device_ptr(&st)),
+                    paged: Some(PagedKv {
+                        block_table: addr(dt.device_ptr(&st)),
+                        max_pages,
+                        page_size: page,
+                        num_pages,
+                    }),
+                    ..tensors
+                };
+                // Poisoned again: every element must come from the paged launch.
+                st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
+                st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut lse)?;
+                vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &paged_t)?;
+                let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
+                for (i, a) in alone.iter().enumerate() {
+                    let Some(a) = a else { continue };
+                    let sq = lens[i].0;
+                    for hi in 0..h {
+                        for r in 0..sq {
+                            let row = cu_q[i] as usize + r;
+                            ensure!(
+                                l_h[hi * tq + row].to_bits() == a.lse[hi * sq + r].to_bits(),
+                                "{name}, pages of {page}: sequence {i} head {hi} row {r}: the LSE differs"
+                            );
+                            let at = (row * h + hi) * d;
+                            ensure!(
+                                (0..d).all(|c| o_h[at + c].to_f32().to_bits() == a.o[(hi * sq + r) * d + c].to_bits()),
+                                "{name}, pages of {page}: sequence {i} head {hi} row {r}: O differs"
+                            );
+                        }
+                    }
+                }
+            }
+            eprintln!("varlen {name}: {batch} sequences, every O and LSE bit as each sequence alone, twice, and from pages of 16, 64 and 256");
             Ok(())
         });
     }
+    t.gpu(
+        "varlen::stage8::mutant_paged_boxes_into_one_place_is_caught",
+        |gpu| {
+            // Every box of a paged key tile written over its first rows (the box's place in the tile dropped): the tile's
+            // other rows keep what was there, and O must differ from the packed launch's.
+            let (h, hkv, d) = (4, 4, 128);
+            let lens = [(300usize, 700usize), (129, 300)];
+            let st = gpu.stream.clone();
+            let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
+            for &(a, b) in &lens {
+                cu_q.push(cu_q.last().unwrap() + a as i32);
+                cu_k.push(cu_k.last().unwrap() + b as i32);
+            }
+            let (tq, tk) = (
+                *cu_q.last().unwrap() as usize,
+                *cu_k.last().unwrap() as usize,
+            );
+            let shape = Shape::cross(1, h, tq, tk, d);
+            let qz = quantize_per_head(&normal(shape, 7));
+            // Random codes used as packed tensors directly (any E4M3 codes do; scales one per (sequence, head)).
+            let (q, k, v) = (&qz.q, &qz.k, &qz.v);
+            let ones = |n: usize| vec![0.01f32; n];
+            let (dq, dk, dv) = (st.clone_htod(q)?, st.clone_htod(k)?, st.clone_htod(v)?);
+            let (dqs, dks) = (st.clone_htod(&ones(2 * h))?, st.clone_htod(&ones(2 * hkv))?);
+            let mut o = st.clone_htod(&lab::numerics::poisoned::<f16>(tq * h * d))?;
+            let lse = st.clone_htod(&lab::numerics::poisoned::<f32>(h * tq))?;
+            let (dcq, dck) = (st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?);
+            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+            let t = VarlenTensors {
+                q: addr(dq.device_ptr(&st)),
+                k: addr(dk.device_ptr(&st)),
+                v: addr(dv.device_ptr(&st)),
+                q_scale: addr(dqs.device_ptr(&st)),
+                k_scale: addr(dks.device_ptr(&st)),
+                v_scale: addr(dks.device_ptr(&st)),
+                o: addr(o.device_ptr(&st)),
+                lse: addr(lse.device_ptr(&st)),
+                cu_q: addr(dcq.device_ptr(&st)),
+                cu_k: addr(dck.device_ptr(&st)),
+                strides: None,
+                paged: None,
+            };
+            let vs = VarlenShape {
+                batch: 2,
+                h,
+                hkv,
+                d,
+                total_q: tq,
+                total_k: tk,
+                causal: false,
+            };
+            let mut vl = Varlen::new();
+            vl.launch(gpu, &st, &vs, 0.1, OutDtype::F16, &t)?;
+            let good = st.clone_dtoh(&o)?;
+            let (pools, table, max_pages, num_pages) = page_out([k, v], &cu_k, hkv * d, 64, 5);
+            let (pk, pv, dt) = (
+                st.clone_htod(&pools[0])?,
+                st.clone_htod(&pools[1])?,
+                st.clone_htod(&table)?,
+            );
+            let pt = VarlenTensors {
+                k: addr(pk.device_ptr(&st)),
+                v: addr(pv.device_ptr(&st)),
+                paged: Some(PagedKv {
+                    block_table: addr(dt.device_ptr(&st)),
+                    max_pages,
+                    page_size: 64,
+                    num_pages,
+                }),
+                ..t
+            };
+            st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
+            vl.launch(gpu, &st, &vs, 0.1, OutDtype::F16, &pt)?;
+            let paged_ok = st.clone_dtoh(&o)?;
+            ensure!(
+                paged_ok
+                    .iter()
+                    .zip(&good)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "the paged launch differs from the packed one"
+            );
+            vl.use_kernel(Some(composed::varlen_kernel(d).mutated(
+                "ragged_units.cuh",
+                "dst + c * BC * PANEL + j * box * PANEL",
+                "dst + c * BC * PANEL",
+            )?));
+            st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
+            vl.launch(gpu, &st, &vs, 0.1, OutDtype::F16, &pt)?;
+            let bad = st.clone_dtoh(&o)?;
+            ensure!(
+                bad.iter()
+                    .zip(&good)
+                    .any(|(a, b)| a.to_bits() != b.to_bits()),
+                "boxes written into one place went unnoticed"
+            );
+            Ok(())
+        },
+    );
 }
