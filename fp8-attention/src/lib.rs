@@ -55,7 +55,7 @@ pub use ring::{
     RankOutput, Shard, StepTime, ring_on_one_device, zigzag_join, zigzag_range, zigzag_split,
 };
 pub use ring_nccl::{on_ranks, ring_attention_rank};
-pub use varlen::{Packed, PackedOutput, check_packed};
+pub use varlen::{Packed, PackedOutput, PagedCache, check_packed};
 
 /// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the
 /// architecture, the compile options and the NVRTC and headers used), so that a process's first call does not wait

@@ -2,7 +2,7 @@
 use std::sync::Arc;
 
 use composed::ragged::validate_cu_seqlens;
-use composed::{VarlenShape, VarlenTensors};
+use composed::{PagedKv, VarlenShape, VarlenTensors};
 use half::{bf16, f16};
 use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
@@ -114,7 +114,99 @@ pub fn check_packed(b: &Packed, lens: [usize; 3], scales: [usize; 3]) -> Result<
     Ok(())
 }
 
+/// A paged KV cache as a call gives it: the pool's geometry (pages of `page_size` rows, a power of two from 16 to 256)
+/// and, on the host, the block table ([B][max_pages] page indices) and each sequence's length in keys.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedCache<'a> {
+    /// Pages in the pool.
+    pub num_pages: usize,
+    /// Rows a page.
+    pub page_size: usize,
+    /// Page indices a sequence (the table's row length).
+    pub max_pages: usize,
+    /// [B][max_pages] page indices; entries past a sequence's last page are not read.
+    pub block_table: &'a [i32],
+    /// Each sequence's length in keys.
+    pub seq_lens: &'a [i32],
+}
+
 impl Attention {
+    /// Attention of a packed batch's queries (`q`: [total_q, H, D], sequence i's rows from `cu_seqlens_q[i]`; `b`'s
+    /// cu_seqlens_k is not read) over a paged FP8 KV cache (`k`, `v`: pools [num_pages, page_size, Hkv, D]; `cache`:
+    /// the block table and lengths, checked by name here — a page size the kernels lack, a table of the wrong length, a
+    /// sequence longer than its pages, an entry outside the pool — then copied to the device on `stream`). The new
+    /// tokens are each sequence's last (causal bottom-right). Stage 8's packed kernel with its paged loads.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_paged(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        b: &Packed,
+        cache: &PagedCache,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+    ) -> Result<PackedOutput> {
+        let batch = b.batch();
+        let pool = paged_kv::Pool {
+            num_pages: cache.num_pages,
+            page_size: cache.page_size,
+            hkv: b.hkv,
+            d: b.d,
+        };
+        let table = paged_kv::BlockTable {
+            max_pages: cache.max_pages,
+            pages: cache.block_table.to_vec(),
+            seq_lens: cache.seq_lens.to_vec(),
+        };
+        let layout = |why: String| Error::Layout {
+            tensor: "block_table",
+            why,
+        };
+        if cache.seq_lens.len() != batch {
+            return Err(layout(format!(
+                "{} sequence lengths for the {batch} sequences cu_seqlens_q bounds",
+                cache.seq_lens.len()
+            )));
+        }
+        paged_kv::validate(&pool, &table).map_err(|e| layout(format!("{e:#}")))?;
+        // The keys' boundaries: the prefix sums of the lengths (what the plan and the masks read).
+        let mut cu_k = vec![0i32];
+        for &l in cache.seq_lens {
+            cu_k.push(cu_k.last().copied().unwrap_or(0).saturating_add(l));
+        }
+        let packed = Packed {
+            cu_seqlens_k: &cu_k,
+            ..*b
+        };
+        let pool_len = pool.bytes();
+        // K and V are pools, checked below: their lengths pass here.
+        check_packed(
+            &packed,
+            [q.codes.len(), usize::MAX, usize::MAX],
+            [q.scales.len(), k.scales.len(), v.scales.len()],
+        )?;
+        for (tensor, got) in [("k", k.codes.len()), ("v", v.codes.len())] {
+            if got < pool_len {
+                return Err(Error::Length {
+                    tensor,
+                    got,
+                    want: pool_len,
+                    dims: [cache.num_pages, cache.page_size, b.hkv, b.d],
+                });
+            }
+        }
+        let drv = |e: lab::cudarc::driver::DriverError| Error::Device(anyhow::Error::from(e));
+        let dt = stream.clone_htod(cache.block_table).map_err(drv)?;
+        let paged = PagedKv {
+            block_table: dt.device_ptr(stream).0,
+            max_pages: cache.max_pages,
+            page_size: cache.page_size,
+            num_pages: cache.num_pages,
+        };
+        self.packed_launch(gpu, stream, &packed, q, k, v, Some(paged))
+    }
+
     /// Attention over a packed batch: Q [total_q, H, D], K and V [total_k, Hkv, D] (E4M3 codes, scales one per
     /// (sequence, head)), sequence i's rows from `b.cu_seqlens_q[i]` and `b.cu_seqlens_k[i]`; causal (the op's)
     /// bottom-right per sequence. Runs stage 8's packed kernel on sm_90 (the units planned on the device from the
@@ -133,6 +225,21 @@ impl Attention {
             [q.codes.len(), k.codes.len(), v.codes.len()],
             [q.scales.len(), k.scales.len(), v.scales.len()],
         )?;
+        self.packed_launch(gpu, stream, b, q, k, v, None)
+    }
+
+    /// The packed kernel on checked inputs (K and V packed, or `paged`'s pools), into new outputs on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn packed_launch(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        b: &Packed,
+        q: Fp8,
+        k: Fp8,
+        v: Fp8,
+        paged: Option<PagedKv>,
+    ) -> Result<PackedOutput> {
         if !matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a) {
             return Err(Error::Unsupported(format!(
                 "packed batches run on stage8, which needs an sm_90 GPU; {} is {}",
@@ -154,7 +261,7 @@ impl Attention {
         let mut lse = unsafe { stream.alloc::<f32>((b.h * tq).max(1)).map_err(drv)? };
         let cu_q = stream.clone_htod(b.cu_seqlens_q).map_err(drv)?;
         let cu_k = stream.clone_htod(b.cu_seqlens_k).map_err(drv)?;
-        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
+        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(10);
         let mut at = |(ptr, g)| {
             guards.push(g);
             ptr
@@ -175,7 +282,7 @@ impl Attention {
             cu_q: at(cu_q.device_ptr(stream)),
             cu_k: at(cu_k.device_ptr(stream)),
             strides: None,
-            paged: None,
+            paged,
         };
         let shape = VarlenShape {
             batch: b.batch(),

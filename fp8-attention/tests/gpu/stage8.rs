@@ -1,7 +1,7 @@
 // The op on stage 8: one launch a call (V read as the caller has it), stage 7's bits, inputs read in place at any strides.
 use anyhow::ensure;
 use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
-use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, Stage, Strides};
+use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Stage, Strides};
 use lab::Suite;
 
 use crate::{forward, inputs, lab_path, same_bits};
@@ -241,6 +241,38 @@ pub fn add(t: &mut Suite) {
                 }
             }
         }
+        // The same keys in a paged cache of 64-row pages (in reverse order in the pool): the same bits.
+        let page = 64;
+        let pages_of = |i: usize| lens[i].1.div_ceil(page);
+        let max_pages = (0..lens.len()).map(pages_of).max().unwrap_or(1);
+        let num_pages: usize = (0..lens.len()).map(pages_of).sum();
+        let mut table = vec![-1i32; lens.len() * max_pages];
+        let (mut pk, mut pv) = (vec![0u8; num_pages * page * hkv * d], vec![0u8; num_pages * page * hkv * d]);
+        let mut next = num_pages;
+        for (i, &(_, sk)) in lens.iter().enumerate() {
+            for j in 0..pages_of(i) {
+                next -= 1;
+                table[i * max_pages + j] = next as i32;
+                let rows = page.min(sk - j * page);
+                let (from, to, n) = ((ck[i] as usize + j * page) * hkv * d, next * page * hkv * d, rows * hkv * d);
+                pk[to..to + n].copy_from_slice(&k[from..from + n]);
+                pv[to..to + n].copy_from_slice(&v[from..from + n]);
+            }
+        }
+        let seq_lens: Vec<i32> = lens.iter().map(|x| x.1 as i32).collect();
+        let cache = PagedCache { num_pages, page_size: page, max_pages, block_table: &table, seq_lens: &seq_lens };
+        let (dpk, dpv) = (st.clone_htod(&pk)?, st.clone_htod(&pv)?);
+        let out2 = op.forward_paged(gpu, &st, &b, &cache, f(&dq, &dqs), f(&dpk, &dks), f(&dpv, &dvs))?;
+        let OutBuf::F16(o2) = &out2.o else { anyhow::bail!("O is not f16") };
+        ensure!(st.clone_dtoh(o2)? == o && st.clone_dtoh(&out2.lse)? == lse, "the paged cache gives other bits");
+        // A table entry outside the pool: named, nothing launched.
+        let mut bad_table = table.clone();
+        bad_table[0] = num_pages as i32;
+        let e = op
+            .forward_paged(gpu, &st, &b, &PagedCache { block_table: &bad_table, ..cache }, f(&dq, &dqs), f(&dpk, &dks), f(&dpv, &dvs))
+            .unwrap_err()
+            .to_string();
+        ensure!(e.contains("block_table[0][0]") && e.contains("outside the pool"), "{e}");
         // Boundaries that decrease: named, nothing launched.
         let bad = [0, 300, 200, 429, 430];
         let e = op
