@@ -148,6 +148,13 @@ pub enum Cmd {
         /// about the same query×key pairs.
         #[arg(long)]
         varlen: Option<usize>,
+        /// With --varlen: every sequence the shape's S new tokens over this many cached keys (Sk = S + prefix).
+        #[arg(long, default_value_t = 0)]
+        prefix: usize,
+        /// With --varlen: the same keys again from a paged cache of pages of this many rows (16 to 256, a power of
+        /// two), timed against the packed keys.
+        #[arg(long)]
+        page: Option<usize>,
         #[command(flatten)]
         scheme: SchemeArgs,
     },

@@ -73,6 +73,8 @@ pub fn execute(args: Args) -> Result<()> {
             api,
             ranks,
             varlen,
+            prefix,
+            page,
             scheme,
         } => {
             let s = shape
@@ -84,7 +86,7 @@ pub fn execute(args: Args) -> Result<()> {
                     "--varlen runs packed batches on stage8, not {}",
                     stage.name()
                 );
-                return varlen::bench_varlen(s, tokens, 20);
+                return varlen::bench_varlen(s, tokens, prefix, page, 20);
             }
             if let Some(n) = ranks {
                 ensure!(

@@ -1,6 +1,6 @@
 // `sdpa bench --varlen TOKENS`: a packed batch on stage 8 beside dense stages 7 and 8 at the same query×key pairs.
 use anyhow::{Context, Result, ensure};
-use composed::{Stage, Varlen, VarlenShape, VarlenTensors};
+use composed::{PagedKv, Stage, Varlen, VarlenShape, VarlenTensors};
 use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
 use lab::cudarc::driver::DevicePtr;
 use lab::cudarc::driver::sys::CUevent_flags;
@@ -24,18 +24,42 @@ pub fn lengths(tokens: usize, longest: usize, seed: u64) -> Vec<usize> {
     out
 }
 
-/// Times a packed batch of `tokens` query tokens (Sq = Sk a sequence, lengths from 100 to `s.sq`) with `s`'s heads and
-/// D on stage 8's packed kernel (the device plan included: every kernel of a call), back to back, and stage 8 and
-/// stage 7 (with V's transpose) on a dense [1, H, S, D] problem of about the same query×key pairs; prints TFLOP/s and
-/// the packed batch's against dense stage 7's.
-pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
+/// Times a packed batch of `tokens` query tokens with `s`'s heads and D on stage 8's packed kernel (the device plan
+/// included: every kernel of a call), back to back: sequences of 100 to S tokens (Sq = Sk), or with `prefix` every
+/// sequence S new tokens over `prefix` cached ones (Sk = S + prefix). With `page`, the same keys again from a paged cache
+/// of pages of that many rows (in reverse order in the pool), against the packed keys' time. Beside them, dense stages
+/// 8 and 7 on a [1, H, S', D] problem of about the same query×key pairs; prints TFLOP/s and the ratios.
+pub fn bench_varlen(
+    s: Shape,
+    tokens: usize,
+    prefix: usize,
+    page: Option<usize>,
+    iters: usize,
+) -> Result<()> {
     ensure!(tokens > 0, "--varlen {tokens}: at least one token");
     ensure!(s.sq >= 1, "--varlen: the shape's S is the longest sequence");
     let gpu = lab::Gpu::get().context("sdpa bench --varlen needs a CUDA GPU")?;
-    let lens = lengths(tokens, s.sq, 1);
+    let lens_q = if prefix > 0 {
+        vec![s.sq; (tokens / s.sq).max(1)]
+    } else {
+        lengths(tokens, s.sq, 1)
+    };
+    let lens_k: Vec<usize> = lens_q.iter().map(|&l| l + prefix).collect();
+    let (tq, tk): (usize, usize) = (lens_q.iter().sum(), lens_k.iter().sum());
     let (h, hkv, d) = (s.h, s.hkv, s.d);
-    let pairs: f64 = lens.iter().map(|&l| (l * l) as f64).sum();
-    let flops = 4.0 * (h * d) as f64 * pairs * if s.causal { 0.5 } else { 1.0 };
+    // Query×key pairs each row sees (causal: bottom-right per sequence).
+    let pairs: f64 = lens_q
+        .iter()
+        .zip(&lens_k)
+        .map(|(&q, &k)| {
+            if s.causal {
+                (q * (k - q) + q * (q + 1) / 2) as f64
+            } else {
+                (q * k) as f64
+            }
+        })
+        .sum();
+    let flops = 4.0 * (h * d) as f64 * pairs;
     // Realistic codes (unit normals quantized per head), one [1, H, 4096, D] problem's tiled over the packed tensors.
     let seed = quantize_per_head(&Raw::random(
         Shape::new(1, h, 4096, d).with_kv_heads(hkv)?,
@@ -45,25 +69,30 @@ pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
     let tile =
         |codes: &[u8], n: usize| -> Vec<u8> { codes.iter().copied().cycle().take(n).collect() };
     let st = gpu.stream.clone();
+    let (hk, hv) = (tile(&seed.k, tk * hkv * d), tile(&seed.v, tk * hkv * d));
     let (dq, dk, dv) = (
-        st.clone_htod(&tile(&seed.q, tokens * h * d))?,
-        st.clone_htod(&tile(&seed.k, tokens * hkv * d))?,
-        st.clone_htod(&tile(&seed.v, tokens * hkv * d))?,
+        st.clone_htod(&tile(&seed.q, tq * h * d))?,
+        st.clone_htod(&hk)?,
+        st.clone_htod(&hv)?,
     );
-    let b = lens.len();
+    let b = lens_q.len();
     let scales = |x: &[f32], n: usize| -> Vec<f32> { x.iter().copied().cycle().take(n).collect() };
     let (qs, ks, vs) = (
         st.clone_htod(&scales(&seed.q_scale, b * h))?,
         st.clone_htod(&scales(&seed.k_scale, b * hkv))?,
         st.clone_htod(&scales(&seed.v_scale, b * hkv))?,
     );
-    let o = st.alloc_zeros::<u16>(tokens * h * d)?;
-    let lse = st.alloc_zeros::<f32>(h * tokens)?;
-    let mut cu = vec![0i32];
-    for &l in &lens {
-        cu.push(cu.last().unwrap() + l as i32);
-    }
-    let dcu = st.clone_htod(&cu)?;
+    let o = st.alloc_zeros::<u16>(tq * h * d)?;
+    let lse = st.alloc_zeros::<f32>(h * tq)?;
+    let cu = |l: &[usize]| -> Vec<i32> {
+        let mut c = vec![0i32];
+        for &x in l {
+            c.push(c.last().unwrap() + x as i32);
+        }
+        c
+    };
+    let (cq, ck) = (cu(&lens_q), cu(&lens_k));
+    let (dcq, dck) = (st.clone_htod(&cq)?, st.clone_htod(&ck)?);
     let at = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
     let t = VarlenTensors {
         q: at(dq.device_ptr(&st)),
@@ -74,8 +103,8 @@ pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
         v_scale: at(vs.device_ptr(&st)),
         o: at(o.device_ptr(&st)),
         lse: at(lse.device_ptr(&st)),
-        cu_q: at(dcu.device_ptr(&st)),
-        cu_k: at(dcu.device_ptr(&st)),
+        cu_q: at(dcq.device_ptr(&st)),
+        cu_k: at(dck.device_ptr(&st)),
         strides: None,
         paged: None,
     };
@@ -84,27 +113,84 @@ pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
         h,
         hkv,
         d,
-        total_q: tokens,
-        total_k: tokens,
+        total_q: tq,
+        total_k: tk,
         causal: s.causal,
     };
     let mut vl = Varlen::new();
     let scale = 1.0 / (d as f32).sqrt();
-    for _ in 0..3 {
-        vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, &t)?;
+    let mut time = |t: &VarlenTensors| -> Result<f64> {
+        for _ in 0..3 {
+            vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)?;
+        }
+        let mut us = Vec::with_capacity(iters);
+        for _ in 0..iters.max(1) {
+            let e0 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)?;
+            let e1 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            st.synchronize()?;
+            us.push(f64::from(e0.elapsed_ms(&e1)?) * 1e3);
+        }
+        us.sort_by(f64::total_cmp);
+        Ok(us[us.len() / 2])
+    };
+    let packed_us = time(&t)?;
+    let tf = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
+    println!(
+        "varlen on stage8: {b} sequences, {tq} query and {tk} key tokens, H = {h}, Hkv = {hkv}, D = {d}{}: {packed_us:.1} µs \
+         a call (plan and kernel; median of {iters}), {:.1} TFLOP/s",
+        if s.causal { ", causal" } else { "" },
+        tf(flops, packed_us)
+    );
+    if let Some(page) = page {
+        // The same keys in a paged cache: each sequence's keys in pages of `page` rows, the pages in reverse order.
+        let row = hkv * d;
+        let pages_of = |i: usize| lens_k[i].div_ceil(page);
+        let max_pages = (0..b).map(pages_of).max().unwrap_or(1);
+        let num_pages: usize = (0..b).map(pages_of).sum();
+        let (mut pk, mut pv) = (
+            vec![0u8; num_pages * page * row],
+            vec![0u8; num_pages * page * row],
+        );
+        let mut table = vec![-1i32; b * max_pages];
+        let mut next = num_pages;
+        for i in 0..b {
+            for j in 0..pages_of(i) {
+                next -= 1;
+                table[i * max_pages + j] = next as i32;
+                let n = page.min(lens_k[i] - j * page) * row;
+                let (from, to) = ((ck[i] as usize + j * page) * row, next * page * row);
+                pk[to..to + n].copy_from_slice(&hk[from..from + n]);
+                pv[to..to + n].copy_from_slice(&hv[from..from + n]);
+            }
+        }
+        let (dpk, dpv, dt) = (
+            st.clone_htod(&pk)?,
+            st.clone_htod(&pv)?,
+            st.clone_htod(&table)?,
+        );
+        let paged = VarlenTensors {
+            k: at(dpk.device_ptr(&st)),
+            v: at(dpv.device_ptr(&st)),
+            paged: Some(PagedKv {
+                block_table: at(dt.device_ptr(&st)),
+                max_pages,
+                page_size: page,
+                num_pages,
+            }),
+            ..t
+        };
+        let paged_us = time(&paged)?;
+        println!(
+            "  from a paged cache of {page}-row pages: {paged_us:.1} µs ({:.1} TFLOP/s), {:.3}× the packed keys' time \
+             (issue 34's target: within 1.10×)",
+            tf(flops, paged_us),
+            paged_us / packed_us
+        );
     }
-    let mut us = Vec::with_capacity(iters);
-    for _ in 0..iters.max(1) {
-        let e0 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, &t)?;
-        let e1 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        st.synchronize()?;
-        us.push(f64::from(e0.elapsed_ms(&e1)?) * 1e3);
-    }
-    us.sort_by(f64::total_cmp);
-    let packed_us = us[us.len() / 2];
-    // Dense at about the same pairs: S = √(Σ L²), a multiple of 128.
-    let side = ((pairs.sqrt() / 128.0).round().max(1.0) as usize) * 128;
+    // Dense at about the same pairs: S' = √(pairs / (causal ? 1/2 : 1)), a multiple of 128.
+    let square = if s.causal { 2.0 * pairs } else { pairs };
+    let side = ((square.sqrt() / 128.0).round().max(1.0) as usize) * 128;
     let dense = Shape::new(1, h, side, d)
         .with_kv_heads(hkv)?
         .with_causal(s.causal);
@@ -112,16 +198,7 @@ pub fn bench_varlen(s: Shape, tokens: usize, iters: usize) -> Result<()> {
     let mut p = fp8_attention::Problem::upload(gpu, &whole, OutDtype::Bf16)?;
     let eight = p.time(gpu, Stage::S8, 2, 10)?;
     let seven = p.time(gpu, Stage::S7, 2, 10)?;
-    let tf = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
     let dense_flops = dense.flops();
-    println!(
-        "varlen on stage8: {b} sequences of 100…{} tokens ({tokens} in all), H = {h}, Hkv = {hkv}, D = {d}{}: {packed_us:.1} µs a \
-         call (plan and kernel; median of {}), {:.1} TFLOP/s",
-        s.sq,
-        if s.causal { ", causal" } else { "" },
-        us.len(),
-        tf(flops, packed_us)
-    );
     println!(
         "dense {}: stage8 {:.1} µs ({:.1} TFLOP/s), stage7 {:.1} µs ({:.1} TFLOP/s, Vᵀ made once)",
         shape_text(&dense),
