@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["sdpa", "sdpa_varlen", "check_args", "check_varlen_args", "as_tensor"]
+__all__ = ["sdpa", "sdpa_varlen", "sdpa_paged", "check_args", "check_varlen_args", "check_paged_args", "as_tensor"]
 
 _REAL = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
 _FP8 = "torch.float8_e4m3fn"
@@ -333,3 +333,113 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
                         bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream)
     o = o[: tq * h * d].view(tq, h, d)
     return (o, lse[: h * tq].view(h, tq)) if return_lse else o
+
+
+def check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, q_scale=None, k_scale=None,
+                     v_scale=None, scale=None, out_dtype=None):
+    """Checks sdpa_paged's arguments without touching the GPU; returns (B, H, Hkv, total_q, D, num_pages, page_size,
+    max_pages, out dtype name). The table's and lengths' values are not read here (sdpa_paged's `validate` does).
+
+    Raises TypeError for a wrong type or dtype and ValueError for a wrong device, shape, page size or scale count, each
+    naming the argument.
+    """
+    named = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table), ("seq_lens", seq_lens),
+             ("cu_seqlens_q", cu_seqlens_q))
+    for name, t in named:
+        if not _is_tensor(t):
+            raise TypeError(f"`{name}` must be a torch tensor (as_tensor reads other arrays), not {type(t).__name__}")
+        if getattr(t.device, "type", None) != "cuda" or getattr(t.device, "index", 0) not in (0, None):
+            raise ValueError(f"`{name}` is on {t.device}: fp8_attention runs on cuda:0")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if _dtype(t) not in (_FP8, _CODES):
+            raise TypeError(f"`{name}` is {_dtype(t)}: a paged call takes E4M3 codes (float8_e4m3fn or uint8)")
+    if len(q.shape) != 3:
+        raise ValueError(f"`q` has shape {tuple(q.shape)}: expected packed [total tokens, heads, D]")
+    if len(k_cache.shape) != 4 or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"`k_cache` {tuple(k_cache.shape)} and `v_cache` {tuple(v_cache.shape)}: expected the same "
+                         "[num_pages, page_size, Hkv, D]")
+    for name, t, rank in (("block_table", block_table, 2), ("seq_lens", seq_lens, 1), ("cu_seqlens_q", cu_seqlens_q, 1)):
+        if _dtype(t) != "torch.int32" or len(t.shape) != rank:
+            raise TypeError(f"`{name}` is {_dtype(t)} of shape {tuple(t.shape)}: it must be int32 of rank {rank}")
+    (tq, h, d), (num_pages, page, hkv, dk) = tuple(q.shape), tuple(k_cache.shape)
+    b = cu_seqlens_q.shape[0] - 1
+    if seq_lens.shape[0] != b or block_table.shape[0] != b:
+        raise ValueError(f"cu_seqlens_q bounds {b} sequences, seq_lens has {seq_lens.shape[0]} and block_table "
+                         f"{block_table.shape[0]} rows")
+    if d != dk:
+        raise ValueError(f"`q` {tuple(q.shape)} and `k_cache` {tuple(k_cache.shape)}: D must agree")
+    if d not in (64, 128):
+        raise ValueError(f"head dimension D = {d} is not supported by paged calls: D = 64 or 128")
+    if page not in (16, 32, 64, 128, 256):
+        raise ValueError(f"page size {page}: the kernels take a power of two from 16 to 256")
+    if h < 1 or hkv < 1 or h % hkv:
+        raise ValueError(f"H = {h} query heads is not a positive multiple of Hkv = {hkv} key/value heads")
+    for name, sc, n in (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv)):
+        if sc is None:
+            raise TypeError(f"E4M3 inputs need `{name}` (float32, one per (sequence, head) or one)")
+        if _dtype(sc) != "torch.float32":
+            raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
+        if sc.numel() not in (1, n):
+            raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (sequence, head) = {n}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale = {scale!r} is not a positive finite number")
+    out = "bf16" if out_dtype is None else _REAL.get(str(out_dtype))
+    if out is None:
+        raise TypeError(f"out_dtype {out_dtype} is not supported: torch.bfloat16, torch.float16 or torch.float32")
+    return b, h, hkv, tq, d, num_pages, page, block_table.shape[1], out
+
+
+def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, causal=False, scale=None, out_dtype=None,
+               return_lse=False, q_scale=None, k_scale=None, v_scale=None, validate=True):
+    """A packed batch's queries over a paged FP8 KV cache, on E4M3 tensor cores (stage 8, sm_90).
+
+    q [total_q, H, D] (E4M3 codes: float8_e4m3fn or uint8), sequence i's new tokens from cu_seqlens_q[i] (int32 [B +
+    1]); k_cache and v_cache [num_pages, page_size, Hkv, D] E4M3 pools (pages of 16 to 256 rows); block_table int32
+    [B, max_pages] and seq_lens int32 [B] (keys a sequence, its new tokens last: causal is bottom-right). Scales per
+    (sequence, head) or one. `validate` copies the table and lengths to the host to check them (a sync: pass False in a
+    CUDA graph). Returns O [total_q, H, D], and with `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
+    """
+    q, k_cache, v_cache = as_tensor(q, "q"), as_tensor(k_cache, "k_cache"), as_tensor(v_cache, "v_cache")
+    block_table, seq_lens = as_tensor(block_table, "block_table"), as_tensor(seq_lens, "seq_lens")
+    cu_seqlens_q = as_tensor(cu_seqlens_q, "cu_seqlens_q")
+    q_scale, k_scale = as_tensor(q_scale, "q_scale"), as_tensor(k_scale, "k_scale")
+    v_scale = as_tensor(v_scale, "v_scale")
+    b, h, hkv, tq, d, num_pages, page, max_pages, out = check_paged_args(
+        q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+        scale=scale, out_dtype=out_dtype)
+    if validate:
+        _check_boundaries("cu_seqlens_q", cu_seqlens_q, tq)
+        lens, table = seq_lens.tolist(), block_table.tolist()
+        for i, n in enumerate(lens):
+            if n < 0 or n > max_pages * page:
+                raise ValueError(f"sequence {i} has {n} keys: its {max_pages} pages of {page} hold 0 to {max_pages * page}")
+            for j in range((n + page - 1) // page):
+                if not 0 <= table[i][j] < num_pages:
+                    raise ValueError(f"block_table[{i}][{j}] = {table[i][j]} is outside the pool of {num_pages} pages")
+    import torch
+
+    from . import _core
+
+    tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
+    if b == 0 or tq == 0:
+        o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
+        lse = torch.full((h, tq), float("-inf"), dtype=torch.float32, device=q.device)
+        return (o, lse) if return_lse else o
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    if q.stride(2) != 1 or q.data_ptr() % 16 or q.stride(0) % 16 or q.stride(1) % 16:
+        q = q.contiguous()
+    k_cache, v_cache, block_table = k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous()
+    # The keys' boundaries: the prefix sums of the lengths, on the device.
+    cu_k = torch.nn.functional.pad(seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
+    scales = [_per_head(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv), (v_scale, b * hkv))]
+    total_k = max_pages * page  # bounds every sequence's keys (the plan sizes its key-tile counts by it)
+    o = torch.empty(tq * h * d, dtype=tdt, device=q.device)
+    lse = torch.empty(h * tq, dtype=torch.float32, device=q.device)
+    _core.launch_varlen([q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales[0].data_ptr(),
+                         scales[1].data_ptr(), scales[2].data_ptr(), o.data_ptr(), lse.data_ptr()],
+                        [cu_seqlens_q.data_ptr(), cu_k.data_ptr()],
+                        [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]], b, h, hkv, d, tq, total_k,
+                        bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream,
+                        paged=(block_table.data_ptr(), max_pages, page, num_pages))
+    o = o.view(tq, h, d)
+    return (o, lse.view(h, tq)) if return_lse else o

@@ -19,3 +19,12 @@ def sdpa_varlen(
     out_dtype: Any = ..., return_lse: bool = ..., q_scale: Any = ..., k_scale: Any = ..., v_scale: Any = ...,
     validate: bool = ...,
 ) -> Union[Any, Tuple[Any, Any]]: ...
+def check_paged_args(
+    q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, cu_seqlens_q: Any, *, q_scale: Any = ...,
+    k_scale: Any = ..., v_scale: Any = ..., scale: Optional[float] = ..., out_dtype: Any = ...,
+) -> Tuple[int, int, int, int, int, int, int, int, str]: ...
+def sdpa_paged(
+    q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, cu_seqlens_q: Any, *, causal: bool = ...,
+    scale: Optional[float] = ..., out_dtype: Any = ..., return_lse: bool = ..., q_scale: Any = ..., k_scale: Any = ...,
+    v_scale: Any = ..., validate: bool = ...,
+) -> Union[Any, Tuple[Any, Any]]: ...

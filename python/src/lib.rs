@@ -2,7 +2,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use composed::{Stage, Strides, Tensors, Varlen, VarlenShape, VarlenTensors, Workspace};
+use composed::{PagedKv, Stage, Strides, Tensors, Varlen, VarlenShape, VarlenTensors, Workspace};
 use fixtures::{OutDtype, Shape};
 use fp8_attention::{Error, Lengths, check_inputs};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -268,6 +268,7 @@ fn varlens() -> &'static Mutex<HashMap<usize, Varlen>> {
 /// head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device, checked by the
 /// caller: the device trusts them). Sizes and strides are checked before anything is queued.
 #[pyfunction]
+#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None))]
 #[allow(clippy::too_many_arguments)]
 fn launch_varlen(
     tensors: [u64; 8],
@@ -283,6 +284,7 @@ fn launch_varlen(
     softmax_scale: f32,
     out_dtype: &str,
     stream: usize,
+    paged: Option<(u64, usize, usize, usize)>,
 ) -> PyResult<()> {
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
         return Err(py_err(Error::SoftmaxScale(softmax_scale)));
@@ -290,6 +292,13 @@ fn launch_varlen(
     let out = out_dtype
         .parse::<OutDtype>()
         .map_err(|e| PyValueError::new_err(format!("out_dtype: {e:#}")))?;
+    // A paged cache: (block table's address, max_pages, page_size, num_pages); k and v are then its pools.
+    let paged = paged.map(|(block_table, max_pages, page_size, num_pages)| PagedKv {
+        block_table,
+        max_pages,
+        page_size,
+        num_pages,
+    });
     let names = ["q", "k", "v", "q_scale", "k_scale", "v_scale", "o", "lse"];
     for (name, p) in names.into_iter().zip(tensors).chain([("cu_seqlens_q", cu[0]), ("cu_seqlens_k", cu[1])]) {
         if p == 0 || p % 4 != 0 || (p % 16 != 0 && !name.starts_with("cu")) {
@@ -323,7 +332,7 @@ fn launch_varlen(
             k: at(strides[1], total_k),
             v: at(strides[2], total_k),
         }),
-        paged: None,
+        paged,
     };
     let shape = VarlenShape {
         batch,

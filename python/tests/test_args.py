@@ -149,3 +149,26 @@ def test_varlen_arguments_are_named():
         assert words in str(e.value), str(e.value)
     with pytest.raises(ValueError, match="`v_scale` holds 5 scales"):
         fa.check_varlen_args(*a, q_scale=f32(24), k_scale=f32(6), v_scale=f32(5))
+
+
+def test_paged_arguments_are_named():
+    u8 = "torch.uint8"
+    q, kc, vc = T((300, 8, 128), u8), T((40, 64, 2, 128), u8), T((40, 64, 2, 128), u8)
+    bt, sl, cu = T((3, 20), "torch.int32"), T((3,), "torch.int32"), T((4,), "torch.int32")
+    f32 = lambda n: T((n,), "torch.float32")  # noqa: E731
+    sc = dict(q_scale=f32(24), k_scale=f32(6), v_scale=f32(1))
+    assert fa.check_paged_args(q, kc, vc, bt, sl, cu, **sc) == (3, 8, 2, 300, 128, 40, 64, 20, "bf16")
+    bad = [
+        ((T((300, 8, 128)), kc, vc, bt, sl, cu), TypeError, "a paged call takes E4M3 codes"),
+        ((q, T((40, 48, 2, 128), u8), T((40, 48, 2, 128), u8), bt, sl, cu), ValueError, "page size 48"),
+        ((q, kc, T((40, 64, 2, 64), u8), bt, sl, cu), ValueError, "expected the same"),
+        ((q, kc, vc, bt, T((2,), "torch.int32"), cu), ValueError, "seq_lens has 2"),
+        ((q, kc, vc, T((3, 20), "torch.int64"), sl, cu), TypeError, "`block_table` is torch.int64"),
+        ((q, T((40, 64, 3, 128), u8), T((40, 64, 3, 128), u8), bt, sl, cu), ValueError, "H = 8"),
+    ]
+    for args, kind, words in bad:
+        with pytest.raises(kind) as e:
+            fa.check_paged_args(*args, **sc)
+        assert words in str(e.value), str(e.value)
+    with pytest.raises(TypeError, match="need `k_scale`"):
+        fa.check_paged_args(q, kc, vc, bt, sl, cu, q_scale=f32(24))

@@ -191,3 +191,38 @@ def test_varlen_sequences_as_each_alone():
         got = o[a: a + sq].double().transpose(0, 1)
         rel = ((got - ref).norm() / ref.norm()).item()
         assert rel < 5e-2, (i, rel)
+
+
+def test_paged_cache_gives_the_packed_keys_bits():
+    # The keys of a packed batch in a paged cache (64-row pages, reversed in the pool): sdpa_paged gives sdpa_varlen's
+    # bits; new tokens last (causal bottom-right), grouped heads.
+    h, hkv, d, page = 8, 2, 64, 64
+    lens = [(64, 1000), (1, 130), (17, 64)]
+    g = torch.Generator(device="cuda").manual_seed(23)
+    cq = torch.tensor([0] + [sum(x[0] for x in lens[: i + 1]) for i in range(3)], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0] + [sum(x[1] for x in lens[: i + 1]) for i in range(3)], dtype=torch.int32, device="cuda")
+    tq, tk = int(cq[-1]), int(ck[-1])
+    to8 = lambda x: (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)  # noqa: E731
+    q = to8(torch.randn(tq, h, d, device="cuda", generator=g))
+    k = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    v = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    sc = dict(q_scale=torch.full((1,), 0.02, device="cuda"), k_scale=torch.full((1,), 0.02, device="cuda"),
+              v_scale=torch.full((1,), 0.02, device="cuda"))
+    want, wl = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, return_lse=True, **sc)
+    pages = [(sk + page - 1) // page for _, sk in lens]
+    n, mp = sum(pages), max(pages)
+    kc = torch.zeros(n, page, hkv, d, dtype=torch.float8_e4m3fn, device="cuda")
+    vc = torch.zeros_like(kc)
+    table = torch.full((3, mp), -1, dtype=torch.int32)
+    nxt = n
+    for i, (_, sk) in enumerate(lens):
+        for j in range(pages[i]):
+            nxt -= 1
+            table[i, j] = nxt
+            rows = min(page, sk - j * page)
+            a = int(ck[i]) + j * page
+            kc[nxt, :rows] = k[a: a + rows]
+            vc[nxt, :rows] = v[a: a + rows]
+    seq_lens = torch.tensor([sk for _, sk in lens], dtype=torch.int32, device="cuda")
+    got, gl = fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True, **sc)
+    assert torch.equal(got, want) and torch.equal(gl, wl)
