@@ -135,8 +135,8 @@ pub enum Cmd {
         #[arg(long)]
         kv_heads: Option<usize>,
         /// Also time the library's call (`fp8_attention::Attention::forward` on device tensors, V's transpose and
-        /// every other kernel of the call included): calls back to back on one stream, device time between CUDA
-        /// events and the host's time a call.
+        /// every other kernel of the call included; with --stage stage8, the op on stage 8: one launch a call): calls
+        /// back to back on one stream, device time between CUDA events and the host's time a call.
         #[arg(long)]
         api: bool,
         /// Ring attention over NCCL on this many GPUs of the host instead (one rank a GPU, the sequence in zigzag

@@ -149,7 +149,7 @@ pub fn bench(
 
 /// `sdpa bench --api`: the library's call on device tensors of `s`, back to back on one stream: per call, the device
 /// time between CUDA events over 200 calls, and the host's time to queue one (the call does not wait for the device).
-pub fn api(s: Shape, dist: Dist) -> Result<()> {
+pub fn api(s: Shape, dist: Dist, stage: Stage) -> Result<()> {
     composed::validate_shape(&s)?;
     let gpu = gpu("bench --api")?;
     let qz = fixtures::quantize_per_head(&fixtures::Raw::generate(s, 1000, dist));
@@ -159,14 +159,17 @@ pub fn api(s: Shape, dist: Dist) -> Result<()> {
     let (q, k, v) = (up(&qz.q)?, up(&qz.k)?, up(&qz.v)?);
     let (qs, ks, vs) = (upf(&qz.q_scale)?, upf(&qz.k_scale)?, upf(&qz.v_scale)?);
     let f = |codes, scales| fp8_attention::Fp8 { codes, scales };
-    let mut op = fp8_attention::Attention::new(
-        gpu,
-        fp8_attention::Config {
-            causal: s.causal,
-            out_dtype: OutDtype::F16,
-            softmax_scale: None,
-        },
-    )?;
+    let cfg = fp8_attention::Config {
+        causal: s.causal,
+        out_dtype: OutDtype::F16,
+        softmax_scale: None,
+    };
+    // Stage 8 when asked for (V read as given: one launch a call); else the device's default (stage 7 on sm_90).
+    let mut op = if stage == Stage::S8 {
+        fp8_attention::Attention::with_stage(gpu, cfg, Stage::S8)?
+    } else {
+        fp8_attention::Attention::new(gpu, cfg)?
+    };
     op.warm(gpu, s.d)?;
     let mut out = op.alloc_output(gpu, &st, &s)?;
     // `into`: into `out` (no allocation in the call), else into new outputs (two allocations a call).

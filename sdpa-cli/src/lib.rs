@@ -97,7 +97,7 @@ pub fn execute(args: Args) -> Result<()> {
                 return ring::bench_ranks(s, n, 5);
             }
             if api {
-                bench::api(s, dist)?;
+                bench::api(s, dist, stage)?;
             }
             bench::bench(
                 stage,
