@@ -7,7 +7,8 @@
 //! every bad input is an [`Error`] naming what is wrong, before any launch. D = 64, 128 or 256 (256: sm_90).
 //! [`Attention::with_stage`] picks stage 8 (V read as given: one launch a call), which also reads E4M3 inputs at any
 //! strides ([`Attention::forward_strided`]); [`Attention::forward_varlen`] runs a packed (variable-length) batch
-//! ([`Packed`]: cu_seqlens on the host, checked by name) on stage 8's packed kernel.
+//! ([`Packed`]: cu_seqlens on the host, checked by name) on stage 8's packed kernel, and [`Attention::forward_paged`]
+//! a packed batch's queries over a paged FP8 KV cache ([`PagedCache`]).
 //!
 //! Ring attention (a sequence over several GPUs): [`ring_attention_rank`] is one rank's part over an NCCL
 //! communicator, on zigzag shards ([`zigzag_split`], [`Shard`]); [`ring_on_one_device`] runs every rank's steps on
