@@ -31,7 +31,7 @@ impl Loaded {
     }
 }
 
-fn tensor<'a>(st: &'a SafeTensors<'a>, name: &str) -> Result<TensorView<'a>> {
+pub(crate) fn tensor<'a>(st: &'a SafeTensors<'a>, name: &str) -> Result<TensorView<'a>> {
     st.tensor(name).map_err(|_| {
         let mut have: Vec<String> = st.names().into_iter().map(str::to_string).collect();
         have.sort();
@@ -82,7 +82,7 @@ fn real(name: &str, t: &TensorView) -> Result<Vec<f32>> {
 }
 
 /// A scale tensor: one per (batch, head), or one for the whole tensor; every value positive and finite.
-fn scales(st: &SafeTensors, name: &str, heads: usize) -> Result<Vec<f32>> {
+pub(crate) fn scales(st: &SafeTensors, name: &str, heads: usize) -> Result<Vec<f32>> {
     let t = tensor(st, name)?;
     let v = real(name, &t)?;
     if let Some(i) = v.iter().position(|x| *x <= 0.0) {

@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 mod args;
 mod bench;
 mod files;
+mod packed;
 mod ring;
 mod run;
 mod varlen;

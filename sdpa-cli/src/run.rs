@@ -42,6 +42,29 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let bytes =
         std::fs::read(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
     ph.done("read");
+    if crate::packed::is_packed(&bytes) {
+        bar.finish_and_clear();
+        anyhow::ensure!(
+            a.stage == Stage::S8,
+            "{} holds a packed batch (cu_seqlens_q): packed and paged batches run on stage8, not {}",
+            a.input.display(),
+            a.stage.name()
+        );
+        anyhow::ensure!(
+            a.scheme == Scheme::default() && !a.json,
+            "{} holds a packed batch: its E4M3 codes are used as they are and the report is text, so \
+             --scales/--smooth-k/--rotate and --json do not apply",
+            a.input.display()
+        );
+        return crate::packed::run(
+            &bytes,
+            a.check != Check::None,
+            a.causal,
+            a.out_dtype,
+            a.output.as_deref(),
+        )
+        .with_context(|| format!("{}", a.input.display()));
+    }
     bar.set_message("parsing");
     let mut loaded =
         files::load(&bytes, a.scheme).with_context(|| format!("{}", a.input.display()))?;
