@@ -324,8 +324,15 @@ impl Workspace {
     }
 }
 
-/// Why `stage` cannot run `s` (causal masking or grouped-query heads it lacks); checked before anything is loaded.
+/// Why `stage` cannot run `s` (causal masking, grouped-query heads or a sliding window it lacks); checked before
+/// anything is loaded.
 pub fn stage_supports(stage: Stage, s: &fixtures::Shape) -> Result<()> {
+    ensure!(
+        !s.window.is_bounded(),
+        "{} has no sliding window (window {} asked): no stage masks one yet; fixtures' reference does",
+        stage.name(),
+        s.window
+    );
     ensure!(
         stage.dims().contains(&s.d),
         "{} is not built for head dimension D = {}: it takes D = {:?}, stage7 takes 64, 128 and 256",
@@ -390,4 +397,28 @@ fn launch_merge(
     // grid is (split units, D / 8) blocks of 128 threads, as merge_split_tail reads it.
     unsafe { b.launch(cfg) }.context("launching stage 7's split-tail merge")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fixtures::{Shape, Window};
+
+    #[test]
+    fn every_stage_refuses_a_sliding_window_by_name() {
+        let s = Shape::cross(1, 2, 128, 128, 64).with_window(Window {
+            left: Some(64),
+            right: Some(0),
+        });
+        for stage in Stage::ALL {
+            let e = stage_supports(stage, &s).unwrap_err().to_string();
+            assert!(
+                e.contains(stage.name()) && e.contains("no sliding window (window (64, 0) asked)"),
+                "{e}"
+            );
+            // Unbounded on both sides is no window at all.
+            let open = s.with_window(Window::NONE);
+            assert!(stage.dims().contains(&64) && stage_supports(stage, &open).is_ok());
+        }
+    }
 }
