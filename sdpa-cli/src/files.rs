@@ -161,6 +161,23 @@ pub fn load(bytes: &[u8], scheme: Scheme) -> Result<Loaded> {
 /// `o` ([B, H, Sq, D] in `out`: the values the stage wrote, exactly) and `lse` (F32 [B, H, Sq]) as safetensors
 /// bytes.
 pub fn save(shape: Shape, o: &[f32], lse: &[f32], out: OutDtype) -> Result<Vec<u8>> {
+    save_as(
+        o,
+        &[shape.b, shape.h, shape.sq, shape.d],
+        lse,
+        &[shape.b, shape.h, shape.sq],
+        out,
+    )
+}
+
+/// `o` in `out` with dims `o_dims` and `lse` (F32) with dims `lse_dims`, as safetensors bytes.
+pub(crate) fn save_as(
+    o: &[f32],
+    o_dims: &[usize],
+    lse: &[f32],
+    lse_dims: &[usize],
+    out: OutDtype,
+) -> Result<Vec<u8>> {
     let (dtype, ob): (Dtype, Vec<u8>) = match out {
         OutDtype::F16 => (
             Dtype::F16,
@@ -177,8 +194,8 @@ pub fn save(shape: Shape, o: &[f32], lse: &[f32], out: OutDtype) -> Result<Vec<u
         OutDtype::F32 => (Dtype::F32, o.iter().flat_map(|x| x.to_le_bytes()).collect()),
     };
     let lb: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let ov = TensorView::new(dtype, vec![shape.b, shape.h, shape.sq, shape.d], &ob)?;
-    let lv = TensorView::new(Dtype::F32, vec![shape.b, shape.h, shape.sq], &lb)?;
+    let ov = TensorView::new(dtype, o_dims.to_vec(), &ob)?;
+    let lv = TensorView::new(Dtype::F32, lse_dims.to_vec(), &lb)?;
     Ok(safetensors::serialize([("o", ov), ("lse", lv)], None)?)
 }
 

@@ -316,38 +316,17 @@ pub fn run(
         println!("LSE vs f64: max_abs={lse_max:.3e}");
     }
     if let Some(path) = output {
-        let (ob, dt, bytes): (Vec<u8>, Dtype, usize) = match out {
-            OutDtype::F16 => (
-                o.iter()
-                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                Dtype::F16,
-                2,
-            ),
-            OutDtype::Bf16 => (
-                o.iter()
-                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                Dtype::BF16,
-                2,
-            ),
-            OutDtype::F32 => (
-                o.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                Dtype::F32,
-                4,
-            ),
-        };
-        let lb: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let ov = TensorView::new(dt, vec![tq, f.h, f.d], &ob[..tq * f.h * f.d * bytes])?;
-        let lv = TensorView::new(Dtype::F32, vec![f.h, tq], &lb[..f.h * tq * 4])?;
-        std::fs::write(
-            path,
-            safetensors::serialize([("o", ov), ("lse", lv)], None)?,
-        )
-        .with_context(|| format!("writing {}", path.display()))?;
+        let bytes = crate::files::save_as(
+            &o[..tq * f.h * f.d],
+            &[tq, f.h, f.d],
+            &lse[..f.h * tq],
+            &[f.h, tq],
+            out,
+        )?;
+        std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote o and lse to {}", path.display());
     }
-    if o.iter().any(|x| !x.is_finite()) {
+    if o[..tq * f.h * f.d].iter().any(|x| !x.is_finite()) {
         bail!("O holds NaN or Inf");
     }
     Ok(())
