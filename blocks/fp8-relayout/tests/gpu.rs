@@ -364,47 +364,43 @@ fn main() {
             Ok(())
         });
     }
-    t.gpu("mutant::ldsm_selectors_not_swapped", |gpu| {
-        // Every lane's even channel in the even matrix: rows 4–7 of each matrix get their neighbour's channel.
-        let (tile, _, spec) = TRANSPOSES_LDSM[0];
-        let bad = spec.mutated(
-            "fp8_relayout.cuh",
+    // Plausible bugs of TransposeLdsm, each a source edit the tests must catch: (name, tile, from, to, what).
+    let ldsm_mutants: [(&str, usize, &str, &str, &str); 3] = [
+        (
+            // Every lane's even channel in the even matrix: rows 4–7 of each matrix get their neighbour's channel.
+            "ldsm_selectors_not_swapped",
+            0,
             "lane < 16 ? 0x6420u : 0x7531u",
             "0x6420u",
-        )?;
-        let n = ldsm_diff(gpu, &bad, &tile, 0)?;
-        ensure!(n > 0, "unswapped selectors went unnoticed");
-        eprintln!("unswapped selectors: {n} bytes differ");
-        Ok(())
-    });
-    t.gpu("mutant::ldsm_key_halves_swapped", |gpu| {
-        // Channels 16–31: keys 8–15 put where 0–7 belong, so P's slots would meet the wrong keys of V.
-        let (tile, _, spec) = TRANSPOSES_LDSM[1];
-        let bad = spec.mutated(
-            "fp8_relayout.cuh",
+            "unswapped selectors",
+        ),
+        (
+            // Channels 16–31: keys 8–15 put where 0–7 belong, so P's slots would meet the wrong keys of V.
+            "ldsm_key_halves_swapped",
+            1,
             "w[2] = __byte_perm(r[2], r[3], sel0);",
             "w[2] = __byte_perm(r[3], r[2], sel0);",
-        )?;
-        ensure!(
-            ldsm_diff(gpu, &bad, &tile, 0)? > 0,
-            "swapped key halves went unnoticed"
-        );
-        Ok(())
-    });
-    t.gpu("mutant::ldsm_dst_unswizzled", |gpu| {
-        // Vᵀ's 16-byte chunks left in place (no XOR with the row's swizzle): wgmma would read other keys.
-        let (tile, _, spec) = TRANSPOSES_LDSM[0];
-        let bad = spec.mutated(
-            "fp8_relayout.cuh",
+            "swapped key halves",
+        ),
+        (
+            // Vᵀ's 16-byte chunks left in place (no XOR with the row's swizzle): wgmma would read other keys.
+            "ldsm_dst_unswizzled",
+            0,
             "(((k % (kWd / 16u)) ^ dx) << 4)",
             "((k % (kWd / 16u)) << 4)",
-        )?;
-        ensure!(
-            ldsm_diff(gpu, &bad, &tile, 0)? > 0,
-            "an unswizzled Vᵀ went unnoticed"
-        );
-        Ok(())
-    });
+            "an unswizzled Vᵀ",
+        ),
+    ];
+    for (name, at, from, to, what) in ldsm_mutants {
+        t.gpu(&format!("mutant::{name}"), move |gpu| {
+            let (tile, _, spec) = TRANSPOSES_LDSM[at];
+            let bad = spec.mutated("fp8_relayout.cuh", from, to)?;
+            let n = ldsm_diff(gpu, &bad, &tile, 0)?;
+            ensure!(n > 0, "{what} went unnoticed");
+            eprintln!("{what}: {n} bytes differ");
+            Ok(())
+        });
+    }
     t.gpu("mutant::ldsm_last_key_block_skipped", |gpu| {
         // A key block too few (the loop bound off by one): its 4 units, 2 KiB, keep the fill.
         let (tile, _, spec) = TRANSPOSES_LDSM[4];
