@@ -149,6 +149,7 @@ pub enum Cmd {
         #[arg(long)]
         varlen: Option<usize>,
         /// With --varlen: every sequence the shape's S new tokens over this many cached keys (Sk = S + prefix).
+        /// With S ≤ 16 this is decode (B = tokens / S): reported as bytes moved a second against a device copy's.
         #[arg(long, default_value_t = 0)]
         prefix: usize,
         /// With --varlen: the same keys again from a paged cache of pages of this many rows (16 to 256, a power of

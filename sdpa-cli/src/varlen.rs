@@ -1,4 +1,5 @@
-// `sdpa bench --varlen TOKENS`: a packed batch on stage 8 beside dense stages 7 and 8 at the same query×key pairs.
+// `sdpa bench --varlen TOKENS`: a packed batch on stage 8 beside dense stages 7 and 8 at the same query×key pairs, or
+// (at most 16 new tokens a sequence) decode's bytes a second against a device-to-device copy's.
 use anyhow::{Context, Result, ensure};
 use composed::{PagedKv, Stage, Varlen, VarlenShape, VarlenTensors};
 use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
@@ -28,7 +29,9 @@ pub fn lengths(tokens: usize, longest: usize, seed: u64) -> Vec<usize> {
 /// included: every kernel of a call), back to back: sequences of 100 to S tokens (Sq = Sk), or with `prefix` every
 /// sequence S new tokens over `prefix` cached ones (Sk = S + prefix). With `page`, the same keys again from a paged cache
 /// of pages of that many rows (in reverse order in the pool), against the packed keys' time. Beside them, dense stages
-/// 8 and 7 on a [1, H, S', D] problem of about the same query×key pairs; prints TFLOP/s and the ratios.
+/// 8 and 7 on a [1, H, S', D] problem of about the same query×key pairs; prints TFLOP/s and the ratios. Decode (a
+/// prefix and S ≤ 16 new tokens a sequence, so `tokens / S` sequences): the bytes a call moves a second instead,
+/// against a device-to-device copy's rate.
 pub fn bench_varlen(
     s: Shape,
     tokens: usize,
@@ -142,6 +145,8 @@ pub fn bench_varlen(
         if s.causal { ", causal" } else { "" },
         tf(flops, packed_us)
     );
+    // Decode (at most 16 new tokens a sequence): the bytes a call must move, against a device-to-device copy's rate.
+    let mut decode_us = vec![("packed keys", packed_us, 0usize)];
     if let Some(page) = page {
         // The same keys in a paged cache: each sequence's keys in pages of `page` rows, the pages in reverse order.
         let row = hkv * d;
@@ -181,12 +186,32 @@ pub fn bench_varlen(
             ..t
         };
         let paged_us = time(&paged)?;
+        decode_us.push(("paged cache", paged_us, table.len() * 4));
         println!(
             "  from a paged cache of {page}-row pages: {paged_us:.1} µs ({:.1} TFLOP/s), {:.3}× the packed keys' time \
              (issue 34's target: within 1.10×)",
             tf(flops, paged_us),
             paged_us / packed_us
         );
+    }
+    if s.sq <= 16 && prefix > 0 {
+        // K and V codes, Q codes, O (bf16), the LSE, the scales and the cumulative lengths; the table where paged.
+        let moved = 2 * tk * hkv * d
+            + tq * h * d
+            + 2 * tq * h * d
+            + 4 * tq * h
+            + 4 * b * (h + 2 * hkv)
+            + 8 * (b + 1);
+        let copy = copy_gbps(&st, (2 * tk * hkv * d).max(1 << 28), iters)?;
+        for (what, us, extra) in decode_us {
+            let gbps = (moved + extra) as f64 / (us * 1e-6) / 1e9;
+            println!(
+                "decode from the {what}: {:.1} MB moved in {us:.1} µs, {gbps:.0} GB/s = {:.3}× a device-to-device copy's                  {copy:.0} GB/s (issue 34's targets: ≥ 0.85 at B = 64, ≥ 0.70 at B = 1 with Sk = 131072)",
+                (moved + extra) as f64 / 1e6,
+                gbps / copy
+            );
+        }
+        return Ok(());
     }
     // Dense at about the same pairs: S' = √(pairs / (causal ? 1/2 : 1)), a multiple of 128.
     let square = if s.causal { 2.0 * pairs } else { pairs };
@@ -212,6 +237,30 @@ pub fn bench_varlen(
         tf(flops, packed_us) / tf(dense_flops, seven.p50_us)
     );
     Ok(())
+}
+
+/// A device-to-device copy's rate in GB/s (bytes read plus bytes written, per second) on `bytes` bytes: the HBM
+/// bandwidth a plain copy reaches on this device now, the decode target's anchor. Median of `iters` after 3 warm-up.
+fn copy_gbps(
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    bytes: usize,
+    iters: usize,
+) -> Result<f64> {
+    let src = st.alloc_zeros::<u8>(bytes)?;
+    let mut dst = st.alloc_zeros::<u8>(bytes)?;
+    for _ in 0..3 {
+        st.memcpy_dtod(&src, &mut dst)?;
+    }
+    let mut us = Vec::with_capacity(iters);
+    for _ in 0..iters.max(1) {
+        let e0 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        st.memcpy_dtod(&src, &mut dst)?;
+        let e1 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        st.synchronize()?;
+        us.push(f64::from(e0.elapsed_ms(&e1)?) * 1e3);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok(2.0 * bytes as f64 / (us[us.len() / 2] * 1e-6) / 1e9)
 }
 
 #[cfg(test)]
