@@ -261,26 +261,24 @@ impl Attention {
     }
 
     /// Compiles and loads every kernel a call at head dimension `d` can launch, so that the first call does not
-    /// pay for NVRTC (kernels are cached in the process, and on disk under [`lab::cache_cubins_in`]).
+    /// pay for NVRTC (kernels are cached in the process, and on disk under [`lab::cache_cubins_in`]): the stage's, its
+    /// split tail's merge, V's transposes where the stage reads Vᵀ, and on stage 8 the packed batches' kernel and
+    /// the plan's three ([`Attention::forward_varlen`], [`Attention::forward_paged`]).
     pub fn warm(&self, gpu: &Gpu, d: usize) -> Result<()> {
         if !composed::DIMS.contains(&d) {
             return Err(Error::HeadDim(d));
         }
         if !self.stage.dims().contains(&d) {
             return Err(Error::Unsupported(format!(
-                "head dimension D = {d} needs an sm_90 GPU (stage 7); {} is {}",
-                gpu.name, gpu.arch
+                "{} is not built for head dimension D = {d} (it takes {:?}) on {} ({})",
+                self.stage.name(),
+                self.stage.dims(),
+                gpu.name,
+                gpu.arch
             )));
         }
-        gpu.load(&self.stage.kernel(d))?;
-        if self.stage.tma() {
-            for spec in composed::KERNELS
-                .iter()
-                .filter(|k| k.name == format!("stage7_merge_d{d}"))
-                .chain([&composed::TRANSPOSE_V, &composed::VT_TILES])
-            {
-                gpu.load(spec)?;
-            }
+        for spec in warm_list(self.stage, d) {
+            gpu.load(&spec)?;
         }
         Ok(())
     }
@@ -548,9 +546,69 @@ pub fn check_strides(s: &Shape, lens: [usize; 3], strides: &Strides) -> Result<(
     Ok(())
 }
 
+/// The kernels a call of `stage` at head dimension `d` can launch (`Attention::warm` loads them).
+fn warm_list(stage: Stage, d: usize) -> Vec<lab::KernelSpec> {
+    let mut list = vec![stage.kernel(d)];
+    if stage.tma() {
+        let merge = format!("stage7_merge_d{d}");
+        list.extend(
+            composed::KERNELS
+                .iter()
+                .filter(|k| k.name == merge)
+                .copied(),
+        );
+    }
+    if stage.reads_vt() {
+        list.extend([composed::TRANSPOSE_V, composed::VT_TILES]);
+    }
+    if stage.transposes_v() {
+        let plan = composed::ragged::Planner::default();
+        list.extend([
+            composed::varlen_kernel(d),
+            plan.histogram,
+            plan.offsets,
+            plan.scatter,
+        ]);
+    }
+    list
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warm_loads_what_each_stage_launches() {
+        let names = |stage, d| -> Vec<String> {
+            warm_list(stage, d)
+                .iter()
+                .map(|k| k.name.to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(Stage::S7, 128),
+            [
+                "stage7_d128",
+                "stage7_merge_d128",
+                "prep_vt",
+                "prep_vt_tiles"
+            ]
+        );
+        let eight = names(Stage::S8, 64);
+        assert!(
+            eight.contains(&"stage8_d64".to_string())
+                && eight.contains(&"stage8_varlen_d64".to_string())
+                && eight.contains(&"stage7_merge_d64".to_string())
+                && !eight.iter().any(|n| n.starts_with("prep_vt")),
+            "{eight:?}"
+        );
+        assert_eq!(
+            eight.len(),
+            6,
+            "stage, merge, varlen and the plan's three: {eight:?}"
+        );
+        assert_eq!(names(Stage::S5, 64), ["stage5_d64"]);
+    }
 
     #[test]
     fn bad_strides_are_named() {
