@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["sdpa", "sdpa_varlen", "sdpa_paged", "check_args", "check_varlen_args", "check_paged_args", "as_tensor"]
+__all__ = [
+    "sdpa", "sdpa_varlen", "sdpa_paged", "check_args", "check_varlen_args", "check_paged_args", "as_tensor", "warm",
+]
 
 _REAL = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
 _FP8 = "torch.float8_e4m3fn"
@@ -443,3 +445,19 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
                         paged=(block_table.data_ptr(), max_pages, page, num_pages))
     o = o.view(tq, h, d)
     return (o, lse.view(h, tq)) if return_lse else o
+
+
+def warm(head_dim):
+    """Compiles and loads, ahead of the first call, every kernel a call at head dimension ``head_dim`` can launch on
+    this device (the attention stage's, the packed batches' where the device runs them, and the quantizer's), so that
+    no call pays for NVRTC. Kernels are kept for the process and on disk ($FP8_ATTENTION_CACHE, ``off`` for none).
+
+    Raises TypeError for a head_dim that is not an int, ValueError for one no kernel is built for (before touching
+    the GPU), RuntimeError without a CUDA GPU.
+    """
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool):
+        raise TypeError(f"`head_dim` must be an int, not {type(head_dim).__name__}")
+    if head_dim not in (64, 128, 256):
+        raise ValueError(f"`head_dim` = {head_dim}: the kernels are built for 64, 128 and 256")
+    from . import _core
+    _core.warm(head_dim)

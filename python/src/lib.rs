@@ -145,12 +145,29 @@ fn launch(
         }
     }
     let (gpu, stage) = gpu()?;
-    run(gpu, stage, &s, softmax_scale, out, &t_of(q, k, v, q_scale, k_scale, v_scale, o, lse), stream)
+    run(
+        gpu,
+        stage,
+        &s,
+        softmax_scale,
+        out,
+        &t_of(q, k, v, q_scale, k_scale, v_scale, o, lse),
+        stream,
+    )
 }
 
 /// The eight device addresses of a call.
 #[allow(clippy::too_many_arguments)]
-fn t_of(q: u64, k: u64, v: u64, q_scale: u64, k_scale: u64, v_scale: u64, o: u64, lse: u64) -> Tensors {
+fn t_of(
+    q: u64,
+    k: u64,
+    v: u64,
+    q_scale: u64,
+    k_scale: u64,
+    v_scale: u64,
+    o: u64,
+    lse: u64,
+) -> Tensors {
     Tensors {
         q,
         k,
@@ -300,7 +317,11 @@ fn launch_varlen(
         num_pages,
     });
     let names = ["q", "k", "v", "q_scale", "k_scale", "v_scale", "o", "lse"];
-    for (name, p) in names.into_iter().zip(tensors).chain([("cu_seqlens_q", cu[0]), ("cu_seqlens_k", cu[1])]) {
+    for (name, p) in names
+        .into_iter()
+        .zip(tensors)
+        .chain([("cu_seqlens_q", cu[0]), ("cu_seqlens_k", cu[1])])
+    {
         if p == 0 || p % 4 != 0 || (p % 16 != 0 && !name.starts_with("cu")) {
             return Err(PyValueError::new_err(format!(
                 "`{name}` is at address {p:#x}: it must be a device address aligned to 16 bytes (4 for cu_seqlens)"
@@ -356,11 +377,36 @@ fn launch_varlen(
 
 /// The extension: `output_rows`, `quantize`, `launch` and `launch_varlen`; `fp8_attention.sdpa` and `sdpa_varlen` are
 /// the API.
+/// Compiles and loads, ahead of the first call, every kernel a call at head dimension `d` can launch on this device:
+/// the attention stage's (with its merge and V's transposes where it reads Vᵀ), stage 8's packed kernel and plan
+/// where the device runs stage 8, and the quantizer's for f32, f16 and bf16 inputs. Kept in the process and in the disk cache.
+#[pyfunction]
+fn warm(d: usize) -> PyResult<()> {
+    let (gpu, stage) = gpu()?;
+    let op =
+        |stage| fp8_attention::Attention::with_stage(gpu, fp8_attention::Config::default(), stage);
+    op(stage).and_then(|op| op.warm(gpu, d)).map_err(py_err)?;
+    // Packed and paged batches run on stage 8 where the device has it (sm_90) and it takes this D.
+    if stage != Stage::S8
+        && Stage::S8.dims().contains(&d)
+        && let Ok(eight) = op(Stage::S8)
+    {
+        eight.warm(gpu, d).map_err(py_err)?;
+    }
+    let vq = fp8_codec::ViewQuantizer::default();
+    for spec in vq.amax.iter().chain(&vq.quantize) {
+        gpu.load(spec)
+            .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))?;
+    }
+    Ok(())
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(output_rows, m)?)?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
     m.add_function(wrap_pyfunction!(launch_varlen, m)?)?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(warm, m)?)?;
     Ok(())
 }

@@ -172,3 +172,12 @@ def test_paged_arguments_are_named():
         assert words in str(e.value), str(e.value)
     with pytest.raises(TypeError, match="need `k_scale`"):
         fa.check_paged_args(q, kc, vc, bt, sl, cu, q_scale=f32(24))
+
+
+def test_warm_names_a_bad_head_dim_before_the_gpu():
+    with pytest.raises(TypeError, match="`head_dim` must be an int, not float"):
+        fa.warm(128.0)
+    with pytest.raises(TypeError, match="not bool"):
+        fa.warm(True)
+    with pytest.raises(ValueError, match="`head_dim` = 96: the kernels are built for 64, 128 and 256"):
+        fa.warm(96)

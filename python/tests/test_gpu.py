@@ -226,3 +226,28 @@ def test_paged_cache_gives_the_packed_keys_bits():
     seq_lens = torch.tensor([sk for _, sk in lens], dtype=torch.int32, device="cuda")
     got, gl = fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True, **sc)
     assert torch.equal(got, want) and torch.equal(gl, wl)
+
+
+def test_warm_leaves_the_first_call_nothing_to_compile():
+    # A fresh process with both kernel caches off: after warm(64), the first dense call and the first packed call
+    # each take well under NVRTC's compile time (seconds a kernel), so warm loaded every kernel they launch.
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import time, torch, fp8_attention as fa\n"
+        "fa.warm(64)\n"
+        "q = torch.randn(1, 8, 512, 64, device='cuda', dtype=torch.bfloat16)\n"
+        "p = torch.randn(700, 8, 64, device='cuda', dtype=torch.bfloat16)\n"
+        "cu = torch.tensor([0, 300, 700], device='cuda', dtype=torch.int32)\n"
+        "torch.cuda.synchronize()\n"
+        "t = time.perf_counter(); fa.sdpa(q, q, q); torch.cuda.synchronize(); a = time.perf_counter() - t\n"
+        "t = time.perf_counter(); fa.sdpa_varlen(p, p, p, cu, cu); torch.cuda.synchronize()\n"
+        "print(a, time.perf_counter() - t)\n"
+    )
+    env = {**os.environ, "FP8_ATTENTION_CACHE": "off", "LAB_CUBIN_CACHE": "off"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    dense, packed = (float(x) for x in out.stdout.split()[-2:])
+    assert dense < 0.25 and packed < 0.25, f"first calls after warm: dense {dense:.3f} s, packed {packed:.3f} s"
