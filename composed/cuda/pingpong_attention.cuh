@@ -1,5 +1,6 @@
 // pingpong_attention.cuh: the body of stage 7: stage 6's producer and ring, the two consumers taking turns on the tensor cores.
 #pragma once
+#include "attn_merge.cuh"
 #include "ragged_units.cuh"
 #include "tma_attention.cuh"
 #include "v_staging.cuh"
@@ -478,41 +479,27 @@ __device__ __forceinline__ void store8(T* at, const float (&x)[8]) {
 }
 
 // Columns 8c .. 8c + 7 of row `row` of head bh (and, for c = 0, the row's LSE) merged from n parts' O and LSE at
-// virtual units dsts (each a whole unit's over its key tiles), in piece order: FlashAttention's split-KV combine,
-// O = Σ_j e^(LSE_j − LSE) O_j, LSE = log Σ_j e^(LSE_j). Every load is issued before the first is used.
+// virtual units dsts (each a whole unit's over its key tiles), in piece order, by the attn-merge block (FlashAttention's
+// split-KV combine). Every load is issued before the first is used.
 template <class T, int D>
 __device__ __forceinline__ void merge_row(const Params& p, const int* dsts, int n, int bh, int row, int c) {
   T* o = static_cast<T*>(p.o);
   long long at[kMaxParts];
-  float lse[kMaxParts], v[kMaxParts][8], m = wr::neg_inf();
+  float lse[kMaxParts], v[kMaxParts][8];
 #pragma unroll
-  for (int j = 0; j < kMaxParts; ++j)
+  for (int j = 0; j < kMaxParts; ++j) {
+    lse[j] = wr::neg_inf();
     if (j < n) {
       at[j] = (long long)(dsts[j] / p.q_tiles) * p.sq + dsts[j] % p.q_tiles * kUnitRows + row % kUnitRows;
       lse[j] = __ldcg(p.lse + at[j]);
       load8(o + at[j] * D + 8 * c, v[j]);
     }
-#pragma unroll
-  for (int j = 0; j < kMaxParts; ++j)
-    if (j < n) m = fmaxf(m, lse[j]);
-  float w[kMaxParts], sum = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxParts; ++j)
-    if (j < n) {
-      w[j] = m == wr::neg_inf() ? 0.0f : __expf(lse[j] - m);
-      sum += w[j];
-    }
+  }
+  const amerge::Weights<kMaxParts> w = amerge::weights(lse, n);
   const long long out = (long long)bh * p.sq + row;
-  if (c == 0) p.lse[out] = sum > 0.0f ? m + __logf(sum) : wr::neg_inf();
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  float x[8] = {};
-#pragma unroll
-  for (int j = 0; j < kMaxParts; ++j)
-    if (j < n)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] += w[j] * v[j][i];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] *= inv;
+  if (c == 0) p.lse[out] = w.lse;
+  float x[8];
+  amerge::merge8(w, v, n, x);
   store8(o + out * D + 8 * c, x);
 }
 

@@ -49,6 +49,7 @@ pub(crate) const BLOCK_HEADERS: &[&[Header]] = &[
     tma_ring::HEADERS,
     ragged_plan::HEADERS,
     paged_kv::HEADERS,
+    attn_merge::HEADERS,
     HEADERS,
 ];
 

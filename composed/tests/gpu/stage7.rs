@@ -216,21 +216,29 @@ pub fn add(t: &mut Suite) {
             broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()));
         Ok(())
     });
-    for (mutant, from, to) in [
-        // Every part merged with weight 1: the parts' rows kept against their own maxima.
+    for (mutant, header, from, to) in [
+        // Every part merged with weight 1 (in the attn-merge block the merge kernel uses): the parts' rows kept
+        // against their own maxima.
         (
             "unweighted_merge",
-            "w[j] = m == wr::neg_inf() ? 0.0f : __expf(lse[j] - m);",
-            "w[j] = 1.0f;",
+            "attn_merge.cuh",
+            "r.w[j] = (j < n && m != neg_inf()) ? expf(lse[j] - m) : 0.0f;",
+            "r.w[j] = j < n ? 1.0f : 0.0f;",
         ),
         // A part's O and LSE written over its unit's own head, not its virtual one.
         (
             "parts_to_own_head",
+            "pingpong_attention.cuh",
             "const int obh = dst < 0 ? bh : dst / p.q_tiles",
             "const int obh = bh",
         ),
         // A part's keys masked as if it started at key tile 0: the unit's last, partial tile unmasked.
-        ("part_columns_from_zero", ": p.sk - k0 * BC;", ": p.sk;"),
+        (
+            "part_columns_from_zero",
+            "pingpong_attention.cuh",
+            ": p.sk - k0 * BC;",
+            ": p.sk;",
+        ),
     ] {
         t.gpu(
             &format!("split::stage7::mutant_{mutant}_is_caught"),
@@ -243,11 +251,7 @@ pub fn add(t: &mut Suite) {
                     d.split_plan(gpu, Stage::S7)?.pieces > 0,
                     "no split to mutate"
                 );
-                d.use_kernel(Some(Stage::S7.kernel(128).mutated(
-                    "pingpong_attention.cuh",
-                    from,
-                    to,
-                )?));
+                d.use_kernel(Some(Stage::S7.kernel(128).mutated(header, from, to)?));
                 d.launch(gpu, Stage::S7)?;
                 let bad = d.download(gpu)?;
                 let emu = emulation_of(Stage::S7, &qz, OutDtype::F16);
