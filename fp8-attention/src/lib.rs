@@ -7,8 +7,9 @@
 //! every bad input is an [`Error`] naming what is wrong, before any launch. D = 64, 128 or 256 (256: sm_90).
 //! [`Attention::with_stage`] picks stage 8 (V read as given: one launch a call), which also reads E4M3 inputs at any
 //! strides ([`Attention::forward_strided`]); [`Attention::forward_varlen`] runs a packed (variable-length) batch
-//! ([`Packed`]: cu_seqlens on the host, checked by name) on stage 8's packed kernel, and [`Attention::forward_paged`]
-//! a packed batch's queries over a paged FP8 KV cache ([`PagedCache`]).
+//! ([`Packed`]: cu_seqlens on the host, checked by name) on stage 8's packed kernel ([`Attention::forward_varlen_real`]:
+//! f32 / f16 / bf16 tokens quantized on the device, a scale a head), and [`Attention::forward_paged`] a packed batch's
+//! queries over a paged FP8 KV cache ([`PagedCache`]).
 //!
 //! Ring attention (a sequence over several GPUs): [`ring_attention_rank`] is one rank's part over an NCCL
 //! communicator, on zigzag shards ([`zigzag_split`], [`Shard`]); [`ring_on_one_device`] runs every rank's steps on
@@ -41,6 +42,7 @@ mod ring;
 mod ring_nccl;
 mod staging;
 mod varlen;
+mod varlen_real;
 
 pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs, check_strides};
 pub use composed::bench::Timing;

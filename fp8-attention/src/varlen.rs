@@ -204,7 +204,7 @@ impl Attention {
             page_size: cache.page_size,
             num_pages: cache.num_pages,
         };
-        self.packed_launch(gpu, stream, &packed, q, k, v, Some(paged))
+        self.packed_launch(gpu, stream, &packed, q, k, v, Some(paged), None)
     }
 
     /// Attention over a packed batch: Q [total_q, H, D], K and V [total_k, Hkv, D] (E4M3 codes, scales one per
@@ -225,12 +225,13 @@ impl Attention {
             [q.codes.len(), k.codes.len(), v.codes.len()],
             [q.scales.len(), k.scales.len(), v.scales.len()],
         )?;
-        self.packed_launch(gpu, stream, b, q, k, v, None)
+        self.packed_launch(gpu, stream, b, q, k, v, None, None)
     }
 
-    /// The packed kernel on checked inputs (K and V packed, or `paged`'s pools), into new outputs on `stream`.
+    /// The packed kernel on checked inputs (K and V packed, or `paged`'s pools; `strides`: the codes' (token, head,
+    /// ·) element strides, None for packed [total, heads, D]), into new outputs on `stream`.
     #[allow(clippy::too_many_arguments)]
-    fn packed_launch(
+    pub(crate) fn packed_launch(
         &mut self,
         gpu: &Gpu,
         stream: &Arc<CudaStream>,
@@ -239,6 +240,7 @@ impl Attention {
         k: Fp8,
         v: Fp8,
         paged: Option<PagedKv>,
+        strides: Option<composed::Strides>,
     ) -> Result<PackedOutput> {
         if !matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a) {
             return Err(Error::Unsupported(format!(
@@ -281,7 +283,7 @@ impl Attention {
             lse: at(lse.device_ptr_mut(stream)),
             cu_q: at(cu_q.device_ptr(stream)),
             cu_k: at(cu_k.device_ptr(stream)),
-            strides: None,
+            strides,
             paged,
         };
         let shape = VarlenShape {

@@ -1,7 +1,7 @@
 // The op on stage 8: one launch a call (V read as the caller has it), stage 7's bits, inputs read in place at any strides.
 use anyhow::ensure;
 use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
-use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Stage, Strides};
+use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Real, Stage, Strides};
 use lab::Suite;
 
 use crate::{forward, inputs, lab_path, same_bits};
@@ -261,6 +261,90 @@ pub fn add(t: &mut Suite) {
             .to_string();
         ensure!(e.contains("`cu_seqlens_q`") && e.contains("decreases"), "{e}");
         eprintln!("forward_varlen: {} sequences bit for bit as each alone; decreasing boundaries named", lens.len());
+        Ok(())
+    });
+    t.gpu("stage8::forward_varlen_real::the_codes_of_quantize_per_head", |gpu| {
+        // Real-valued packed tokens quantized on the device, one scale a head over all tokens: the same O and LSE bits
+        // as forward_varlen on fixtures' per-head codes of the [1, heads, total, D] tensors with those scales repeated
+        // for every sequence (the device quantizer's codes are quantize_per_head's bit for bit). Then a short k named.
+        let (h, hkv, d) = (4, 2, 64);
+        let (cq, ck) = ([0i32, 37, 37, 200, 201], [0i32, 90, 130, 330, 331]);
+        let (tq, tk, batch) = (201usize, 331usize, 4usize);
+        let raw = Raw::random(Shape::cross(1, h, tq, tk, d).with_kv_heads(hkv)?, 61, 1.0);
+        let qz = quantize_per_head(&raw);
+        // [1, heads, total, D] (fixtures' layout) as packed [total, heads, D].
+        fn packed<T: Copy>(x: &[T], heads: usize, total: usize, d: usize) -> Vec<T> {
+            let mut out = Vec::with_capacity(x.len());
+            for t in 0..total {
+                for hi in 0..heads {
+                    out.extend_from_slice(&x[(hi * total + t) * d..(hi * total + t + 1) * d]);
+                }
+            }
+            out
+        }
+        let st = gpu.stream.clone();
+        let cfg = Config { causal: true, out_dtype: OutDtype::F32, softmax_scale: None };
+        let mut op = Attention::with_stage(gpu, cfg, Stage::S8)?;
+        let b = Packed { h, hkv, d, cu_seqlens_q: &cq, cu_seqlens_k: &ck };
+        let up = |x: Vec<u8>| st.clone_htod(&x);
+        let (dq, dk, dv) = (up(packed(&qz.q, h, tq, d))?, up(packed(&qz.k, hkv, tk, d))?, up(packed(&qz.v, hkv, tk, d))?);
+        let rep = |x: &[f32]| st.clone_htod(&x.repeat(batch));
+        let (dqs, dks, dvs) = (rep(&qz.q_scale)?, rep(&qz.k_scale)?, rep(&qz.v_scale)?);
+        let f = |codes, scales| Fp8 { codes, scales };
+        let want = op.forward_varlen(gpu, &st, &b, f(&dq, &dqs), f(&dk, &dks), f(&dv, &dvs))?;
+        let (rq, rk, rv) = (
+            st.clone_htod(&packed(&raw.q, h, tq, d))?,
+            st.clone_htod(&packed(&raw.k, hkv, tk, d))?,
+            st.clone_htod(&packed(&raw.v, hkv, tk, d))?,
+        );
+        let got = op.forward_varlen_real(gpu, &st, &b, Real::contiguous(&rq), Real::contiguous(&rk), Real::contiguous(&rv))?;
+        let host = |o: &OutBuf| -> anyhow::Result<Vec<f32>> {
+            let OutBuf::F32(x) = o else { anyhow::bail!("O is not f32") };
+            Ok(st.clone_dtoh(x)?)
+        };
+        let (wo, go) = (host(&want.o)?, host(&got.o)?);
+        let n = tq * h * d;
+        ensure!(
+            wo[..n].iter().zip(&go[..n]).all(|(a, c)| a.to_bits() == c.to_bits()),
+            "O from real tokens differs from O from quantize_per_head's codes"
+        );
+        let (wl, gl) = (st.clone_dtoh(&want.lse)?, st.clone_dtoh(&got.lse)?);
+        ensure!(
+            wl[..h * tq].iter().zip(&gl[..h * tq]).all(|(a, c)| a.to_bits() == c.to_bits()),
+            "the LSE from real tokens differs"
+        );
+        // The same tokens at (·, heads, tokens) strides inside a wider buffer: [total, heads + 1, D], the extra head
+        // poison; the same bits.
+        let wide = |x: &[f32], heads: usize, total: usize| -> Vec<f32> {
+            let mut out = vec![f32::NAN; total * (heads + 1) * d];
+            for t in 0..total {
+                for hi in 0..heads {
+                    let from = (hi * total + t) * d;
+                    let to = (t * (heads + 1) + hi) * d;
+                    out[to..to + d].copy_from_slice(&x[from..from + d]);
+                }
+            }
+            out
+        };
+        let (wq, wk, wv) = (
+            st.clone_htod(&wide(&raw.q, h, tq))?,
+            st.clone_htod(&wide(&raw.k, hkv, tk))?,
+            st.clone_htod(&wide(&raw.v, hkv, tk))?,
+        );
+        let strided = |x, heads: usize| Real::strided(x, 0, [0, d, (heads + 1) * d]);
+        let third = op.forward_varlen_real(gpu, &st, &b, strided(&wq, h), strided(&wk, hkv), strided(&wv, hkv))?;
+        ensure!(
+            host(&third.o)?[..n].iter().zip(&go[..n]).all(|(a, c)| a.to_bits() == c.to_bits()),
+            "strided real tokens give other bits"
+        );
+        // k one token short of cu_seqlens_k's total: named, nothing launched.
+        let short = st.clone_htod(&packed(&raw.k, hkv, tk, d)[..(tk - 1) * hkv * d])?;
+        let e = op
+            .forward_varlen_real(gpu, &st, &b, Real::contiguous(&rq), Real::contiguous(&short), Real::contiguous(&rv))
+            .unwrap_err()
+            .to_string();
+        ensure!(e.contains("`k`") && e.contains("past the"), "{e}");
+        eprintln!("forward_varlen_real: quantize_per_head's bits, contiguous and strided; a short k named");
         Ok(())
     });
 }
