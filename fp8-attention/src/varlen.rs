@@ -115,7 +115,7 @@ pub fn check_packed(b: &Packed, lens: [usize; 3], scales: [usize; 3]) -> Result<
 }
 
 /// A paged KV cache as a call gives it: the pool's geometry (pages of `page_size` rows, a power of two from 16 to 256)
-/// and, on the host, the block table ([B][max_pages] page indices) and each sequence's length in keys.
+/// and, on the host, the block table (`[B][max_pages]` page indices) and each sequence's length in keys.
 #[derive(Debug, Clone, Copy)]
 pub struct PagedCache<'a> {
     /// Pages in the pool.
@@ -124,7 +124,7 @@ pub struct PagedCache<'a> {
     pub page_size: usize,
     /// Page indices a sequence (the table's row length).
     pub max_pages: usize,
-    /// [B][max_pages] page indices; entries past a sequence's last page are not read.
+    /// `[B][max_pages]` page indices; entries past a sequence's last page are not read.
     pub block_table: &'a [i32],
     /// Each sequence's length in keys.
     pub seq_lens: &'a [i32],
