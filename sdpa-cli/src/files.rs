@@ -52,7 +52,7 @@ fn shape4(name: &str, t: &TensorView) -> Result<[usize; 4]> {
 }
 
 /// Real-valued data as f32; NaN or Inf is refused with the tensor's name and the first index.
-fn real(name: &str, t: &TensorView) -> Result<Vec<f32>> {
+pub(crate) fn real(name: &str, t: &TensorView) -> Result<Vec<f32>> {
     let d = t.data();
     let v: Vec<f32> = match t.dtype() {
         Dtype::F32 => d

@@ -1,14 +1,15 @@
 // `sdpa run` on a packed (variable-length) or paged file: E4M3 codes with scales per (sequence, head), stage 8, checked.
 use anyhow::{Context, Result, bail, ensure};
 use fixtures::{OutDtype, Quantized, Shape};
-use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Stage};
+use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Real, Stage};
 use lab::numerics::{Tolerance, error_stats};
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::files::{scales, tensor};
+use crate::files::{real, scales, tensor};
 
-/// A packed batch as a file holds it: E4M3 `q` [total_q, H, D] and `cu_seqlens_q` (I32 [B + 1]); the keys either
+/// A packed batch as a file holds it: E4M3 `q` [total_q, H, D] and `cu_seqlens_q` (I32 [B + 1]) — or F16 / BF16 / F32
+/// `q`, `k`, `v` without scales, quantized on the device (packed keys only); the keys either
 /// packed (`k`, `v` [total_k, Hkv, D], `cu_seqlens_k`) or a paged cache (`k_cache`, `v_cache` [num_pages,
 /// page_size, Hkv, D], `block_table` I32 [B, max_pages], `seq_lens` I32 [B]); `q_scale` (F32, B·H or 1), `k_scale` and
 /// `v_scale` (B·Hkv or 1).
@@ -28,6 +29,10 @@ pub struct PackedFile {
     pub cu_k: Vec<i32>,
     /// A paged file's cache.
     pub paged: Option<PagedFile>,
+    /// A packed file of real-valued tokens (F16, BF16 or F32): q, k, v as f32, packed as the codes are. The codes and
+    /// scales above are then fixtures' per-head quantization of them (one scale a head over all tokens, repeated for
+    /// every sequence), bit for bit what the device makes of them.
+    pub real: Option<[Vec<f32>; 3]>,
 }
 
 /// A paged file's cache: pages, rows a page, page indices a sequence, the block table and the lengths.
@@ -89,6 +94,14 @@ pub fn load(bytes: &[u8]) -> Result<PackedFile> {
     );
     let b = cu_q.len() - 1;
     let names = st.names();
+    if q.dtype() != Dtype::F8_E4M3 && q.dtype() != Dtype::U8 {
+        ensure!(
+            !names.contains(&"block_table"),
+            "`q` has dtype {:?}: a paged file holds E4M3 codes (F8_E4M3 or U8) with their scales",
+            q.dtype()
+        );
+        return load_real(&st, qd, cu_q);
+    }
     let (k, v, hkv, cu_k, paged) = if names.contains(&"block_table") {
         let (kc, vc) = (tensor(&st, "k_cache")?, tensor(&st, "v_cache")?);
         let kd = dims("k_cache", &kc, 4)?;
@@ -160,6 +173,93 @@ pub fn load(bytes: &[u8]) -> Result<PackedFile> {
         cu_q,
         cu_k,
         paged,
+        real: None,
+    })
+}
+
+/// A packed file of real-valued `q` [total_q, H, D] (dims `qd`), `k`, `v` [total_k, Hkv, D] and the boundaries; its
+/// codes and scales quantized here as the device will.
+fn load_real(st: &SafeTensors, qd: Vec<usize>, cu_q: Vec<i32>) -> Result<PackedFile> {
+    let (h, d, b) = (qd[1], qd[2], cu_q.len() - 1);
+    let (k, v) = (tensor(st, "k")?, tensor(st, "v")?);
+    let kd = dims("k", &k, 3)?;
+    ensure!(
+        dims("v", &v, 3)? == kd,
+        "`k` {kd:?} and `v` {:?} must have the same shape",
+        v.shape()
+    );
+    let q = tensor(st, "q")?;
+    ensure!(
+        k.dtype() == q.dtype() && v.dtype() == q.dtype(),
+        "`q`, `k` and `v` must have one dtype: {:?}, {:?}, {:?}",
+        q.dtype(),
+        k.dtype(),
+        v.dtype()
+    );
+    for name in ["q_scale", "k_scale", "v_scale"] {
+        ensure!(
+            !st.names().contains(&name),
+            "`{name}` is given, but `q` holds real values ({:?}): scales come with E4M3 codes only",
+            q.dtype()
+        );
+    }
+    let (hkv, tq, tk) = (kd[1], qd[0], kd[0]);
+    ensure!(
+        tq > 0 && tk > 0,
+        "`q` has {tq} tokens and `k` {tk}: real-valued tokens are quantized a head at a time, and need some"
+    );
+    ensure!(
+        kd[2] == d,
+        "`q` has D = {d} and `k` D = {}: D must agree",
+        kd[2]
+    );
+    ensure!(
+        hkv >= 1 && h.is_multiple_of(hkv),
+        "H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads"
+    );
+    let cu_k = ints("cu_seqlens_k", &tensor(st, "cu_seqlens_k")?)?;
+    let (rq, rk, rv) = (real("q", &q)?, real("k", &k)?, real("v", &v)?);
+    // [total, heads, D] ↔ [1, heads, total, D].
+    let heads_major = |x: &[f32], heads: usize, total: usize| -> Vec<f32> {
+        let mut out = vec![0f32; x.len()];
+        for t in 0..total {
+            for hi in 0..heads {
+                let (from, to) = ((t * heads + hi) * d, (hi * total + t) * d);
+                out[to..to + d].copy_from_slice(&x[from..from + d]);
+            }
+        }
+        out
+    };
+    let tokens_major = |x: &[u8], heads: usize, total: usize| -> Vec<u8> {
+        let mut out = vec![0u8; x.len()];
+        for t in 0..total {
+            for hi in 0..heads {
+                let (from, to) = ((hi * total + t) * d, (t * heads + hi) * d);
+                out[to..to + d].copy_from_slice(&x[from..from + d]);
+            }
+        }
+        out
+    };
+    let qz = fixtures::quantize_per_head(&fixtures::Raw {
+        shape: Shape::cross(1, h, tq, tk, d).with_kv_heads(hkv)?,
+        q: heads_major(&rq, h, tq),
+        k: heads_major(&rk, hkv, tk),
+        v: heads_major(&rv, hkv, tk),
+    });
+    Ok(PackedFile {
+        h,
+        hkv,
+        d,
+        q: tokens_major(&qz.q, h, tq),
+        k: tokens_major(&qz.k, hkv, tk),
+        v: tokens_major(&qz.v, hkv, tk),
+        q_scale: qz.q_scale.repeat(b),
+        k_scale: qz.k_scale.repeat(b),
+        v_scale: qz.v_scale.repeat(b),
+        cu_q,
+        cu_k,
+        paged: None,
+        real: Some([rq, rk, rv]),
     })
 }
 
@@ -241,6 +341,14 @@ pub fn run(
         st.clone_htod(&f.v_scale)?,
     );
     let fp = |codes, scales| Fp8 { codes, scales };
+    let reals = match &f.real {
+        Some(r) => Some([
+            st.clone_htod(&r[0])?,
+            st.clone_htod(&r[1])?,
+            st.clone_htod(&r[2])?,
+        ]),
+        None => None,
+    };
     let res = match &f.paged {
         Some(p) => {
             let cache = PagedCache {
@@ -260,7 +368,18 @@ pub fn run(
                 fp(&dv, &vs),
             )?
         }
-        None => op.forward_varlen(gpu, &st, &b, fp(&dq, &qs), fp(&dk, &ks), fp(&dv, &vs))?,
+        None => match &reals {
+            // Quantized on the device: the codes above are the host's copy of what it makes, for the reference.
+            Some([rq, rk, rv]) => op.forward_varlen_real(
+                gpu,
+                &st,
+                &b,
+                Real::contiguous(rq),
+                Real::contiguous(rk),
+                Real::contiguous(rv),
+            )?,
+            None => op.forward_varlen(gpu, &st, &b, fp(&dq, &qs), fp(&dk, &ks), fp(&dv, &vs))?,
+        },
     };
     let tq = b.total_q();
     let o: Vec<f32> = match &res.o {
@@ -304,7 +423,11 @@ pub fn run(
     println!(
         "stage8 on {} for a {} batch of {} sequences, {tq} query tokens, H = {}, Hkv = {}, D = {}{}, O in {out}",
         gpu.name,
-        if f.paged.is_some() { "paged" } else { "packed" },
+        match (&f.paged, &f.real) {
+            (Some(_), _) => "paged",
+            (None, Some(_)) => "packed real-valued (quantized on the device, a scale a head)",
+            (None, None) => "packed",
+        },
         b.batch(),
         f.h,
         f.hkv,
@@ -395,6 +518,61 @@ mod tests {
         );
         // A wrong boundary count loads (the library names it before any launch).
         assert_eq!(load(&varlen_file(Dtype::F8_E4M3, 4)).unwrap().cu_k.len(), 4);
+    }
+
+    #[test]
+    fn real_packed_files_are_quantized_as_the_device_does() {
+        let (tq, tk, h, hkv, d) = (5, 9, 2, 1, 64);
+        let vals =
+            |n: usize, k: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32) * k).sin()).collect() };
+        let (q, k, v) = (
+            vals(tq * h * d, 0.37),
+            vals(tk * hkv * d, 0.11),
+            vals(tk * hkv * d, 0.23),
+        );
+        let b = |x: &[f32]| -> Vec<u8> { x.iter().flat_map(|y| y.to_le_bytes()).collect() };
+        let base = vec![
+            ("q", Dtype::F32, vec![tq, h, d], b(&q)),
+            ("k", Dtype::F32, vec![tk, hkv, d], b(&k)),
+            ("v", Dtype::F32, vec![tk, hkv, d], b(&v)),
+            ("cu_seqlens_q", Dtype::I32, vec![3], i32s(&[0, 2, 5])),
+            ("cu_seqlens_k", Dtype::I32, vec![3], i32s(&[0, 4, 9])),
+        ];
+        let f = load(&file(&base)).unwrap();
+        assert_eq!(
+            (f.h, f.hkv, f.d, f.q_scale.len(), f.k_scale.len()),
+            (2, 1, 64, 4, 2)
+        );
+        assert!(f.real.is_some() && f.paged.is_none());
+        // Head 1's scale is that of its own tokens' amax, the same for both sequences; every code, token-major, decodes
+        // to its value within E4M3's rounding.
+        let amax1 = (0..tq)
+            .flat_map(|t| q[(t * h + 1) * d..(t * h + 2) * d].iter())
+            .fold(0f32, |m, x| m.max(x.abs()));
+        assert_eq!(f.q_scale[1], amax1 / 448.0);
+        assert_eq!(f.q_scale[3], f.q_scale[1]);
+        for (codes, x, scale, heads) in [(&f.q, &q, &f.q_scale, h), (&f.k, &k, &f.k_scale, hkv)] {
+            for (i, (&c, &want)) in codes.iter().zip(x.iter()).enumerate() {
+                let sc = scale[(i / d) % heads];
+                let got = fp8_codec::decode(c, fp8_codec::Format::E4M3) * sc;
+                assert!(
+                    (got - want).abs() <= want.abs() / 16.0 + sc / 512.0,
+                    "element {i}: {got} for {want}"
+                );
+            }
+        }
+        // Scales with real values, or a mixed dtype: named.
+        let mut with_scale = base.clone();
+        with_scale.push(("k_scale", Dtype::F32, vec![1], f32s(1)));
+        let e = format!("{:#}", load(&file(&with_scale)).unwrap_err());
+        assert!(
+            e.contains("`k_scale` is given") && e.contains("E4M3 codes only"),
+            "{e}"
+        );
+        let mut mixed = base.clone();
+        mixed[1] = ("k", Dtype::F16, vec![tk, hkv, d], vec![0; tk * hkv * d * 2]);
+        let e = format!("{:#}", load(&file(&mixed)).unwrap_err());
+        assert!(e.contains("must have one dtype"), "{e}");
     }
 
     #[test]

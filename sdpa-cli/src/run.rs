@@ -52,8 +52,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
         anyhow::ensure!(
             a.scheme == Scheme::default() && !a.json,
-            "{} holds a packed batch: its E4M3 codes are used as they are and the report is text, so \
-             --scales/--smooth-k/--rotate and --json do not apply",
+            "{} holds a packed batch: its E4M3 codes are used as they are (real tokens get one scale a head) and \
+             the report is text, so --scales/--smooth-k/--rotate and --json do not apply",
             a.input.display()
         );
         return crate::packed::run(
