@@ -2,14 +2,13 @@
 use std::sync::Arc;
 
 use fixtures::Shape;
-use fp8_codec::{View, ViewOut, ViewQuantizer};
+use fp8_codec::View;
 use half::{bf16, f16};
 use lab::Gpu;
-use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 
-use crate::attention::{Attention, Fp8, Output};
+use crate::attention::{Attention, Output};
 use crate::error::{Error, Result};
-use crate::staging::grown;
 
 pub use fp8_codec::Real as RealDtype;
 
@@ -60,6 +59,38 @@ impl<'a, T> Real<'a, T> {
     }
 }
 
+/// The quantizer's view of `x` with `dims` ([B, heads, S, D]) at `x.strides` (`default` where it has none), checked
+/// against its buffer and the quantizer's rules; `x`'s guard goes to `guards` (held until the kernels are queued).
+pub(crate) fn checked_view<'a, T: RealElem>(
+    tensor: &'static str,
+    x: &Real<'a, T>,
+    dims: [usize; 4],
+    default: [usize; 3],
+    stream: &'a Arc<CudaStream>,
+    guards: &mut Vec<SyncOnDrop<'a>>,
+) -> Result<View> {
+    let (base, g) = x.data.device_ptr(stream);
+    guards.push(g);
+    let view = View {
+        addr: base + (x.offset * T::DTYPE.size()) as u64,
+        dtype: T::DTYPE,
+        dims,
+        strides: x.strides.unwrap_or(default),
+    };
+    let layout = |why: String| Error::Layout { tensor, why };
+    if x.offset + view.extent() > x.data.len() {
+        return Err(layout(format!(
+            "the view {dims:?} with strides {:?} from element {} reaches element {}, past the {} the buffer holds",
+            view.strides,
+            x.offset,
+            x.offset + view.extent(),
+            x.data.len()
+        )));
+    }
+    view.check(tensor).map_err(|e| layout(format!("{e:#}")))?;
+    Ok(view)
+}
+
 impl Attention {
     /// Attention of real-valued `q` over `k` and `v` (shape `s` as [`Attention::forward`] takes it): each tensor
     /// quantized to E4M3 on `stream` with one scale per (batch, head) — the codes and scales bit for bit those of
@@ -80,87 +111,26 @@ impl Attention {
             [s.b, s.hkv, s.sk, s.d],
             [s.b, s.hkv, s.sk, s.d],
         ];
-        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(12);
+        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(3);
         let mut views = Vec::with_capacity(3);
         for ((tensor, x), dims) in [("q", &q), ("k", &k), ("v", &v)].into_iter().zip(dims) {
-            let (base, g) = x.data.device_ptr(stream);
-            guards.push(g);
-            let view = match x.strides {
-                None => View::contiguous(0, T::DTYPE, dims),
-                Some(strides) => View {
-                    addr: 0,
-                    dtype: T::DTYPE,
-                    dims,
-                    strides,
-                },
-            };
-            let view = View {
-                addr: base + (x.offset * T::DTYPE.size()) as u64,
-                ..view
-            };
-            let layout = |why: String| Error::Layout { tensor, why };
-            if x.offset + view.extent() > x.data.len() {
-                return Err(layout(format!(
-                    "the view {dims:?} with strides {:?} from element {} reaches element {}, past the {} the \
-                     buffer holds",
-                    view.strides,
-                    x.offset,
-                    x.offset + view.extent(),
-                    x.data.len()
-                )));
-            }
-            view.check(tensor).map_err(|e| layout(format!("{e:#}")))?;
-            views.push(view);
+            let [_, h, s, d] = dims;
+            let contiguous = [h * s * d, s * d, d];
+            views.push(checked_view(
+                tensor,
+                x,
+                dims,
+                contiguous,
+                stream,
+                &mut guards,
+            )?);
         }
         let mut st = std::mem::take(&mut self.staging);
-        let counts = dims.map(|[b, h, s, d]| (b * h * s * d, b * h));
-        for (i, &(n, heads)) in counts.iter().enumerate() {
-            grown(&mut st.codes[i], stream, n)?;
-            grown(&mut st.scales[i], stream, heads)?;
-        }
-        let heads_all: usize = counts.iter().map(|c| c.1).sum();
-        grown(&mut st.amax, stream, heads_all)?;
         let result = (|| {
-            let amax = st.amax.as_mut().expect("grown above");
-            stream.memset_zeros(amax).map_err(anyhow::Error::from)?;
-            let (amax0, g) = amax.device_ptr_mut(stream);
-            guards.push(g);
-            let vq = ViewQuantizer::default();
-            let mut at = amax0;
-            for (i, view) in views.iter().enumerate() {
-                let (codes, g1) = st.codes[i]
-                    .as_mut()
-                    .expect("grown above")
-                    .device_ptr_mut(stream);
-                let (scales, g2) = st.scales[i]
-                    .as_mut()
-                    .expect("grown above")
-                    .device_ptr_mut(stream);
-                // SAFETY: the view lies inside its slice (checked above); codes, scales and the amax range are this
-                // op's own buffers, each at least the view's size, distinct from the inputs and from each other;
-                // all outlive the kernels (the slices are dropped only in stream order).
-                unsafe {
-                    vq.run(
-                        gpu,
-                        stream,
-                        ["q", "k", "v"][i],
-                        view,
-                        ViewOut {
-                            codes,
-                            scales,
-                            amax: at,
-                        },
-                    )
-                }?;
-                drop((g1, g2));
-                at += (counts[i].1 * 4) as u64;
-            }
+            let views: [View; 3] = views.try_into().expect("three views");
+            st.quantize(gpu, stream, &views, [0; 3])?;
             drop(guards);
-            let f = |i: usize| Fp8 {
-                codes: st.codes[i].as_ref().expect("grown above"),
-                scales: st.scales[i].as_ref().expect("grown above"),
-            };
-            self.launch(gpu, stream, s, scale, f(0), f(1), f(2))
+            self.launch(gpu, stream, s, scale, st.fp8(0), st.fp8(1), st.fp8(2))
         })();
         self.staging = st;
         result

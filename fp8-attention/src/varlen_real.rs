@@ -1,51 +1,14 @@
 // Packed batches of real-valued tokens (f32, f16, bf16) quantized to E4M3 on the device, one scale a head, then attended.
 use std::sync::Arc;
 
-use fp8_codec::{View, ViewOut, ViewQuantizer};
+use fp8_codec::View;
 use lab::Gpu;
-use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
 
-use crate::attention::{Attention, Fp8};
+use crate::attention::Attention;
 use crate::error::{Error, Result};
-use crate::real::{Real, RealElem};
-use crate::staging::grown;
+use crate::real::{Real, RealElem, checked_view};
 use crate::varlen::{Packed, PackedOutput, check_packed};
-
-/// The [1, heads, total, D] view of a packed real tensor `x` ([total, heads, D] row-major, or at `x.strides`' (·,
-/// heads, tokens) element strides), checked against its buffer and the quantizer's rules.
-fn packed_view<'a, T: RealElem>(
-    tensor: &'static str,
-    x: &Real<'a, T>,
-    heads: usize,
-    total: usize,
-    d: usize,
-    stream: &'a Arc<CudaStream>,
-    guards: &mut Vec<SyncOnDrop<'a>>,
-) -> Result<View> {
-    let (base, g) = x.data.device_ptr(stream);
-    guards.push(g);
-    let strides = x.strides.unwrap_or([total * heads * d, d, heads * d]);
-    let view = View {
-        addr: base + (x.offset * T::DTYPE.size()) as u64,
-        dtype: T::DTYPE,
-        dims: [1, heads, total, d],
-        strides,
-    };
-    let layout = |why: String| Error::Layout { tensor, why };
-    if x.offset + view.extent() > x.data.len() {
-        return Err(layout(format!(
-            "the packed view [{total}, {heads}, {d}] with (token, head) strides ({}, {}) from element {} reaches \
-             element {}, past the {} the buffer holds",
-            strides[2],
-            strides[1],
-            x.offset,
-            x.offset + view.extent(),
-            x.data.len()
-        )));
-    }
-    view.check(tensor).map_err(|e| layout(format!("{e:#}")))?;
-    Ok(view)
-}
 
 /// `n` f32 at `buf` repeated until it holds `times · n` (copies of doubling size, on `stream`).
 fn repeat_scales(
@@ -114,69 +77,31 @@ impl Attention {
         for ((tensor, x), (total, heads)) in
             [("q", &q), ("k", &k), ("v", &v)].into_iter().zip(counts)
         {
-            views.push(packed_view(
+            // [total, heads, D] as [1, heads, total, D]; row-major unless the caller gives (·, heads, tokens) strides.
+            let tokens_major = [total * heads * d, d, heads * d];
+            views.push(checked_view(
                 tensor,
                 x,
-                heads,
-                total,
-                d,
+                [1, heads, total, d],
+                tokens_major,
                 stream,
                 &mut guards,
             )?);
         }
         let mut st = std::mem::take(&mut self.staging);
-        for (i, &(total, heads)) in counts.iter().enumerate() {
-            grown(&mut st.codes[i], stream, total * heads * d)?;
-            grown(&mut st.scales[i], stream, batch * heads)?;
-        }
-        grown(&mut st.amax, stream, b.h + 2 * b.hkv)?;
         let result = (|| {
-            let amax = st.amax.as_mut().expect("grown above");
-            stream.memset_zeros(amax).map_err(anyhow::Error::from)?;
-            let (amax0, g) = amax.device_ptr_mut(stream);
-            guards.push(g);
-            let vq = ViewQuantizer::default();
-            let mut at = amax0;
-            for (i, view) in views.iter().enumerate() {
-                let (codes, g1) = st.codes[i]
-                    .as_mut()
-                    .expect("grown above")
-                    .device_ptr_mut(stream);
-                let (scales, g2) = st.scales[i]
-                    .as_mut()
-                    .expect("grown above")
-                    .device_ptr_mut(stream);
-                // SAFETY: the view lies inside its slice (checked above); codes, scales and the amax range are this
-                // op's own buffers, each at least the view's size, distinct from the inputs and from each other;
-                // all outlive the kernels (the slices are dropped only in stream order).
-                unsafe {
-                    vq.run(
-                        gpu,
-                        stream,
-                        ["q", "k", "v"][i],
-                        view,
-                        ViewOut {
-                            codes,
-                            scales,
-                            amax: at,
-                        },
-                    )
-                }?;
-                drop((g1, g2));
-                at += (counts[i].1 * 4) as u64;
-                // Scales per (sequence, head): the heads' scales repeated for every sequence.
+            let views: [View; 3] = views.try_into().expect("three views");
+            st.quantize(gpu, stream, &views, counts.map(|(_, heads)| batch * heads))?;
+            drop(guards);
+            // Scales per (sequence, head): the heads' scales repeated for every sequence.
+            for (i, &(_, heads)) in counts.iter().enumerate() {
                 repeat_scales(
-                    st.scales[i].as_mut().expect("grown above"),
-                    counts[i].1,
+                    st.scales[i].as_mut().expect("grown by quantize"),
+                    heads,
                     batch,
                     stream,
                 )?;
             }
-            drop(guards);
-            let f = |i: usize| Fp8 {
-                codes: st.codes[i].as_ref().expect("grown above"),
-                scales: st.scales[i].as_ref().expect("grown above"),
-            };
             // The codes are [1, heads, total, D]: a token's row D elements on, a head's total·D.
             let at = |(total, _): (usize, usize)| [d, total.max(1) * d, (total.max(1) * d).max(1)];
             let strides = composed::Strides {
@@ -184,7 +109,16 @@ impl Attention {
                 k: at(counts[1]),
                 v: at(counts[2]),
             };
-            self.packed_launch(gpu, stream, b, f(0), f(1), f(2), None, Some(strides))
+            self.packed_launch(
+                gpu,
+                stream,
+                b,
+                st.fp8(0),
+                st.fp8(1),
+                st.fp8(2),
+                None,
+                Some(strides),
+            )
         })();
         self.staging = st;
         result
