@@ -116,9 +116,15 @@ fn transpose_diff(
         .map(|v| v as u8)
         .collect();
     let want = transposed_in(&src, rows, cols, dst, 0xCD, order);
+    tile_diff(gpu, spec, &src, &want)
+}
+
+/// A one-warpgroup transpose kernel `(const u8* in, u8* out)` with 128 KiB of shared memory (V's and Vᵀ's tiles, at
+/// most 32 KiB each) run on `src`: the bytes of its output that differ from `want` (an output of want's size).
+fn tile_diff(gpu: &Gpu, spec: &KernelSpec, src: &[u8], want: &[u8]) -> Result<usize> {
     let s = &gpu.stream;
     let k = gpu.load(spec)?;
-    let din = s.clone_htod(&src)?;
+    let din = s.clone_htod(src)?;
     let mut out = s.clone_htod(&vec![0u8; want.len()])?;
     let cfg = LaunchConfig {
         shared_mem_bytes: 4 * 32768,
@@ -128,7 +134,7 @@ fn transpose_diff(
         lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         4 * 32768,
     )?;
-    // SAFETY: transpose(const u8* in[rows][cols], u8* out[dst tile bytes]); one warpgroup.
+    // SAFETY: the kernel reads src's bytes and writes want.len() bytes of out; one warpgroup, the shared memory above.
     unsafe {
         s.launch_builder(&k.func)
             .arg(&din)
@@ -136,7 +142,7 @@ fn transpose_diff(
             .launch(cfg)?
     };
     let got = s.clone_dtoh(&out)?;
-    Ok(got.iter().zip(&want).filter(|(g, w)| g != w).count())
+    Ok(got.iter().zip(want).filter(|(g, w)| g != w).count())
 }
 
 /// TransposeLdsm's kernel on a random V tile against the model's Vᵀ (keys in p_key order): bytes that differ. The
@@ -154,28 +160,7 @@ fn ldsm_diff(gpu: &Gpu, spec: &KernelSpec, tile: &LdsmTile, seed: u64) -> Result
         tile.emulate(&tile.src_image(&v), 0xCD) == want,
         "the model's emulation disagrees with its expectation"
     );
-    let s = &gpu.stream;
-    let k = gpu.load(spec)?;
-    let din = s.clone_htod(&v)?;
-    let mut out = s.clone_htod(&vec![0u8; want.len()])?;
-    let cfg = LaunchConfig {
-        shared_mem_bytes: 4 * 32768,
-        ..WG
-    };
-    k.func.set_attribute(
-        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        4 * 32768,
-    )?;
-    // SAFETY: transpose_ldsm(const u8* in[rows][cols], u8* out[Vᵀ tile bytes]); one warpgroup, 128 KiB of shared
-    // memory for V's and Vᵀ's tiles (at most 32 KiB each).
-    unsafe {
-        s.launch_builder(&k.func)
-            .arg(&din)
-            .arg(&mut out)
-            .launch(cfg)?
-    };
-    let got = s.clone_dtoh(&out)?;
-    Ok(got.iter().zip(&want).filter(|(g, w)| g != w).count())
+    tile_diff(gpu, spec, &v, &want)
 }
 
 /// O = P·V through the relayouts and wgmma, against the exact product: wrong cells.
