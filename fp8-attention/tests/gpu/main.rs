@@ -66,48 +66,50 @@ pub fn same_bits(a: &fixtures::Attention<f32>, b: &fixtures::Attention<f32>) -> 
             .all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// The op's cases (name, shape, Hkv, causal, O's dtype): the mission shape; causal grouped-query heads at D = 128; a
+/// split tail (256 units on the H100's 132 SMs, 5 key tiles each); f32 O at D = 64 with Sq ≠ Sk; causal grouped-query
+/// heads at D = 256.
+pub const CASES: [(&str, Shape, usize, bool, OutDtype); 5] = [
+    (
+        "mission_1x8x512x64",
+        Shape::new(1, 8, 512, 64),
+        8,
+        false,
+        OutDtype::Bf16,
+    ),
+    (
+        "causal_gqa_2x8q2kv_300x700x128",
+        Shape::cross(2, 8, 300, 700, 128),
+        2,
+        true,
+        OutDtype::F16,
+    ),
+    (
+        "split_tail_2x16x1024x128",
+        Shape::new(2, 16, 1024, 128),
+        16,
+        false,
+        OutDtype::Bf16,
+    ),
+    (
+        "f32_1x4_100x333x64",
+        Shape::cross(1, 4, 100, 333, 64),
+        4,
+        false,
+        OutDtype::F32,
+    ),
+    (
+        "causal_gqa_1x8q2kv_300x500x256",
+        Shape::cross(1, 8, 300, 500, 256),
+        2,
+        true,
+        OutDtype::Bf16,
+    ),
+];
+
 fn main() {
     let mut t = Suite::new();
-    // The mission shape; causal grouped-query heads at D = 128; a split tail (256 units on the H100's 132 SMs, 5
-    // key tiles each); f32 O at D = 64 with Sq ≠ Sk; causal grouped-query heads at D = 256.
-    let cases: [(&str, Shape, usize, bool, OutDtype); 5] = [
-        (
-            "mission_1x8x512x64",
-            Shape::new(1, 8, 512, 64),
-            8,
-            false,
-            OutDtype::Bf16,
-        ),
-        (
-            "causal_gqa_2x8q2kv_300x700x128",
-            Shape::cross(2, 8, 300, 700, 128),
-            2,
-            true,
-            OutDtype::F16,
-        ),
-        (
-            "split_tail_2x16x1024x128",
-            Shape::new(2, 16, 1024, 128),
-            16,
-            false,
-            OutDtype::Bf16,
-        ),
-        (
-            "f32_1x4_100x333x64",
-            Shape::cross(1, 4, 100, 333, 64),
-            4,
-            false,
-            OutDtype::F32,
-        ),
-        (
-            "causal_gqa_1x8q2kv_300x500x256",
-            Shape::cross(1, 8, 300, 500, 256),
-            2,
-            true,
-            OutDtype::Bf16,
-        ),
-    ];
-    for (name, shape, hkv, causal, out) in cases {
+    for (name, shape, hkv, causal, out) in CASES {
         t.gpu(&format!("forward::{name}::bits_of_the_lab_path"), move |gpu| {
             let s = shape.with_kv_heads(hkv)?.with_causal(causal);
             let qz = quantize_per_head(&Raw::random(s, 17, 1.0));

@@ -4,7 +4,7 @@ use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
 use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Real, Stage, Strides};
 use lab::Suite;
 
-use crate::{forward, inputs, lab_path, same_bits};
+use crate::{CASES, forward, inputs, lab_path, same_bits};
 
 /// [B, H, S, D] (row-major) as [B, S, H, D].
 fn bshd(a: &[u8], b: usize, h: usize, s: usize, d: usize) -> Vec<u8> {
@@ -21,30 +21,8 @@ fn bshd(a: &[u8], b: usize, h: usize, s: usize, d: usize) -> Vec<u8> {
 }
 
 pub fn add(t: &mut Suite) {
-    let cases: [(&str, Shape, usize, bool, OutDtype); 3] = [
-        (
-            "mission_1x8x512x64",
-            Shape::new(1, 8, 512, 64),
-            8,
-            false,
-            OutDtype::Bf16,
-        ),
-        (
-            "causal_gqa_2x8q2kv_300x700x128",
-            Shape::cross(2, 8, 300, 700, 128),
-            2,
-            true,
-            OutDtype::F16,
-        ),
-        (
-            "split_tail_2x16x1024x128",
-            Shape::new(2, 16, 1024, 128),
-            16,
-            false,
-            OutDtype::Bf16,
-        ),
-    ];
-    for (name, shape, hkv, causal, out) in cases {
+    // The op's first three cases: the mission shape, causal GQA at D = 128, a split tail.
+    for &(name, shape, hkv, causal, out) in &CASES[..3] {
         t.gpu(&format!("stage8::{name}::bits_of_stage7"), move |gpu| {
             let s = shape.with_kv_heads(hkv)?.with_causal(causal);
             let qz = quantize_per_head(&Raw::random(s, 19, 1.0));
