@@ -53,6 +53,39 @@ def as_tensor(x, name="x"):
     return torch.from_dlpack(x) if dl else torch.as_tensor(x, device="cuda")
 
 
+def _check_fp8_scales(scales, per, need, on_gpu=False):
+    """Each (name, scale tensor, n) in `scales`: float32, one or n (one per `per`) values, on the GPU if `on_gpu`;
+    `need` opens the error for a missing one."""
+    for name, sc, n in scales:
+        if sc is None:
+            raise TypeError(f"{need} `{name}` (float32, one per {per} or one)")
+        if _dtype(sc) != "torch.float32":
+            raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
+        if on_gpu and getattr(getattr(sc, "device", None), "type", None) != "cuda":
+            raise ValueError(f"`{name}` is on {getattr(sc, 'device', '?')}: it must be on the GPU with q, k, v")
+        if sc.numel() not in (1, n):
+            raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per {per} = {n}")
+
+
+def _check_no_scales(*scales):
+    if any(sc is not None for sc in scales):
+        raise TypeError("q_scale, k_scale and v_scale go with E4M3 inputs (float8_e4m3fn or uint8 codes); real inputs "
+                        "are quantized here")
+
+
+def _check_scale(scale):
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale = {scale!r} is not a positive finite number")
+
+
+def _out_name(out_dtype, default):
+    """O's dtype as the extension names it: `default` when out_dtype is None."""
+    out = default if out_dtype is None else _REAL.get(str(out_dtype))
+    if out is None:
+        raise TypeError(f"out_dtype {out_dtype} is not supported: torch.bfloat16, torch.float16 or torch.float32")
+    return out
+
+
 def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None, out_dtype=None):
     """Checks sdpa's arguments without touching the GPU; returns (B, H, Hkv, Sq, Sk, D, fp8, out dtype name).
 
@@ -88,26 +121,11 @@ def check_args(q, k, v, *, q_scale=None, k_scale=None, v_scale=None, scale=None,
         raise ValueError(f"H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads")
     scales = (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv))
     if fp8:
-        for name, sc, n in scales:
-            if sc is None:
-                raise TypeError(f"E4M3 inputs ({dt}) need `{name}` (float32, one per (batch, head) or one)")
-            if _dtype(sc) != "torch.float32":
-                raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
-            if getattr(getattr(sc, "device", None), "type", None) != "cuda":
-                raise ValueError(f"`{name}` is on {getattr(sc, 'device', '?')}: it must be on the GPU with q, k, v")
-            if sc.numel() not in (1, n):
-                raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (batch, head) = {n}")
-    elif any(sc is not None for _, sc, _n in scales):
-        raise TypeError("q_scale, k_scale and v_scale go with E4M3 inputs (float8_e4m3fn or uint8 codes); real inputs "
-                        "are quantized here")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale = {scale!r} is not a positive finite number")
-    if out_dtype is None:
-        out = "bf16" if fp8 else _REAL[dt]
+        _check_fp8_scales(scales, "(batch, head)", f"E4M3 inputs ({dt}) need", on_gpu=True)
     else:
-        out = _REAL.get(str(out_dtype))
-        if out is None:
-            raise TypeError(f"out_dtype {out_dtype} is not supported: torch.bfloat16, torch.float16 or torch.float32")
+        _check_no_scales(q_scale, k_scale, v_scale)
+    _check_scale(scale)
+    out = _out_name(out_dtype, "bf16" if fp8 else _REAL[dt])
     return b, h, hkv, sq, sk, d, fp8, out
 
 
@@ -239,25 +257,13 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, q_scale=None, k_sc
         raise ValueError(f"head dimension D = {d} is not supported by packed batches: D = 64 or 128")
     if h % hkv:
         raise ValueError(f"H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads")
+    scales = (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv))
     if fp8:
-        for name, sc, n in (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv)):
-            if sc is None:
-                raise TypeError(f"E4M3 inputs ({dt}) need `{name}` (float32, one per (sequence, head) or one)")
-            if _dtype(sc) != "torch.float32":
-                raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
-            if sc.numel() not in (1, n):
-                raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (sequence, head) = {n}")
-    elif any(sc is not None for sc in (q_scale, k_scale, v_scale)):
-        raise TypeError("q_scale, k_scale and v_scale go with E4M3 inputs (float8_e4m3fn or uint8 codes); real inputs "
-                        "are quantized here")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale = {scale!r} is not a positive finite number")
-    if out_dtype is None:
-        out = "bf16" if fp8 else _REAL[dt]
+        _check_fp8_scales(scales, "(sequence, head)", f"E4M3 inputs ({dt}) need")
     else:
-        out = _REAL.get(str(out_dtype))
-        if out is None:
-            raise TypeError(f"out_dtype {out_dtype} is not supported: torch.bfloat16, torch.float16 or torch.float32")
+        _check_no_scales(q_scale, k_scale, v_scale)
+    _check_scale(scale)
+    out = _out_name(out_dtype, "bf16" if fp8 else _REAL[dt])
     return b, h, hkv, tq, tk, d, fp8, out
 
 
@@ -376,18 +382,10 @@ def check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *
         raise ValueError(f"page size {page}: the kernels take a power of two from 16 to 256")
     if h < 1 or hkv < 1 or h % hkv:
         raise ValueError(f"H = {h} query heads is not a positive multiple of Hkv = {hkv} key/value heads")
-    for name, sc, n in (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv)):
-        if sc is None:
-            raise TypeError(f"E4M3 inputs need `{name}` (float32, one per (sequence, head) or one)")
-        if _dtype(sc) != "torch.float32":
-            raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
-        if sc.numel() not in (1, n):
-            raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per (sequence, head) = {n}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale = {scale!r} is not a positive finite number")
-    out = "bf16" if out_dtype is None else _REAL.get(str(out_dtype))
-    if out is None:
-        raise TypeError(f"out_dtype {out_dtype} is not supported: torch.bfloat16, torch.float16 or torch.float32")
+    scales = (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv))
+    _check_fp8_scales(scales, "(sequence, head)", "E4M3 inputs need")
+    _check_scale(scale)
+    out = _out_name(out_dtype, "bf16")
     return b, h, hkv, tq, d, num_pages, page, block_table.shape[1], out
 
 
