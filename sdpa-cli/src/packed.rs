@@ -177,6 +177,18 @@ pub fn load(bytes: &[u8]) -> Result<PackedFile> {
     })
 }
 
+/// [a, b, D] rows as [b, a, D]: packed [total, heads, D] ↔ [1, heads, total, D].
+fn swap_rows<T: Copy + Default>(x: &[T], a: usize, b: usize, d: usize) -> Vec<T> {
+    let mut out = vec![T::default(); x.len()];
+    for i in 0..a {
+        for j in 0..b {
+            let (from, to) = ((i * b + j) * d, (j * a + i) * d);
+            out[to..to + d].copy_from_slice(&x[from..from + d]);
+        }
+    }
+    out
+}
+
 /// A packed file of real-valued `q` [total_q, H, D] (dims `qd`), `k`, `v` [total_k, Hkv, D] and the boundaries; its
 /// codes and scales quantized here as the device will.
 fn load_real(st: &SafeTensors, qd: Vec<usize>, cu_q: Vec<i32>) -> Result<PackedFile> {
@@ -219,40 +231,19 @@ fn load_real(st: &SafeTensors, qd: Vec<usize>, cu_q: Vec<i32>) -> Result<PackedF
     );
     let cu_k = ints("cu_seqlens_k", &tensor(st, "cu_seqlens_k")?)?;
     let (rq, rk, rv) = (real("q", &q)?, real("k", &k)?, real("v", &v)?);
-    // [total, heads, D] ↔ [1, heads, total, D].
-    let heads_major = |x: &[f32], heads: usize, total: usize| -> Vec<f32> {
-        let mut out = vec![0f32; x.len()];
-        for t in 0..total {
-            for hi in 0..heads {
-                let (from, to) = ((t * heads + hi) * d, (hi * total + t) * d);
-                out[to..to + d].copy_from_slice(&x[from..from + d]);
-            }
-        }
-        out
-    };
-    let tokens_major = |x: &[u8], heads: usize, total: usize| -> Vec<u8> {
-        let mut out = vec![0u8; x.len()];
-        for t in 0..total {
-            for hi in 0..heads {
-                let (from, to) = ((hi * total + t) * d, (t * heads + hi) * d);
-                out[to..to + d].copy_from_slice(&x[from..from + d]);
-            }
-        }
-        out
-    };
     let qz = fixtures::quantize_per_head(&fixtures::Raw {
         shape: Shape::cross(1, h, tq, tk, d).with_kv_heads(hkv)?,
-        q: heads_major(&rq, h, tq),
-        k: heads_major(&rk, hkv, tk),
-        v: heads_major(&rv, hkv, tk),
+        q: swap_rows(&rq, tq, h, d),
+        k: swap_rows(&rk, tk, hkv, d),
+        v: swap_rows(&rv, tk, hkv, d),
     });
     Ok(PackedFile {
         h,
         hkv,
         d,
-        q: tokens_major(&qz.q, h, tq),
-        k: tokens_major(&qz.k, hkv, tk),
-        v: tokens_major(&qz.v, hkv, tk),
+        q: swap_rows(&qz.q, h, tq, d),
+        k: swap_rows(&qz.k, hkv, tk, d),
+        v: swap_rows(&qz.v, hkv, tk, d),
         q_scale: qz.q_scale.repeat(b),
         k_scale: qz.k_scale.repeat(b),
         v_scale: qz.v_scale.repeat(b),
