@@ -324,53 +324,35 @@ pub fn run(
         cu_seqlens_q: &f.cu_q,
         cu_seqlens_k: &f.cu_k,
     };
-    let up = |x: &[u8]| st.clone_htod(if x.is_empty() { &[0u8][..] } else { x });
-    let (dq, dk, dv) = (up(&f.q)?, up(&f.k)?, up(&f.v)?);
-    let (qs, ks, vs) = (
-        st.clone_htod(&f.q_scale)?,
-        st.clone_htod(&f.k_scale)?,
-        st.clone_htod(&f.v_scale)?,
-    );
-    let fp = |codes, scales| Fp8 { codes, scales };
-    let reals = match &f.real {
-        Some(r) => Some([
-            st.clone_htod(&r[0])?,
-            st.clone_htod(&r[1])?,
-            st.clone_htod(&r[2])?,
-        ]),
-        None => None,
-    };
-    let res = match &f.paged {
-        Some(p) => {
-            let cache = PagedCache {
-                num_pages: p.num_pages,
-                page_size: p.page_size,
-                max_pages: p.max_pages,
-                block_table: &p.block_table,
-                seq_lens: &p.seq_lens,
-            };
-            op.forward_paged(
-                gpu,
-                &st,
-                &b,
-                &cache,
-                fp(&dq, &qs),
-                fp(&dk, &ks),
-                fp(&dv, &vs),
-            )?
-        }
-        None => match &reals {
-            // Quantized on the device: the codes above are the host's copy of what it makes, for the reference.
-            Some([rq, rk, rv]) => op.forward_varlen_real(
-                gpu,
-                &st,
-                &b,
-                Real::contiguous(rq),
-                Real::contiguous(rk),
-                Real::contiguous(rv),
-            )?,
+    // E4M3 codes and their scales uploaded as they are, or (real tokens) the values, quantized on the device: the
+    // file's codes are then the host's copy of what it makes, for the reference only.
+    let res = if let Some([rq, rk, rv]) = &f.real {
+        let (rq, rk, rv) = (st.clone_htod(rq)?, st.clone_htod(rk)?, st.clone_htod(rv)?);
+        let r = Real::contiguous;
+        op.forward_varlen_real(gpu, &st, &b, r(&rq), r(&rk), r(&rv))?
+    } else {
+        let up = |x: &[u8]| st.clone_htod(if x.is_empty() { &[0u8][..] } else { x });
+        let (dq, dk, dv) = (up(&f.q)?, up(&f.k)?, up(&f.v)?);
+        let (qs, ks, vs) = (
+            st.clone_htod(&f.q_scale)?,
+            st.clone_htod(&f.k_scale)?,
+            st.clone_htod(&f.v_scale)?,
+        );
+        let fp = |codes, scales| Fp8 { codes, scales };
+        match &f.paged {
+            Some(p) => {
+                let cache = PagedCache {
+                    num_pages: p.num_pages,
+                    page_size: p.page_size,
+                    max_pages: p.max_pages,
+                    block_table: &p.block_table,
+                    seq_lens: &p.seq_lens,
+                };
+                let (q, k, v) = (fp(&dq, &qs), fp(&dk, &ks), fp(&dv, &vs));
+                op.forward_paged(gpu, &st, &b, &cache, q, k, v)?
+            }
             None => op.forward_varlen(gpu, &st, &b, fp(&dq, &qs), fp(&dk, &ks), fp(&dv, &vs))?,
-        },
+        }
     };
     let tq = b.total_q();
     let o: Vec<f32> = match &res.o {
