@@ -123,19 +123,9 @@ pub fn bench_varlen(
     let mut vl = Varlen::new();
     let scale = 1.0 / (d as f32).sqrt();
     let mut time = |t: &VarlenTensors| -> Result<f64> {
-        for _ in 0..3 {
-            vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)?;
-        }
-        let mut us = Vec::with_capacity(iters);
-        for _ in 0..iters.max(1) {
-            let e0 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)?;
-            let e1 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            st.synchronize()?;
-            us.push(f64::from(e0.elapsed_ms(&e1)?) * 1e3);
-        }
-        us.sort_by(f64::total_cmp);
-        Ok(us[us.len() / 2])
+        median_us(&st, iters, || {
+            vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)
+        })
     };
     let packed_us = time(&t)?;
     let tf = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
@@ -248,19 +238,29 @@ fn copy_gbps(
 ) -> Result<f64> {
     let src = st.alloc_zeros::<u8>(bytes)?;
     let mut dst = st.alloc_zeros::<u8>(bytes)?;
+    let us = median_us(st, iters, || Ok(st.memcpy_dtod(&src, &mut dst)?))?;
+    Ok(2.0 * bytes as f64 / (us * 1e-6) / 1e9)
+}
+
+/// `run`'s time on `st` in µs by CUDA events: the median of `iters` (at least 1) after 3 warm-up runs.
+fn median_us(
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    iters: usize,
+    mut run: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     for _ in 0..3 {
-        st.memcpy_dtod(&src, &mut dst)?;
+        run()?;
     }
-    let mut us = Vec::with_capacity(iters);
+    let mut us = Vec::with_capacity(iters.max(1));
     for _ in 0..iters.max(1) {
         let e0 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        st.memcpy_dtod(&src, &mut dst)?;
+        run()?;
         let e1 = st.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         st.synchronize()?;
         us.push(f64::from(e0.elapsed_ms(&e1)?) * 1e3);
     }
     us.sort_by(f64::total_cmp);
-    Ok(2.0 * bytes as f64 / (us[us.len() / 2] * 1e-6) / 1e9)
+    Ok(us[us.len() / 2])
 }
 
 #[cfg(test)]
