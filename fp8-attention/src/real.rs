@@ -7,8 +7,9 @@ use half::{bf16, f16};
 use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 
-use crate::attention::{Attention, Output};
+use crate::attention::{Attention, Fp8, Output};
 use crate::error::{Error, Result};
+use crate::staging::Staging;
 
 pub use fp8_codec::Real as RealDtype;
 
@@ -91,6 +92,14 @@ pub(crate) fn checked_view<'a, T: RealElem>(
     Ok(view)
 }
 
+/// Tensor `i`'s codes and scales in `st`, as the attention takes them (after `Staging::quantize`).
+pub(crate) fn staged(st: &Staging, i: usize) -> Fp8<'_> {
+    Fp8 {
+        codes: st.codes[i].as_ref().expect("grown by quantize"),
+        scales: st.scales[i].as_ref().expect("grown by quantize"),
+    }
+}
+
 impl Attention {
     /// Attention of real-valued `q` over `k` and `v` (shape `s` as [`Attention::forward`] takes it): each tensor
     /// quantized to E4M3 on `stream` with one scale per (batch, head) — the codes and scales bit for bit those of
@@ -130,7 +139,15 @@ impl Attention {
             let views: [View; 3] = views.try_into().expect("three views");
             st.quantize(gpu, stream, &views, [0; 3])?;
             drop(guards);
-            self.launch(gpu, stream, s, scale, st.fp8(0), st.fp8(1), st.fp8(2))
+            self.launch(
+                gpu,
+                stream,
+                s,
+                scale,
+                staged(&st, 0),
+                staged(&st, 1),
+                staged(&st, 2),
+            )
         })();
         self.staging = st;
         result

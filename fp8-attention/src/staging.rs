@@ -5,7 +5,6 @@ use fp8_codec::{View, ViewOut, ViewQuantizer};
 use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut};
 
-use crate::attention::Fp8;
 use crate::error::Result;
 
 /// The E4M3 codes and scales of a call's real-valued inputs, kept by the op across calls (grown when a call needs
@@ -67,14 +66,6 @@ impl Staging {
             at += (heads[i] * 4) as u64;
         }
         Ok(())
-    }
-
-    /// Tensor `i`'s codes and scales, as the attention takes them (after `quantize`).
-    pub(crate) fn fp8(&self, i: usize) -> Fp8<'_> {
-        Fp8 {
-            codes: self.codes[i].as_ref().expect("grown by quantize"),
-            scales: self.scales[i].as_ref().expect("grown by quantize"),
-        }
     }
 }
 

@@ -7,7 +7,7 @@ use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtrMut, SyncOnDrop};
 
 use crate::attention::Attention;
 use crate::error::{Error, Result};
-use crate::real::{Real, RealElem, checked_view};
+use crate::real::{Real, RealElem, checked_view, staged};
 use crate::varlen::{Packed, PackedOutput, check_packed};
 
 /// `n` f32 at `buf` repeated until it holds `times · n` (copies of doubling size, on `stream`).
@@ -113,9 +113,9 @@ impl Attention {
                 gpu,
                 stream,
                 b,
-                st.fp8(0),
-                st.fp8(1),
-                st.fp8(2),
+                staged(&st, 0),
+                staged(&st, 1),
+                staged(&st, 2),
                 None,
                 Some(strides),
             )
