@@ -138,11 +138,7 @@ fn launch(
         ("o", o),
         ("lse", lse),
     ] {
-        if p == 0 || p % 16 != 0 {
-            return Err(PyValueError::new_err(format!(
-                "`{name}` is at address {p:#x}: it must be a device address aligned to 16 bytes"
-            )));
-        }
+        check_address(name, p)?;
     }
     let (gpu, stage) = gpu()?;
     run(
@@ -154,6 +150,27 @@ fn launch(
         &t_of(q, k, v, q_scale, k_scale, v_scale, o, lse),
         stream,
     )
+}
+
+/// The alignment a call's device address needs: TMA reads the codes and the epilogue stores O in 16-byte pieces;
+/// the scales, the LSE and cu_seqlens are read and written one 4-byte element at a time (a slice of a scale vector
+/// is a valid input).
+fn alignment_of(name: &str) -> u64 {
+    match name {
+        "q" | "k" | "v" | "o" => 16,
+        _ => 4,
+    }
+}
+
+/// A null or misaligned device address, named before any launch.
+fn check_address(name: &str, p: u64) -> PyResult<()> {
+    let a = alignment_of(name);
+    if p == 0 || !p.is_multiple_of(a) {
+        return Err(PyValueError::new_err(format!(
+            "`{name}` is at address {p:#x}: it must be a device address aligned to {a} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// The eight device addresses of a call.
@@ -322,11 +339,7 @@ fn launch_varlen(
         .zip(tensors)
         .chain([("cu_seqlens_q", cu[0]), ("cu_seqlens_k", cu[1])])
     {
-        if p == 0 || p % 4 != 0 || (p % 16 != 0 && !name.starts_with("cu")) {
-            return Err(PyValueError::new_err(format!(
-                "`{name}` is at address {p:#x}: it must be a device address aligned to 16 bytes (4 for cu_seqlens)"
-            )));
-        }
+        check_address(name, p)?;
     }
     for (name, [st, sh]) in ["q", "k", "v"].into_iter().zip(strides) {
         if st == 0 || sh == 0 || st % 16 != 0 || sh % 16 != 0 {

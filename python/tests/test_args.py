@@ -181,3 +181,22 @@ def test_warm_names_a_bad_head_dim_before_the_gpu():
         fa.warm(True)
     with pytest.raises(ValueError, match="`head_dim` = 96: the kernels are built for 64, 128 and 256"):
         fa.warm(96)
+
+
+def test_core_launch_names_a_misaligned_address_before_any_launch():
+    # TMA reads the codes in 16-byte pieces; a scale is one f32 (a slice of a scale vector is fine): both checked
+    # before the GPU is touched, so nothing here launches.
+    from fp8_attention import _core
+
+    def launch(**at):
+        a = dict(q=1 << 20, k=1 << 20, v=1 << 20, q_scale=1 << 20, k_scale=1 << 20, v_scale=1 << 20, o=1 << 20,
+                 lse=1 << 20)
+        a.update(at)
+        _core.launch(*a.values(), 1, 2, 2, 64, 64, 64, False, 0.125, "bf16", 0)
+
+    with pytest.raises(ValueError, match=r"`v` is at address 0x100008: it must be a device address aligned to 16"):
+        launch(v=(1 << 20) + 8)
+    with pytest.raises(ValueError, match=r"`k_scale` is at address 0x100002: .* aligned to 4 bytes"):
+        launch(k_scale=(1 << 20) + 2)
+    with pytest.raises(ValueError, match=r"`q` is at address 0x0"):
+        launch(q=0)

@@ -236,8 +236,8 @@ pub fn add(t: &mut Suite) {
         (
             "part_columns_from_zero",
             "pingpong_attention.cuh",
-            ": p.sk - k0 * BC;",
-            ": p.sk;",
+            ": u.sk - k0 * BC;",
+            ": u.sk;",
         ),
     ] {
         t.gpu(
