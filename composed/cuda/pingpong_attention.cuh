@@ -109,7 +109,7 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
   } else {
     const int kv = u.bh / p.group, hkv = vst.heads / p.group, b = u.bh / vst.heads;
     blk.produce_q(mq, n, u.bh - b * vst.heads, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst, b);
-    blk.produce_k(mk, [&](int r, int t) { vst.load(mvt, r, t, kv - b * hkv, b); }, Block::kTile, kv - b * hkv, r0,
+    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mvt, r, t, kv - b * hkv, b); }, Block::kTile, kv - b * hkv, r0,
                   tiles, s.k0, b);
   }
   return tiles;
@@ -128,11 +128,11 @@ __device__ __forceinline__ int produce_ragged_unit(const Params& p, const Ragged
   const int kv = ru.head / p.group;
   if (pg.pages.pages != nullptr) {
     const PagedRows rows{pg.pages, ru.seq, rc.sk, pg.box, pg.oob_row};
-    blk.produce_k(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
+    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
                   rows);
   } else {
     const KeyRows rows{rc.k_row0};
-    blk.produce_k(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
+    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
                   rows);
   }
   return ru.key_tiles;

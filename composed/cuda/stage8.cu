@@ -3,9 +3,10 @@
 
 // The third map is V's (K's boxes over V); no Vᵀ is made beforehand. Q's, K's and V's maps are (D, S, heads, B) over
 // the caller's strides: [B, H, S, D], [B, S, H, D] or any layout with D contiguous and 16-byte strides. Keys a tile, ring stages and V
-// staging slots: Stage::bc, Stage::ring_stages and Stage::v_slots on the host. At D = 128, 224-key tiles in two ring
-// stages and two staging slots (FlashAttention-3's FP8 layout: K, V and Vᵀ two deep) fit beside Q's two buffers and
-// O's panels; at D = 64, four ring stages.
+// staging slots: Stage::bc, Stage::ring_stages and Stage::v_slots on the host. At D = 128, 192-key tiles in three ring
+// stages and one staging slot fit beside Q's two buffers and O's panels: a third ring stage hides K's load behind the
+// consumers' release (two stages of 224-key tiles ran 38% slower; docs/decisions.md, "Stage 8's third ring stage");
+// at D = 64, four ring stages and two slots.
 #define STAGE8(D, BC, ST, VS)                                                                                     \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       stage8_d##D(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,     \
@@ -13,7 +14,7 @@
     sdpa::pingpong_attention<D, ST, BC, VS>(p, &mq, &mk, &mv, &mo, heads);                                   \
   }
 STAGE8(64, 128, 4, 2)
-STAGE8(128, 224, 2, 2)
+STAGE8(128, 192, 3, 1)
 
 // The split tail's merge, as stage 7's.
 SDPA_MERGE_KERNEL(64)

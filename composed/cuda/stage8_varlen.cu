@@ -17,4 +17,4 @@
     sdpa::pingpong_attention<D, ST, BC, VS, true>(p, &mq, &mk, &mv, &mo, heads, rg, &pg);                       \
   }
 STAGE8_VARLEN(64, 128, 4, 2)
-STAGE8_VARLEN(128, 224, 2, 2)
+STAGE8_VARLEN(128, 192, 3, 1)

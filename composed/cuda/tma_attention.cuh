@@ -152,18 +152,21 @@ struct TmaBlock {
     tma::arrive(&qb->full[b]);
   }
   // K of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ..., each stage armed for `bytes` (K's, and
-  // V's where it comes by TMA into the stage too), and then v(r, t): ring tile r's V, of key tile t.
+  // V's where it comes by TMA into the stage too), and v(r, t): ring tile r's V, of key tile t. V_AHEAD: v(r, t) is
+  // issued before the wait for ring stage r (V goes elsewhere, into staging slots that free up before the stage does),
+  // so that V has landed when the consumers release the stage; else after K, into the acquired stage.
   // `kv` and `bat`: the map's head and batch coordinates, as produce_q's.
   // `rows`: where the tiles' key rows are (KeyRows: consecutive from a first row; a paged cache's through its block
   // table).
-  template <class V, class Rows = KeyRows>
+  template <bool V_AHEAD = false, class V, class Rows = KeyRows>
   __device__ void produce_k(const tma::Map* mk, const V& v, unsigned bytes, int kv, int r0, int tiles, int k0,
                             int bat = 0, Rows rows = Rows{0}) const {
     for (int t = k0; t < k0 + tiles; ++t) {
       const int r = r0 + t - k0;
+      if constexpr (V_AHEAD) v(r, t);
       ring.acquire(r, bytes);
       rows.template load<BC, kQkPanel, kQkPanels>(mk, ring.full(r), sk + ring.stage(r) * kTile, t, kv, bat);
-      v(r, t);
+      if constexpr (!V_AHEAD) v(r, t);
     }
   }
   // K and Vᵀ of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ... (kVtImage: Vᵀ's tile t is

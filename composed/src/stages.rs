@@ -216,11 +216,13 @@ impl Stage {
 
     /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC, STAGES, P)`, which
     /// size the tensor maps' boxes and the shared memory. 224 keys at stage 7's D = 128 (FlashAttention-3's FP8
-    /// choice) is the widest S that fits beside P in 232 registers; 128 elsewhere (docs/decisions.md, "224-key
-    /// tiles", "192-key tiles", "256-key tiles, four ways").
+    /// choice) is the widest S that fits beside P in 232 registers; stage 8's at D = 128 are 192, so that three ring
+    /// stages fit beside V's staging; 128 elsewhere (docs/decisions.md, "224-key tiles", "192-key tiles", "256-key
+    /// tiles, four ways", "Stage 8's third ring stage").
     pub fn bc(self, d: usize) -> usize {
         match self {
-            Stage::S7 | Stage::S8 if d == 128 => 224,
+            Stage::S7 if d == 128 => 224,
+            Stage::S8 if d == 128 => 192,
             _ if self.fp8_p() => 128,
             _ => bc(d),
         }
@@ -269,8 +271,13 @@ impl Stage {
     }
 
     /// V staging slots of stage 8 (`STAGE8`'s VS): V tiles in flight between the loads and the transposing warps.
-    pub fn v_slots(self) -> usize {
-        if self.transposes_v() { 2 } else { 0 }
+    /// One at D = 128, where the shared memory goes to a third ring stage (192-key tiles); two at D = 64.
+    pub fn v_slots(self, d: usize) -> usize {
+        match (self.transposes_v(), d) {
+            (false, _) => 0,
+            (true, 128) => 1,
+            (true, _) => 2,
+        }
     }
 
     /// Whether the TMA stage at head dimension `d` reads Vᵀ as tile images (`prep_vt_tiles`, one bulk copy a tile)
@@ -295,12 +302,12 @@ impl Stage {
     }
 
     /// K/V ring stages at head dimension `d`. For stages 6 and 7 this must agree with `STAGE6` / `STAGE7`: stage 7
-    /// at D = 128 has 224-key tiles, of which three pairs fit.
+    /// at D = 128 has 224-key tiles, of which three pairs fit; stage 8 three pairs of 192-key tiles beside a V slot.
     pub fn ring_stages(self, d: usize) -> usize {
         match self {
             Stage::S7 if d == 128 => 3,
             Stage::S7 if d == 256 => 2,
-            Stage::S8 if d == 128 => 2,
+            Stage::S8 if d == 128 => 3,
             Stage::S4 => 3,
             Stage::S6 | Stage::S7 | Stage::S8 => 4,
             _ => 2,
@@ -317,7 +324,7 @@ impl Stage {
         1024 + q_bufs * 128 * d
             + self.ring_stages(d) * 2 * self.bc(d) * d
             + o_staging
-            + self.v_slots() * self.bc(d) * d
+            + self.v_slots(d) * self.bc(d) * d
     }
 
     /// Whether the TMA stage writes O (bf16, f16) through shared memory and a TMA store: its kernel takes O's
@@ -459,3 +466,47 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_merge("stage7_merge_d128"),
     k90a_merge("stage7_merge_d256"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `NAME(D, BC, STAGES[, VS])` instantiations at the start of a line of `code` whose macro name is `name`:
+    /// (D, BC, STAGES, VS), VS 0 where the macro has no fourth argument.
+    fn instantiations(code: &str, name: &str) -> Vec<[usize; 4]> {
+        code.lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix('(')?.strip_suffix(')'))
+            .map(|args| {
+                let n: Vec<usize> = args
+                    .split(',')
+                    .map(|a| a.trim().parse().expect("a number"))
+                    .collect();
+                [n[0], n[1], n[2], n.get(3).copied().unwrap_or(0)]
+            })
+            .collect()
+    }
+
+    /// The kernels' tiles, ring stages and V staging slots are the host's (`bc`, `ring_stages`, `v_slots`): the host
+    /// sizes the tensor maps' boxes, the expected bytes and the shared memory from them, and a kernel that counts
+    /// other tiles waits for bytes that never come (a hang, not an error).
+    #[test]
+    fn kernel_macros_agree_with_the_host_tables() {
+        let sources = [
+            (Stage::S7, STAGE7.code, "STAGE7"),
+            (Stage::S8, STAGE8.code, "STAGE8"),
+            (Stage::S8, STAGE8_VARLEN.code, "STAGE8_VARLEN"),
+        ];
+        for (stage, code, name) in sources {
+            let found = instantiations(code, name);
+            let dims: Vec<usize> = found.iter().map(|x| x[0]).collect();
+            assert_eq!(dims, stage.dims(), "{name}: instantiated head dimensions");
+            for [d, bc, stages, vs] in found {
+                assert_eq!(
+                    [bc, stages, vs],
+                    [stage.bc(d), stage.ring_stages(d), stage.v_slots(d)],
+                    "{name}({d}, …): the kernel's (BC, STAGES, VS) against the host's"
+                );
+            }
+        }
+    }
+}

@@ -18,6 +18,11 @@ def dequantized(x):
     return codes.double() * s[:, :, None, None]
 
 
+def dequantized_packed(x):
+    """What the packed kernel sees of x [tokens, heads, D]: E4M3 codes times one scale per head over every token."""
+    return dequantized(x.transpose(0, 1).unsqueeze(0))[0].transpose(0, 1)
+
+
 def reference(q, k, v, causal):
     """float64 attention (and LSE) of the dequantized inputs, K/V heads repeated for grouped queries."""
     qd, kd, vd = dequantized(q), dequantized(k), dequantized(v)
@@ -146,10 +151,13 @@ def test_other_frameworks_arrays_through_dlpack_and_cuda_array_interface():
     assert torch.equal(as_fp8, as_bytes)
 
 
-def test_varlen_sequences_as_each_alone():
-    # E4M3 codes with scales per (sequence, head): each sequence's O and LSE bit for bit what sdpa gives it alone
-    # (stage 8's packed kernel against the dense one); causal grouped-query heads, a sequence with no queries.
-    h, hkv, d = 8, 2, 128
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_sequences_as_each_alone(d):
+    # E4M3 codes with scales per (sequence, head): at D = 64 each sequence's O and LSE bit for bit what sdpa gives it
+    # alone (stage 8's packed kernel against stage 7's: the same tiles); at D = 128 (stage 8's tiles are 192 keys,
+    # stage 7's 224) each sequence against float64 attention of the decoded codes. Causal grouped-query heads, a
+    # sequence with no queries.
+    h, hkv = 8, 2
     lens = [(300, 300), (0, 50), (129, 700), (1, 1)]
     g = torch.Generator(device="cuda").manual_seed(21)
     cq = torch.tensor([0] + [sum(x[0] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
@@ -170,12 +178,24 @@ def test_varlen_sequences_as_each_alone():
         if sq == 0:
             continue
         a, bq = int(cq[i]), int(ck[i])
-        one = lambda x, lo, n: x[lo: lo + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
-        oi, li = fa.sdpa(one(q, a, sq), one(k, bq, sk), one(v, bq, sk), causal=True, q_scale=qs[i * h: (i + 1) * h],
-                         k_scale=ks[i * hkv: (i + 1) * hkv], v_scale=vs[i * hkv: (i + 1) * hkv], return_lse=True)
-        assert torch.equal(o[a: a + sq], oi[0].transpose(0, 1)), i
-        assert torch.equal(lse[:, a: a + sq], li[0]), i
-    # Real inputs: one scale a head over the packed tensors, against float64 attention sequence by sequence.
+        if d == 64:
+            one = lambda x, lo, n: x[lo: lo + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
+            oi, li = fa.sdpa(one(q, a, sq), one(k, bq, sk), one(v, bq, sk), causal=True,
+                             q_scale=qs[i * h: (i + 1) * h], k_scale=ks[i * hkv: (i + 1) * hkv],
+                             v_scale=vs[i * hkv: (i + 1) * hkv], return_lse=True)
+            assert torch.equal(o[a: a + sq], oi[0].transpose(0, 1)), i
+            assert torch.equal(lse[:, a: a + sq], li[0]), i
+            continue
+        dec = lambda x, lo, n, sc, m: (x[lo: lo + n].double().transpose(0, 1)  # noqa: E731
+                                       * sc[i * m: (i + 1) * m].double()[:, None, None])
+        qd, kd, vd = dec(q, a, sq, qs, h), dec(k, bq, sk, ks, hkv), dec(v, bq, sk, vs, hkv)
+        kd, vd = kd.repeat_interleave(h // hkv, dim=0), vd.repeat_interleave(h // hkv, dim=0)
+        mask = torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(sk - sq)
+        ref = torch.softmax((qd @ kd.transpose(-1, -2) / math.sqrt(d)).masked_fill(~mask, float("-inf")), -1) @ vd
+        rel = ((o[a: a + sq].double().transpose(0, 1) - ref).norm() / ref.norm()).item()
+        assert rel < 5e-2, (i, rel)
+    # Real inputs: one scale a head over the packed tensors (amax / 448 over every token), against float64 attention of
+    # what the kernel sees of them (the E4M3 codes times that scale), sequence by sequence.
     qr = torch.randn(tq, h, d, device="cuda", generator=g, dtype=torch.bfloat16)
     kr = torch.randn(tk, hkv, d, device="cuda", generator=g, dtype=torch.bfloat16)
     vr = torch.randn(tk, hkv, d, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -184,9 +204,9 @@ def test_varlen_sequences_as_each_alone():
         if sq == 0:
             continue
         a, bq = int(cq[i]), int(ck[i])
-        qd = qr[a: a + sq].double().transpose(0, 1)
-        kd = kr[bq: bq + sk].double().transpose(0, 1).repeat_interleave(h // hkv, dim=0)
-        vd = vr[bq: bq + sk].double().transpose(0, 1).repeat_interleave(h // hkv, dim=0)
+        qd = dequantized_packed(qr)[a: a + sq].transpose(0, 1)
+        kd = dequantized_packed(kr)[bq: bq + sk].transpose(0, 1).repeat_interleave(h // hkv, dim=0)
+        vd = dequantized_packed(vr)[bq: bq + sk].transpose(0, 1).repeat_interleave(h // hkv, dim=0)
         ref = torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(d), dim=-1) @ vd
         got = o[a: a + sq].double().transpose(0, 1)
         rel = ((got - ref).norm() / ref.norm()).item()

@@ -1,9 +1,13 @@
-// Stage 8 (V as the caller has it, transposed in the kernel): bit for bit stage 7's result, and its mutants caught.
+// Stage 8 (V as the caller has it, transposed in the kernel): stage 7's bits where their tiles agree, the reference
+// where they do not, and its mutants caught.
 use crate::prelude::*;
 
-/// Shapes on which stage 8 must give stage 7's bits: every tile of V it transposes is the Vᵀ stage 7 reads (keys in
-/// P's order, zero past Sk), and the consumers are the same code. Plain, the mission shape, partial key tiles (Sk not
-/// a multiple of 224 or 128), causal with Sq ≠ Sk both ways, grouped-query heads, many units a block.
+/// Shapes stage 8 runs at every block count that changes how units meet the staging slots (one block: every tile
+/// through the same slots; the device's SMs; a split tail). Plain, the mission shape, partial key tiles (Sk not a
+/// multiple of 192 or 128), causal with Sq ≠ Sk both ways, grouped-query heads, many units a block. At D = 64 stage 8
+/// has stage 7's tiles and ring, and every tile of V it transposes is the Vᵀ stage 7 reads (keys in P's order, zero
+/// past Sk): O and the LSE must be stage 7's bit for bit. At D = 128 its tiles are 192 keys (stage 7's 224), so its
+/// online softmax rounds at other places: it is held to the f64 reference by the rule of its own emulation.
 fn same_bits_shapes() -> Vec<(String, Shape)> {
     [
         Shape::new(1, 8, 512, 64),
@@ -35,30 +39,45 @@ fn same_bits_shapes() -> Vec<(String, Shape)> {
 
 pub fn add(t: &mut Suite) {
     for (name, shape) in same_bits_shapes() {
-        t.gpu(
-            &format!("stage8::same_bits_as_stage7::{name}"),
-            move |gpu| {
-                // Stage 7 reads Vᵀ made by prep_vt / prep_vt_tiles; stage 8 makes the same bytes in shared memory from V
-                // itself. O and the LSE must match bit for bit, at every block count that changes how units meet the
-                // staging slots (one block: every tile through the same two slots; the device's SMs; a split tail).
-                let qz = quantize_per_head(&normal(shape, 83));
-                for blocks in [None, Some(1), Some(5)] {
-                    let mut d = OnDevice::upload(gpu, &qz)?;
-                    d.use_blocks(blocks);
+        let same_tiles = Stage::S8.bc(shape.d) == Stage::S7.bc(shape.d);
+        let what = if same_tiles {
+            "same_bits_as_stage7"
+        } else {
+            "the_reference_at_every_block_count"
+        };
+        t.gpu(&format!("stage8::{what}::{name}"), move |gpu| {
+            // Stage 7 reads Vᵀ made by prep_vt / prep_vt_tiles; stage 8 makes the same bytes in shared memory from V
+            // itself.
+            let qz = quantize_per_head(&normal(shape, 83));
+            let (want, emu) = (reference(&qz), emulation_of(Stage::S8, &qz, OutDtype::F16));
+            for blocks in [None, Some(1), Some(5)] {
+                let mut d = OnDevice::upload(gpu, &qz)?;
+                d.use_blocks(blocks);
+                d.launch(gpu, Stage::S8)?;
+                let eight = d.download(gpu)?;
+                if same_tiles {
+                    d.poison_outputs(gpu)?;
                     d.launch(gpu, Stage::S7)?;
                     let seven = d.download(gpu)?;
-                    d.poison_outputs(gpu)?;
-                    d.launch(gpu, Stage::S8)?;
-                    let eight = d.download(gpu)?;
                     ensure!(
                         bit_identical(&seven, &eight),
                         "{name}, {blocks:?} blocks: stage 8's O / LSE differ from stage 7's"
                     );
+                } else {
+                    rule(
+                        Stage::S8,
+                        &qz,
+                        &want,
+                        &emu,
+                        &eight,
+                        &format!("{name}, {blocks:?} blocks"),
+                        |_, _| {},
+                    )?;
                 }
-                eprintln!("stage8 {name}: stage 7's bits at 3 block counts");
-                Ok(())
-            },
-        );
+            }
+            eprintln!("stage8 {name}: {what} at 3 block counts");
+            Ok(())
+        });
     }
     for shape in [
         Shape::new(2, 8, 512, 64),
@@ -117,27 +136,35 @@ pub fn add(t: &mut Suite) {
         );
         Ok(())
     });
-    for (mutant, from, to) in [
+    // (mutant, D, from, to): one_staging_slot at D = 64, the head dimension with two staging slots.
+    for (mutant, d, from, to) in [
         // Vᵀ written into the ring stage after the one the consumers read: they meet another tile's (or no) Vᵀ.
         (
             "vt_into_the_next_stage",
+            128,
             "blk.svt + blk.ring.stage(r) * Block::kTile, w, lane",
             "blk.svt + blk.ring.stage(r + 1) * Block::kTile, w, lane",
         ),
         // Every V tile loaded into the first staging slot: the transposers of odd tiles read the even tile.
         (
             "one_staging_slot",
+            64,
             "__device__ unsigned char* tile(int r) const { return sv + slot(r) * Block::kTile; }",
             "__device__ unsigned char* tile(int r) const { return sv; }",
         ),
     ] {
         t.gpu(&format!("stage8::mutant_{mutant}_is_caught"), move |gpu| {
-            let shape = Shape::new(1, 4, 1000, 128);
+            assert_eq!(
+                Stage::S8.v_slots(64),
+                2,
+                "one_staging_slot needs two slots to mutate"
+            );
+            let shape = Shape::new(1, 4, 1000, d);
             let qz = quantize_per_head(&normal(shape, 89));
             let mut d = OnDevice::upload(gpu, &qz)?;
             d.launch(gpu, Stage::S8)?;
             let good = d.download(gpu)?;
-            d.use_kernel(Some(Stage::S8.kernel(128).mutated(
+            d.use_kernel(Some(Stage::S8.kernel(shape.d).mutated(
                 "v_staging.cuh",
                 from,
                 to,

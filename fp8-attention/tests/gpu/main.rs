@@ -47,7 +47,16 @@ pub fn forward(
 
 /// The lab's own path (upload, launch, download with every element checked written) on the same problem.
 pub fn lab_path(gpu: &Gpu, qz: &Quantized, out: OutDtype) -> Result<fixtures::Attention<f32>> {
-    let stage = fp8_attention::fastest_stage(gpu, &qz.shape)?;
+    lab_path_on(gpu, qz, out, fp8_attention::fastest_stage(gpu, &qz.shape)?)
+}
+
+/// The lab's launch of `stage` on the same codes (composed's `OnDevice`), downloaded.
+pub fn lab_path_on(
+    gpu: &Gpu,
+    qz: &Quantized,
+    out: OutDtype,
+    stage: fp8_attention::Stage,
+) -> Result<fixtures::Attention<f32>> {
     let mut d = OnDevice::upload_as(gpu, qz, out)?;
     d.launch(gpu, stage)?;
     d.download(gpu)

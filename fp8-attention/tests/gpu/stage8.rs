@@ -1,10 +1,10 @@
-// The op on stage 8: one launch a call (V read as the caller has it), stage 7's bits, inputs read in place at any strides.
+// The op on stage 8: one launch a call (V read as the caller has it), the lab's stage 8 bits, inputs read in place at any strides.
 use anyhow::ensure;
 use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
 use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Real, Stage, Strides};
 use lab::Suite;
 
-use crate::{CASES, forward, inputs, lab_path, same_bits};
+use crate::{CASES, forward, inputs, lab_path_on, same_bits};
 
 /// [B, H, S, D] (row-major) as [B, S, H, D].
 fn bshd(a: &[u8], b: usize, h: usize, s: usize, d: usize) -> Vec<u8> {
@@ -23,7 +23,7 @@ fn bshd(a: &[u8], b: usize, h: usize, s: usize, d: usize) -> Vec<u8> {
 pub fn add(t: &mut Suite) {
     // The op's first three cases: the mission shape, causal GQA at D = 128, a split tail.
     for &(name, shape, hkv, causal, out) in &CASES[..3] {
-        t.gpu(&format!("stage8::{name}::bits_of_stage7"), move |gpu| {
+        t.gpu(&format!("stage8::{name}::bits_of_the_lab_stage8"), move |gpu| {
             let s = shape.with_kv_heads(hkv)?.with_causal(causal);
             let qz = quantize_per_head(&Raw::random(s, 19, 1.0));
             let st = gpu.ctx.new_stream()?;
@@ -37,8 +37,8 @@ pub fn add(t: &mut Suite) {
             ensure!(op.stage() == Stage::S8, "the op runs {}", op.stage().name());
             let got = forward(&mut op, gpu, &st, s, &x)?.to_host(&st)?;
             ensure!(
-                same_bits(&got, &lab_path(gpu, &qz, out)?),
-                "{name}: stage 8's op differs from stage 7's path"
+                same_bits(&got, &lab_path_on(gpu, &qz, out, Stage::S8)?),
+                "{name}: stage 8's op differs from the lab's stage 8 launch"
             );
             // [B, S, H, D] copies of the same codes, read in place through their strides.
             let sw = |a: &[u8], h: usize, rows: usize| bshd(a, s.b, h, rows, s.d);
@@ -68,7 +68,7 @@ pub fn add(t: &mut Suite) {
                 "{name}: [B, S, H, D] inputs give other bits"
             );
             eprintln!(
-                "{name}: stage 8's op gives stage 7's bits, from [B, H, S, D] and from [B, S, H, D]"
+                "{name}: stage 8's op gives the lab's stage 8 bits, from [B, H, S, D] and from [B, S, H, D]"
             );
             Ok(())
         });
