@@ -2,6 +2,32 @@
 use crate::prelude::*;
 
 /// Stage 7 (and stage 6 where it shares the path), capability by capability.
+/// The split tail's mutants (name, header, from, to), each a plausible bug its GPU test must catch.
+const SPLIT_MUTANTS: [(&str, &str, &str, &str); 3] = [
+    // Every part merged with weight 1 (in the attn-merge block the merge kernel uses): the parts' rows kept
+    // against their own maxima.
+    (
+        "unweighted_merge",
+        "attn_merge.cuh",
+        "r.w[j] = (j < n && m != neg_inf()) ? expf(lse[j] - m) : 0.0f;",
+        "r.w[j] = j < n ? 1.0f : 0.0f;",
+    ),
+    // A part's O and LSE written over its unit's own head, not its virtual one.
+    (
+        "parts_to_own_head",
+        "pingpong_attention.cuh",
+        "const int obh = dst < 0 ? bh : dst / p.q_tiles",
+        "const int obh = bh",
+    ),
+    // A part's keys masked as if it started at key tile 0: the unit's last, partial tile unmasked.
+    (
+        "part_columns_from_zero",
+        "pingpong_attention.cuh",
+        ": u.sk - k0 * BC;",
+        ": u.sk;",
+    ),
+];
+
 pub fn add(t: &mut Suite) {
     for (stage, (name, shape)) in Stage::ALL
         .into_iter()
@@ -216,30 +242,18 @@ pub fn add(t: &mut Suite) {
             broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()));
         Ok(())
     });
-    for (mutant, header, from, to) in [
-        // Every part merged with weight 1 (in the attn-merge block the merge kernel uses): the parts' rows kept
-        // against their own maxima.
-        (
-            "unweighted_merge",
-            "attn_merge.cuh",
-            "r.w[j] = (j < n && m != neg_inf()) ? expf(lse[j] - m) : 0.0f;",
-            "r.w[j] = j < n ? 1.0f : 0.0f;",
-        ),
-        // A part's O and LSE written over its unit's own head, not its virtual one.
-        (
-            "parts_to_own_head",
-            "pingpong_attention.cuh",
-            "const int obh = dst < 0 ? bh : dst / p.q_tiles",
-            "const int obh = bh",
-        ),
-        // A part's keys masked as if it started at key tile 0: the unit's last, partial tile unmasked.
-        (
-            "part_columns_from_zero",
-            "pingpong_attention.cuh",
-            ": u.sk - k0 * BC;",
-            ": u.sk;",
-        ),
-    ] {
+    // Every mutation still applies to today's headers (no GPU needed): a mutant whose text moved would otherwise be
+    // found only on the device.
+    t.model("split::stage7::mutants_apply", || {
+        for (mutant, header, from, to) in SPLIT_MUTANTS {
+            Stage::S7
+                .kernel(128)
+                .mutated(header, from, to)
+                .with_context(|| mutant)?;
+        }
+        Ok(())
+    });
+    for (mutant, header, from, to) in SPLIT_MUTANTS {
         t.gpu(
             &format!("split::stage7::mutant_{mutant}_is_caught"),
             move |gpu| {

@@ -37,6 +37,25 @@ fn same_bits_shapes() -> Vec<(String, Shape)> {
     .collect()
 }
 
+/// V staging's mutants (name, D, from, to) in `v_staging.cuh`: one_staging_slot at D = 64, the head dimension with
+/// two staging slots.
+const STAGING_MUTANTS: [(&str, usize, &str, &str); 2] = [
+    // Vᵀ written into the ring stage after the one the consumers read: they meet another tile's (or no) Vᵀ.
+    (
+        "vt_into_the_next_stage",
+        128,
+        "blk.svt + blk.ring.stage(r) * Block::kTile, w, lane",
+        "blk.svt + blk.ring.stage(r + 1) * Block::kTile, w, lane",
+    ),
+    // Every V tile loaded into the first staging slot: the transposers of odd tiles read the even tile.
+    (
+        "one_staging_slot",
+        64,
+        "__device__ unsigned char* tile(int r) const { return sv + slot(r) * Block::kTile; }",
+        "__device__ unsigned char* tile(int r) const { return sv; }",
+    ),
+];
+
 pub fn add(t: &mut Suite) {
     for (name, shape) in same_bits_shapes() {
         let same_tiles = Stage::S8.bc(shape.d) == Stage::S7.bc(shape.d);
@@ -136,23 +155,16 @@ pub fn add(t: &mut Suite) {
         );
         Ok(())
     });
-    // (mutant, D, from, to): one_staging_slot at D = 64, the head dimension with two staging slots.
-    for (mutant, d, from, to) in [
-        // Vᵀ written into the ring stage after the one the consumers read: they meet another tile's (or no) Vᵀ.
-        (
-            "vt_into_the_next_stage",
-            128,
-            "blk.svt + blk.ring.stage(r) * Block::kTile, w, lane",
-            "blk.svt + blk.ring.stage(r + 1) * Block::kTile, w, lane",
-        ),
-        // Every V tile loaded into the first staging slot: the transposers of odd tiles read the even tile.
-        (
-            "one_staging_slot",
-            64,
-            "__device__ unsigned char* tile(int r) const { return sv + slot(r) * Block::kTile; }",
-            "__device__ unsigned char* tile(int r) const { return sv; }",
-        ),
-    ] {
+    t.model("stage8::mutants_apply", || {
+        for (mutant, d, from, to) in STAGING_MUTANTS {
+            Stage::S8
+                .kernel(d)
+                .mutated("v_staging.cuh", from, to)
+                .with_context(|| mutant)?;
+        }
+        Ok(())
+    });
+    for (mutant, d, from, to) in STAGING_MUTANTS {
         t.gpu(&format!("stage8::mutant_{mutant}_is_caught"), move |gpu| {
             assert_eq!(
                 Stage::S8.v_slots(64),
