@@ -39,6 +39,7 @@ mod error;
 mod problem;
 mod real;
 mod ring;
+mod ring_comm;
 mod ring_nccl;
 mod staging;
 mod varlen;
@@ -57,6 +58,7 @@ pub use real::{Real, RealDtype, RealElem};
 pub use ring::{
     RankOutput, Shard, StepTime, ring_on_one_device, zigzag_join, zigzag_range, zigzag_split,
 };
+pub use ring_comm::RingComm;
 pub use ring_nccl::{on_ranks, ring_attention_rank};
 pub use varlen::{Packed, PackedOutput, PagedCache, check_packed};
 

@@ -6,11 +6,12 @@ use fixtures::Shape;
 use lab::Gpu;
 use lab::cudarc::driver::sys::CUevent_flags;
 use lab::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
-use lab::cudarc::nccl::{Comm, Id, ReduceOp, group_end, group_start};
+use lab::cudarc::nccl::Id;
 
 use crate::attention::Fp8;
 use crate::error::{Error, Result};
 use crate::ring::{RankOutput, RankSteps, Shard, StepTime, zigzag_range};
+use crate::ring_comm::{RingComm, group};
 
 /// A step's events: its attention's start and end on the rank's stream, its transfer's on the communicator's.
 type StepMarks = (CudaEvent, CudaEvent, Option<(CudaEvent, CudaEvent)>);
@@ -67,10 +68,11 @@ fn wait(st: &Arc<CudaStream>, deadline: Instant, rank: usize, what: &str) -> Res
 /// Every rank must call this with the same `shape`. Before anything else the ranks tell each other whether their
 /// inputs are right (an all-reduce of one flag): where one rank's are not, every rank returns an error naming that
 /// rank, and nothing is sent. Where a peer stops later (it died, or its device failed), this rank's wait for the ring
-/// ends after `timeout` with [`Error::Ring`]; the caller then drops the communicator, which aborts it.
+/// ends after `timeout` with [`Error::Ring`], whether it waits on the device or inside NCCL on the host (connecting
+/// to the peer: [`RingComm::watched`] aborts the communicator at the deadline); every rank then makes a new one.
 pub fn ring_attention_rank(
     gpu: &Gpu,
-    comm: &Comm,
+    comm: &RingComm,
     shape: Shape,
     q: Shard,
     k: Shard,
@@ -78,6 +80,21 @@ pub fn ring_attention_rank(
     timeout: Duration,
 ) -> Result<RankOutput> {
     let deadline = Instant::now() + timeout;
+    comm.watched(deadline, "the ring", || {
+        rank_work(gpu, comm, shape, q, k, v, deadline)
+    })
+}
+
+/// [`ring_attention_rank`]'s work, under its watchdog.
+fn rank_work(
+    gpu: &Gpu,
+    comm: &RingComm,
+    shape: Shape,
+    q: Shard,
+    k: Shard,
+    v: Shard,
+    deadline: Instant,
+) -> Result<RankOutput> {
     let (world, rank) = (comm.world_size(), comm.rank());
     let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
     let mut mine = None;
@@ -102,8 +119,7 @@ pub fn ring_attention_rank(
         .clone_htod(&[if mine.is_some() { rank as i32 + 1 } else { 0 }])
         .map_err(drv)?;
     let mut worst = comm_stream.alloc_zeros::<i32>(1).map_err(drv)?;
-    comm.all_reduce(&flag, &mut worst, &ReduceOp::Max)
-        .map_err(nccl("all-reduce of the ranks' input checks"))?;
+    comm.all_reduce_max(&flag, &mut worst)?;
     wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
     let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
     if let Some(why) = mine {
@@ -153,10 +169,7 @@ pub fn ring_attention_rank(
             .map_err(drv)?;
     }
     let mut steps = RankSteps::new(gpu, &st, shape, q.lens)?;
-    let (next, prev) = (
-        ((rank + 1) % world) as i32,
-        ((rank + world - 1) % world) as i32,
-    );
+    let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
     // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
     let timed = |s: &Arc<CudaStream>| {
         s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -183,26 +196,26 @@ pub fn ring_attention_rank(
                 lens(src),
                 lens(ring_schedule::source(world, rank, step + 1)),
             );
-            group_start().map_err(nccl("group start"))?;
-            for h in 0..2 {
-                let (ns, nr) = (send_lens[h] * per_tok, recv_lens[h] * per_tok);
-                for (c, n) in [(&cur.k[h], &mut nxt.k[h]), (&cur.v[h], &mut nxt.v[h])] {
-                    if ns > 0 {
-                        comm.send(&c.slice(0..ns), next).map_err(nccl("send"))?;
-                    }
-                    if nr > 0 {
-                        comm.recv(&mut n.slice_mut(0..nr), prev)
-                            .map_err(nccl("recv"))?;
+            group(|| {
+                for h in 0..2 {
+                    let (ns, nr) = (send_lens[h] * per_tok, recv_lens[h] * per_tok);
+                    for (c, n) in [(&cur.k[h], &mut nxt.k[h]), (&cur.v[h], &mut nxt.v[h])] {
+                        if ns > 0 {
+                            comm.send(&c.slice(0..ns), next)?;
+                        }
+                        if nr > 0 {
+                            comm.recv(&mut n.slice_mut(0..nr), prev)?;
+                        }
                     }
                 }
-            }
-            for h in 0..2 {
-                for (c, n) in [(&cur.ks[h], &mut nxt.ks[h]), (&cur.vs[h], &mut nxt.vs[h])] {
-                    comm.send(c, next).map_err(nccl("send"))?;
-                    comm.recv(n, prev).map_err(nccl("recv"))?;
+                for h in 0..2 {
+                    for (c, n) in [(&cur.ks[h], &mut nxt.ks[h]), (&cur.vs[h], &mut nxt.vs[h])] {
+                        comm.send(&c.slice(..), next)?;
+                        comm.recv(&mut n.slice_mut(..), prev)?;
+                    }
                 }
-            }
-            group_end().map_err(nccl("group end"))?;
+                Ok(())
+            })?;
             transfer = Some((c0, timed(&comm_stream)?));
         }
         // The travel buffers are sized for the longest half: the step reads the first elements.
@@ -239,7 +252,7 @@ pub fn ring_attention_rank(
 /// rank order, a panic as that rank's error. Fails before any thread starts if NCCL cannot be loaded.
 pub fn on_ranks<T: Send>(
     world: usize,
-    f: impl Fn(usize, &'static Gpu, &Comm) -> anyhow::Result<T> + Sync,
+    f: impl Fn(usize, &'static Gpu, &RingComm) -> anyhow::Result<T> + Sync,
 ) -> Result<Vec<anyhow::Result<T>>> {
     let id = Id::new().map_err(nccl("ncclGetUniqueId (is libnccl.so.2 installed?)"))?;
     let f = &f;
@@ -249,8 +262,8 @@ pub fn on_ranks<T: Send>(
                 sc.spawn(move || -> anyhow::Result<T> {
                     let gpu = Gpu::device(r)?;
                     let st = gpu.ctx.new_stream()?;
-                    let comm = Comm::from_rank(st, r, world, id)
-                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:?}"))?;
+                    let comm = RingComm::from_rank(st, r, world, &id)
+                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:#}"))?;
                     f(r, gpu, &comm)
                 })
             })
