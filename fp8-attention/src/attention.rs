@@ -191,7 +191,10 @@ pub fn check_inputs(s: &Shape, lens: &Lengths, softmax_scale: f32) -> Result<()>
 #[derive(Debug)]
 pub struct Attention {
     cfg: Config,
+    /// The device's stage ([`crate::stage_for`]), or the one [`Attention::with_stage`] fixed.
     stage: Stage,
+    /// Whether every call runs `stage`; else each picks by its shape ([`crate::stage_for_shape`]).
+    fixed: bool,
     ws: Workspace,
     pub(crate) staging: crate::staging::Staging,
     /// What packed batches' calls keep (`forward_varlen`): the device plan's buffers, the schedule's counter.
@@ -199,8 +202,10 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// The op for `gpu`: stage 7 on Hopper (sm_90: causal, grouped-query heads, D = 64, 128 or 256), stage 4 elsewhere
-    /// (sm_80 / sm_89, neither causal nor grouped); a configuration the device cannot run is refused here.
+    /// The op for `gpu`: on Hopper (sm_90: causal, grouped-query heads, D = 64, 128 or 256) each call runs stage 8 up
+    /// to [`crate::STAGE8_MAX_KEYS`] keys at D = 64 and 128 (one launch, V read as given) and stage 7 otherwise (V's
+    /// transpose, then the attention): [`crate::stage_for_shape`]; stage 4 elsewhere (sm_80 / sm_89, neither causal
+    /// nor grouped); a configuration the device cannot run is refused here.
     pub fn new(gpu: &Gpu, cfg: Config) -> Result<Attention> {
         if let Some(x) = cfg.softmax_scale
             && !(x.is_finite() && x > 0.0)
@@ -220,6 +225,7 @@ impl Attention {
         Ok(Attention {
             cfg,
             stage,
+            fixed: false,
             ws,
             staging: Default::default(),
             varlen: Default::default(),
@@ -247,6 +253,7 @@ impl Attention {
             )));
         }
         op.stage = stage;
+        op.fixed = true;
         Ok(op)
     }
 
@@ -255,9 +262,37 @@ impl Attention {
         self.cfg
     }
 
-    /// The stage the op launches.
+    /// The stage the op launches: the one [`Attention::with_stage`] fixed, or, for an op that picks by shape
+    /// ([`Attention::new`]), the device's stage for long sequences ([`Attention::stage_for_call`] says which a call runs).
     pub fn stage(&self) -> Stage {
         self.stage
+    }
+
+    /// The stage a call on `s` runs (contiguous inputs; strided ones run stage 8).
+    pub fn stage_for_call(&self, s: &Shape) -> Stage {
+        if self.fixed {
+            self.stage
+        } else {
+            crate::stage_for_shape(self.stage, s)
+        }
+    }
+
+    /// The stage a strided call runs: stage 8 (its tensor maps take the strides), unless the op fixed another.
+    fn strided_stage(&self) -> Stage {
+        if self.fixed || self.stage != Stage::S7 {
+            self.stage
+        } else {
+            Stage::S8
+        }
+    }
+
+    /// The stages calls of this op at head dimension `d` may run.
+    fn stages_at(&self, d: usize) -> Vec<Stage> {
+        let mut v = vec![self.stage];
+        if !self.fixed && self.stage == Stage::S7 && Stage::S8.dims().contains(&d) {
+            v.push(Stage::S8);
+        }
+        v
     }
 
     /// Compiles and loads every kernel a call at head dimension `d` can launch, so that the first call does not
@@ -277,8 +312,10 @@ impl Attention {
                 gpu.arch
             )));
         }
-        for spec in warm_list(self.stage, d) {
-            gpu.load(&spec)?;
+        for stage in self.stages_at(d) {
+            for spec in warm_list(stage, d) {
+                gpu.load(&spec)?;
+            }
         }
         Ok(())
     }
@@ -302,41 +339,49 @@ impl Attention {
             k_scales: k.scales.len(),
             v_scales: v.scales.len(),
         };
-        let (s, scale) = self.checked(gpu, s, &lens)?;
-        self.launch(gpu, stream, s, scale, q, k, v)
+        let (s, scale, stage) = self.checked(gpu, s, &lens, None)?;
+        self.launch(gpu, stream, s, scale, stage, q, k, v)
     }
 
-    /// `s` with the op's causal flag and the softmax scale, once both and the inputs' counts `lens` are checked
-    /// against what this op and device run.
-    pub(crate) fn checked(&self, gpu: &Gpu, s: Shape, lens: &Lengths) -> Result<(Shape, f32)> {
+    /// `s` with the op's causal flag, the softmax scale and the stage the call runs (`stage`, or the op's for `s`),
+    /// once all and the inputs' counts `lens` are checked against what this op and device run.
+    pub(crate) fn checked(
+        &self,
+        gpu: &Gpu,
+        s: Shape,
+        lens: &Lengths,
+        stage: Option<Stage>,
+    ) -> Result<(Shape, f32, Stage)> {
         let s = Shape {
             causal: self.cfg.causal,
             ..s
         };
         let scale = self.cfg.softmax_scale.unwrap_or(1.0 / (s.d as f32).sqrt());
         check_inputs(&s, lens, scale)?;
-        if !self.stage.dims().contains(&s.d) {
+        let stage = stage.unwrap_or_else(|| self.stage_for_call(&s));
+        if !stage.dims().contains(&s.d) {
             return Err(Error::Unsupported(format!(
                 "head dimension D = {}: {} takes D = {:?} (stage 7 on an sm_90 GPU takes 64, 128 and 256); {} is {}",
                 s.d,
-                self.stage.name(),
-                self.stage.dims(),
+                stage.name(),
+                stage.dims(),
                 gpu.name,
                 gpu.arch
             )));
         }
-        if s.group() > 1 && !self.stage.gqa() {
+        if s.group() > 1 && !stage.gqa() {
             return Err(Error::Unsupported(format!(
                 "grouped-query heads (H = {}, Hkv = {}) need an sm_90 GPU (stage 7); {} is {}",
                 s.h, s.hkv, gpu.name, gpu.arch
             )));
         }
-        Ok((s, scale))
+        Ok((s, scale, stage))
     }
 
     /// As [`Attention::forward_into`], on E4M3 codes at any element strides ([`Strides`]: the S, H and B dimensions
-    /// of Q, K and V, D contiguous: [B, S, H, D], the heads of a fused projection, ...), read in place. Stage 8 only
-    /// ([`Attention::with_stage`]): its tensor maps take the strides, so no copy is made. Each buffer must hold its
+    /// of Q, K and V, D contiguous: [B, S, H, D], the heads of a fused projection, ...), read in place, on stage 8 (an
+    /// op that picks by shape runs it for every strided call; one fixed on another stage refuses): its tensor maps take
+    /// the strides, so no copy is made. Each buffer must hold its
     /// view's last element; each stride must be a positive multiple of 16 bytes.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_strided(
@@ -350,10 +395,11 @@ impl Attention {
         strides: Strides,
         out: &mut Output,
     ) -> Result<()> {
-        if !self.stage.transposes_v() {
+        let stage = self.strided_stage();
+        if !stage.transposes_v() {
             return Err(Error::Unsupported(format!(
                 "strided E4M3 inputs are read in place by stage8 (Attention::with_stage); this op runs {}",
-                self.stage.name()
+                stage.name()
             )));
         }
         let lens = Lengths {
@@ -362,19 +408,26 @@ impl Attention {
             v_scales: v.scales.len(),
             ..Lengths::of(&s)
         };
-        let (s, scale) = self.checked(gpu, s, &lens)?;
+        let (s, scale, stage) = self.checked(gpu, s, &lens, Some(stage))?;
         check_strides(&s, [q.codes.len(), k.codes.len(), v.codes.len()], &strides)?;
-        self.launch_into(gpu, stream, s, scale, q, k, v, Some(strides), out)
+        self.launch_into(gpu, stream, s, scale, stage, q, k, v, Some(strides), out)
     }
 
     /// Rows O (each D wide) and the LSE must hold for a call on `s` ([`Attention::forward_into`]'s outputs): B·H·Sq,
-    /// and room for the kernel's partial results after them where the work splits.
+    /// and room for the kernel's partial results after them where the work splits (the most any stage a call on `s`
+    /// may run needs: a strided call runs stage 8).
     pub fn output_rows(&self, gpu: &Gpu, s: &Shape) -> Result<usize> {
         let s = Shape {
             causal: self.cfg.causal,
             ..*s
         };
-        Ok(self.ws.output_rows(gpu, self.stage, &s)?)
+        let mut rows = 0;
+        for stage in self.stages_at(s.d) {
+            if stage.dims().contains(&s.d) {
+                rows = rows.max(self.ws.output_rows(gpu, stage, &s)?);
+            }
+        }
+        Ok(rows.max(s.b * s.h * s.sq))
     }
 
     /// New buffers (on `stream`, not initialised) for the outputs of calls on `s`, in the op's output dtype, to pass
@@ -429,8 +482,8 @@ impl Attention {
             k_scales: k.scales.len(),
             v_scales: v.scales.len(),
         };
-        let (s, scale) = self.checked(gpu, s, &lens)?;
-        self.launch_into(gpu, stream, s, scale, q, k, v, None, out)
+        let (s, scale, stage) = self.checked(gpu, s, &lens, None)?;
+        self.launch_into(gpu, stream, s, scale, stage, q, k, v, None, out)
     }
 
     /// Queues the call on checked inputs ([`Attention::checked`]) into new outputs; the codes and scales may be
@@ -442,12 +495,13 @@ impl Attention {
         stream: &Arc<CudaStream>,
         s: Shape,
         scale: f32,
+        stage: Stage,
         q: Fp8,
         k: Fp8,
         v: Fp8,
     ) -> Result<Output> {
         let mut out = self.alloc_output(gpu, stream, &s)?;
-        self.launch_into(gpu, stream, s, scale, q, k, v, None, &mut out)?;
+        self.launch_into(gpu, stream, s, scale, stage, q, k, v, None, &mut out)?;
         Ok(out)
     }
 
@@ -460,13 +514,14 @@ impl Attention {
         stream: &Arc<CudaStream>,
         s: Shape,
         scale: f32,
+        stage: Stage,
         q: Fp8,
         k: Fp8,
         v: Fp8,
         strides: Option<Strides>,
         out: &mut Output,
     ) -> Result<()> {
-        let rows = self.ws.output_rows(gpu, self.stage, &s)?;
+        let rows = self.ws.output_rows(gpu, stage, &s)?;
         let (dtype, o_len) = match &out.o {
             OutBuf::F16(b) => (OutDtype::F16, b.len()),
             OutBuf::Bf16(b) => (OutDtype::Bf16, b.len()),
@@ -508,7 +563,7 @@ impl Attention {
             strides,
         };
         self.ws
-            .launch(gpu, self.stage, stream, &s, scale, self.cfg.out_dtype, &t)?;
+            .launch(gpu, stage, stream, &s, scale, self.cfg.out_dtype, &t)?;
         out.shape = s;
         Ok(())
     }

@@ -84,4 +84,4 @@ pub fn default_kernel_cache(var: &str, subdir: &str) -> Option<std::path::PathBu
             .map(|c| c.join(subdir)),
     }
 }
-pub use problem::{Problem, fastest_stage, run, stage_for};
+pub use problem::{Problem, STAGE8_MAX_KEYS, fastest_stage, run, stage_for, stage_for_shape};

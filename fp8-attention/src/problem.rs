@@ -85,12 +85,31 @@ pub fn stage_for(gpu: &Gpu) -> Stage {
     }
 }
 
-/// [`stage_for`] `gpu`, once `s` is checked and the stage can run it (causal masking and grouped-query heads).
+/// Keys up to which a call on Hopper runs stage 8 (V read as the caller has it: one launch) rather than stage 7 with
+/// V's transpose before it. Measured on an H100 (2026-11-27, docs/ladder.md), every kernel of a call counted: stage 8
+/// faster at the mission shape (8.3 against 9.7 µs), at (1, 8, 2048, 64) (20.0 / 21.5) and at (8, 16, 2048, 128)
+/// (+3%), level at causal (4, 16, 4096, 128) (+1%), slower from (4, 16, 4096, ·) on (−4% at D = 64, −5% at 128) and
+/// at S ≥ 8192 (−8 to −10%).
+pub const STAGE8_MAX_KEYS: usize = 2048;
+
+/// The stage a call of shape `s` runs where the device runs `base` ([`stage_for`]): on Hopper stage 8 up to
+/// [`STAGE8_MAX_KEYS`] keys at the head dimensions it is built for (64, 128), stage 7 past them and at D = 256;
+/// `base` elsewhere.
+pub fn stage_for_shape(base: Stage, s: &Shape) -> Stage {
+    if base == Stage::S7 && Stage::S8.dims().contains(&s.d) && s.sk <= STAGE8_MAX_KEYS {
+        Stage::S8
+    } else {
+        base
+    }
+}
+
+/// The stage a call on `s` runs on `gpu` ([`stage_for_shape`]), once `s` is checked and the stage can run it (causal
+/// masking and grouped-query heads).
 pub fn fastest_stage(gpu: &Gpu, s: &Shape) -> Result<Stage> {
     composed::validate_shape(s)?;
     let stage = stage_for(gpu);
     if stage == Stage::S7 {
-        return Ok(stage);
+        return Ok(stage_for_shape(stage, s));
     }
     if s.causal || s.group() > 1 {
         return Err(Error::Unsupported(format!(
@@ -106,4 +125,47 @@ pub fn run(gpu: &Gpu, stage: Stage, qz: &Quantized, out: OutDtype) -> Result<Att
     let mut p = Problem::upload(gpu, qz, out)?;
     p.launch(gpu, stage)?;
     p.download(gpu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hopper_runs_stage8_up_to_its_key_limit_at_the_dims_it_is_built_for() {
+        let s = |sk, d| Shape::cross(1, 8, 512, sk, d);
+        assert_eq!(
+            stage_for_shape(Stage::S7, &s(512, 64)),
+            Stage::S8,
+            "the mission shape"
+        );
+        assert_eq!(
+            stage_for_shape(Stage::S7, &s(STAGE8_MAX_KEYS, 128)),
+            Stage::S8
+        );
+        assert_eq!(
+            stage_for_shape(Stage::S7, &s(STAGE8_MAX_KEYS + 1, 128)),
+            Stage::S7
+        );
+        assert_eq!(stage_for_shape(Stage::S7, &s(4096, 64)), Stage::S7);
+        assert_eq!(
+            stage_for_shape(Stage::S7, &s(512, 256)),
+            Stage::S7,
+            "stage 8 has no D = 256"
+        );
+        assert_eq!(
+            stage_for_shape(Stage::S4, &s(512, 64)),
+            Stage::S4,
+            "not Hopper: its stage"
+        );
+        // Whatever it picks runs the shape's head dimension.
+        for d in composed::DIMS {
+            for sk in [1, 512, STAGE8_MAX_KEYS, STAGE8_MAX_KEYS + 1, 65536] {
+                assert!(
+                    stage_for_shape(Stage::S7, &s(sk, d)).dims().contains(&d),
+                    "D = {d}, Sk = {sk}"
+                );
+            }
+        }
+    }
 }

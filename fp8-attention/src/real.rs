@@ -114,7 +114,7 @@ impl Attention {
         k: Real<T>,
         v: Real<T>,
     ) -> Result<Output> {
-        let (s, scale) = self.checked(gpu, s, &crate::Lengths::of(&s))?;
+        let (s, scale, stage) = self.checked(gpu, s, &crate::Lengths::of(&s), None)?;
         let dims = [
             [s.b, s.h, s.sq, s.d],
             [s.b, s.hkv, s.sk, s.d],
@@ -144,6 +144,7 @@ impl Attention {
                 stream,
                 s,
                 scale,
+                stage,
                 staged(&st, 0),
                 staged(&st, 1),
                 staged(&st, 2),

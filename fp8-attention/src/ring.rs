@@ -177,8 +177,8 @@ impl RankSteps {
         Ok(RankSteps {
             shape,
             q_lens,
-            full: Attention::new(gpu, cfg(false))?,
-            diag: Attention::new(gpu, cfg(true))?,
+            full: Attention::with_stage(gpu, cfg(false), crate::stage_for(gpu))?,
+            diag: Attention::with_stage(gpu, cfg(true), crate::stage_for(gpu))?,
             merger: Merger::default(),
             o: [o(0)?, o(1)?],
             lse: [lse(0)?, lse(1)?],
@@ -248,8 +248,8 @@ impl RankSteps {
                 } else {
                     &mut self.full
                 };
-                let (s, scale) = op.checked(gpu, s, &need)?;
-                let part = op.launch(gpu, stream, s, scale, q.halves[qh], k[kh], v[kh])?;
+                let (s, scale, stage) = op.checked(gpu, s, &need, None)?;
+                let part = op.launch(gpu, stream, s, scale, stage, q.halves[qh], k[kh], v[kh])?;
                 let OutBuf::F32(po) = &part.o else {
                     unreachable!("the ring's ops write f32 O")
                 };

@@ -42,7 +42,8 @@ fn cache_dir() -> Option<std::path::PathBuf> {
     fp8_attention::default_kernel_cache("FP8_ATTENTION_CACHE", "fp8_attention")
 }
 
-/// The device (index 0) and the stage its kernels run; the disk cache of kernels set on first use.
+/// The device (index 0) and its stage for long sequences (a call's is `stage_for_shape`'s); the disk cache of
+/// kernels set on first use.
 fn gpu() -> PyResult<(&'static lab::Gpu, Stage)> {
     static CACHE: std::sync::Once = std::sync::Once::new();
     CACHE.call_once(|| {
@@ -85,7 +86,8 @@ fn output_rows(
     causal: bool,
 ) -> PyResult<usize> {
     let s = shape(b, h, hkv, sq, sk, d, causal)?;
-    let (gpu, stage) = gpu()?;
+    let (gpu, base) = gpu()?;
+    let stage = fp8_attention::stage_for_shape(base, &s);
     if s.group() > 1 && !stage.gqa() || s.causal && !stage.causal() {
         return Err(PyValueError::new_err(format!(
             "causal masking and grouped-query heads need an sm_90 GPU; {} is {}",
@@ -140,10 +142,10 @@ fn launch(
     ] {
         check_address(name, p)?;
     }
-    let (gpu, stage) = gpu()?;
+    let (gpu, base) = gpu()?;
     run(
         gpu,
-        stage,
+        fp8_attention::stage_for_shape(base, &s),
         &s,
         softmax_scale,
         out,

@@ -164,9 +164,10 @@ pub fn api(s: Shape, dist: Dist, stage: Stage) -> Result<()> {
         out_dtype: OutDtype::F16,
         softmax_scale: None,
     };
-    // Stage 8 when asked for (V read as given: one launch a call); else the device's default (stage 7 on sm_90).
-    let mut op = if stage == Stage::S8 {
-        fp8_attention::Attention::with_stage(gpu, cfg, Stage::S8)?
+    // The op fixed on the stage asked for where it is stage 7 or 8 (stage 8: V read as given, one launch a call);
+    // else the device's default op, which picks its stage by shape (fp8_attention::stage_for_shape).
+    let mut op = if matches!(stage, Stage::S7 | Stage::S8) {
+        fp8_attention::Attention::with_stage(gpu, cfg, stage)?
     } else {
         fp8_attention::Attention::new(gpu, cfg)?
     };

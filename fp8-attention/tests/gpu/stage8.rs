@@ -73,13 +73,74 @@ pub fn add(t: &mut Suite) {
             Ok(())
         });
     }
+    t.gpu("stage8::the_default_op_picks_by_shape", |gpu| {
+        // Attention::new runs stage 8 up to STAGE8_MAX_KEYS keys (D = 64, 128) and stage 7 past them: each call's bits
+        // are those of the op fixed on the stage it picked; a strided call runs stage 8 at any length.
+        let st = gpu.ctx.new_stream()?;
+        for (s, want) in [
+            (Shape::new(1, 4, 300, 64), Stage::S8),
+            (
+                Shape::cross(1, 4, 64, fp8_attention::STAGE8_MAX_KEYS, 128),
+                Stage::S8,
+            ),
+            (
+                Shape::cross(1, 4, 64, fp8_attention::STAGE8_MAX_KEYS + 1, 128),
+                Stage::S7,
+            ),
+            (Shape::new(1, 2, 128, 256), Stage::S7),
+        ] {
+            let qz = quantize_per_head(&Raw::random(s, 29, 1.0));
+            let x = inputs(&st, &qz)?;
+            let mut auto = Attention::new(gpu, Config::default())?;
+            ensure!(
+                auto.stage_for_call(&s) == want,
+                "{s:?}: picks {}",
+                auto.stage_for_call(&s).name()
+            );
+            let got = forward(&mut auto, gpu, &st, s, &x)?.to_host(&st)?;
+            let mut fixed = Attention::with_stage(gpu, Config::default(), want)?;
+            ensure!(
+                same_bits(&got, &forward(&mut fixed, gpu, &st, s, &x)?.to_host(&st)?),
+                "{s:?}: the default op's bits are not {}'s",
+                want.name()
+            );
+            if s.d <= 128 {
+                let f = |codes, scales| Fp8 { codes, scales };
+                let mut o = auto.alloc_output(gpu, &st, &s)?;
+                auto.forward_strided(
+                    gpu,
+                    &st,
+                    s,
+                    f(&x.q, &x.qs),
+                    f(&x.k, &x.ks),
+                    f(&x.v, &x.vs),
+                    Strides::contiguous(&s),
+                    &mut o,
+                )?;
+                let mut eight = Attention::with_stage(gpu, Config::default(), Stage::S8)?;
+                ensure!(
+                    same_bits(
+                        &o.to_host(&st)?,
+                        &forward(&mut eight, gpu, &st, s, &x)?.to_host(&st)?
+                    ),
+                    "{s:?}: the default op's strided call is not stage 8's"
+                );
+            }
+        }
+        eprintln!(
+            "the default op: stage 8 up to {} keys, stage 7 past them and at D = 256",
+            fp8_attention::STAGE8_MAX_KEYS
+        );
+        Ok(())
+    });
     t.gpu("stage8::strided_inputs_refused_by_name", |gpu| {
         let s = Shape::new(1, 2, 64, 64);
         let qz = quantize_per_head(&Raw::random(s, 23, 1.0));
         let st = gpu.stream.clone();
         let x = inputs(&st, &qz)?;
         let f = |codes, scales| Fp8 { codes, scales };
-        let mut seven = Attention::new(gpu, Config::default())?;
+        // An op fixed on stage 7 refuses strided inputs (one that picks by shape runs them on stage 8).
+        let mut seven = Attention::with_stage(gpu, Config::default(), Stage::S7)?;
         let mut o = seven.alloc_output(gpu, &st, &s)?;
         // The error `op` gives for these strides (each of these calls must be refused).
         let mut refused = |op: &mut Attention, strides: Strides| -> anyhow::Result<String> {
