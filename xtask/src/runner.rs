@@ -1,9 +1,11 @@
 // Runs test binaries, reads libtest's per-test lines, and writes the per-block table, JUnit and a log.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -181,14 +183,104 @@ pub fn in_parallel<T: Sync, R: Send>(
 }
 
 /// One test binary: its results and its log section.
+/// How long one test binary may run before it is killed with what it started and its unreported tests named
+/// (`LAB_BINARY_TIMEOUT` seconds, which the GPU bundle's runner sets; unset: no limit, and the binaries stay in the
+/// runner's process group, so that Ctrl-C reaches them): a kernel that deadlocks would otherwise hold the whole run
+/// until the device call's own limit ends it unreported.
+fn binary_limit() -> Option<Duration> {
+    std::env::var("LAB_BINARY_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&n| n > 0)
+        .map(Duration::from_secs)
+}
+
+/// A binary's output, read on a thread as it comes (a full pipe would stall the binary), handed back through a
+/// channel: a killed binary's child that still holds the pipe cannot hold the runner.
+fn read_on_thread(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        let _ = tx.send(v);
+    });
+    rx
+}
+
+/// The tests of binary `path` (`--list`) that `reported` does not name: where a killed binary hung.
+fn unreported(
+    path: &Path,
+    env: &[(&str, &str)],
+    reported: &[(String, Outcome, String)],
+) -> Vec<String> {
+    let Ok(out) = Command::new(path)
+        .arg("--list")
+        .envs(env.iter().copied())
+        .output()
+    else {
+        return vec!["(its --list failed)".into()];
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .filter(|name| !reported.iter().any(|r| r.0 == *name))
+        .map(str::to_string)
+        .collect()
+}
+
+struct Finished {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    status: std::process::ExitStatus,
+    /// Killed at the limit.
+    timed_out: bool,
+}
+
+/// Runs `path` to its end, or with a `limit` to it, whichever comes first: then kills it and what it started (it runs
+/// in a process group of its own: a test in a fresh process of its own holds the output pipes and may hold the GPU).
+fn run_limited(path: &Path, env: &[(&str, &str)], limit: Option<Duration>) -> Result<Finished> {
+    use std::os::unix::process::CommandExt;
+    use wait_timeout::ChildExt;
+    let mut cmd = Command::new(path);
+    cmd.envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if limit.is_some() {
+        cmd.process_group(0);
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("running {}", path.display()))?;
+    let out = read_on_thread(child.stdout.take().context("stdout")?);
+    let err = read_on_thread(child.stderr.take().context("stderr")?);
+    let waited = match limit {
+        Some(l) => child.wait_timeout(l)?,
+        None => Some(child.wait()?),
+    };
+    let (status, timed_out) = match waited {
+        Some(s) => (s, false),
+        None => {
+            // SAFETY: kill(2) on the group the child leads (its pid is the group's id: process_group(0)).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            (child.wait()?, true)
+        }
+    };
+    // A finished binary's pipes close at once; a grandchild left holding them must not hold the runner.
+    let grace = Duration::from_secs(if timed_out { 10 } else { 3600 });
+    Ok(Finished {
+        stdout: out.recv_timeout(grace).unwrap_or_default(),
+        stderr: err.recv_timeout(grace).unwrap_or_default(),
+        status,
+        timed_out,
+    })
+}
+
 fn run_one(b: &TestBinary, env: &[(&str, &str)]) -> Result<(Vec<TestResult>, String)> {
     let mut log = String::new();
     let mut all = Vec::new();
     let t0 = Instant::now();
-    let out = Command::new(&b.path)
-        .envs(env.iter().copied())
-        .output()
-        .with_context(|| format!("running {}", b.path.display()))?;
+    let limit = binary_limit();
+    let out = run_limited(&b.path, env, limit)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let _ = writeln!(
@@ -206,6 +298,23 @@ fn run_one(b: &TestBinary, env: &[(&str, &str)]) -> Result<(Vec<TestResult>, Str
     }
     let parsed = parse_libtest(&stdout);
     let failed_in_parse = parsed.iter().any(|p| p.1 == Outcome::Failed);
+    if out.timed_out {
+        let missing = unreported(&b.path, env, &parsed);
+        all.push(TestResult {
+            package: b.package.clone(),
+            binary: b.target.clone(),
+            name: "<binary>".into(),
+            outcome: Outcome::Failed,
+            message: format!(
+                "{} did not finish in {} s and was killed; {} of its tests never reported (a hung one is among \
+                 them): {}",
+                b.target,
+                limit.map_or(0, |l| l.as_secs()),
+                missing.len(),
+                missing.join(", ")
+            ),
+        });
+    }
     for (name, outcome, message) in parsed {
         all.push(TestResult {
             package: b.package.clone(),
@@ -215,7 +324,7 @@ fn run_one(b: &TestBinary, env: &[(&str, &str)]) -> Result<(Vec<TestResult>, Str
             message,
         });
     }
-    if !out.status.success() && !failed_in_parse {
+    if !out.status.success() && !failed_in_parse && !out.timed_out {
         all.push(TestResult {
             package: b.package.clone(),
             binary: b.target.clone(),
@@ -445,6 +554,31 @@ pub fn write_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_binary_past_its_limit_is_killed_with_what_it_reported() {
+        // A "binary" that reports one test and hangs, in a child of its own (as an isolated test would).
+        let dir = std::env::temp_dir().join(format!("xtask-limit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("hangs.sh");
+        std::fs::write(&bin, "#!/bin/sh\necho 'test a ... ok'\nsleep 60\n").unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let t0 = Instant::now();
+        let f = run_limited(&bin, &[], Some(Duration::from_secs(1))).unwrap();
+        assert!(f.timed_out);
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "took {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(parse_libtest(&String::from_utf8_lossy(&f.stdout)).len(), 1);
+        let f = run_limited(Path::new("/bin/true"), &[], Some(Duration::from_secs(10))).unwrap();
+        assert!(!f.timed_out && f.status.success());
+        let f = run_limited(Path::new("/bin/true"), &[], None).unwrap();
+        assert!(!f.timed_out && f.status.success());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn in_parallel_keeps_order_and_its_bound() {
