@@ -187,7 +187,7 @@ pub fn in_parallel<T: Sync, R: Send>(
 /// (`LAB_BINARY_TIMEOUT` seconds, which the GPU bundle's runner sets; unset: no limit, and the binaries stay in the
 /// runner's process group, so that Ctrl-C reaches them): a kernel that deadlocks would otherwise hold the whole run
 /// until the device call's own limit ends it unreported.
-fn binary_limit() -> Option<Duration> {
+pub fn binary_limit() -> Option<Duration> {
     std::env::var("LAB_BINARY_TIMEOUT")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -228,29 +228,32 @@ fn unreported(
         .collect()
 }
 
-struct Finished {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    status: std::process::ExitStatus,
+/// A finished (or killed) process's output and status.
+pub struct Finished {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub status: std::process::ExitStatus,
     /// Killed at the limit.
-    timed_out: bool,
+    pub timed_out: bool,
 }
 
 /// Runs `path` to its end, or with a `limit` to it, whichever comes first: then kills it and what it started (it runs
 /// in a process group of its own: a test in a fresh process of its own holds the output pipes and may hold the GPU).
 fn run_limited(path: &Path, env: &[(&str, &str)], limit: Option<Duration>) -> Result<Finished> {
+    let mut cmd = Command::new(path);
+    cmd.envs(env.iter().copied());
+    run_command_limited(cmd, limit).with_context(|| format!("running {}", path.display()))
+}
+
+/// [`run_limited`] for any command (the sanitizer's runs too).
+pub fn run_command_limited(mut cmd: Command, limit: Option<Duration>) -> Result<Finished> {
     use std::os::unix::process::CommandExt;
     use wait_timeout::ChildExt;
-    let mut cmd = Command::new(path);
-    cmd.envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     if limit.is_some() {
         cmd.process_group(0);
     }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("running {}", path.display()))?;
+    let mut child = cmd.spawn()?;
     let out = read_on_thread(child.stdout.take().context("stdout")?);
     let err = read_on_thread(child.stderr.take().context("stderr")?);
     let waited = match limit {

@@ -234,17 +234,23 @@ fn one(bin_dir: &Path, bin: &str, filter: &str, tool: &str, accepted: &[String])
         return Ok((v, format!("not run: {bin} is not in this bundle\n")));
     }
     let t0 = Instant::now();
-    let o = Command::new("compute-sanitizer")
-        .args(["--tool", tool, "--error-exitcode", "3"])
+    let mut cmd = Command::new("compute-sanitizer");
+    cmd.args(["--tool", tool, "--error-exitcode", "3"])
         .arg(bin_dir.join(bin))
         .args([filter, "--test-threads", "1"])
-        .env("LAB_REQUIRE_GPU", "1")
-        .output()
+        .env("LAB_REQUIRE_GPU", "1");
+    // A run past the binaries' limit is killed: no test result, so its verdict fails.
+    let o = crate::runner::run_command_limited(cmd, crate::runner::binary_limit())
         .with_context(|| format!("running compute-sanitizer ({what})"))?;
     let text = format!(
-        "({:.1} s, {})\n{}{}",
+        "({:.1} s, {}{})\n{}{}",
         t0.elapsed().as_secs_f64(),
         o.status,
+        if o.timed_out {
+            ", killed at the limit"
+        } else {
+            ""
+        },
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
