@@ -68,9 +68,9 @@ pub enum Cmd {
     /// Run one stage: q, k, v in F16/BF16/F32 (quantized on the GPU), or F8_E4M3 with q_scale, k_scale, v_scale.
     Run {
         /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7,
-        /// stage8 (sm_90). stage7 is the fastest measured; stage7 and stage8 (V transposed in the kernel) take
-        /// --causal and grouped-query heads; `sdpa stages`
-        /// lists what each needs.
+        /// stage8 (sm_90). stage7 is the fastest measured past 2,048 keys and at D = 256, stage8 (V transposed in
+        /// the kernel: one launch) up to them; both take --causal and grouped-query heads; `sdpa stages` lists what
+        /// each needs.
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
         /// A safetensors file holding `q` [B, H, Sq, D] and `k`, `v` [B, Hkv, Sk, D] (Hkv dividing H; D = 64 or 128, or 256 on stage7):
@@ -104,9 +104,9 @@ pub enum Cmd {
     /// Time a stage on generated inputs (quantized on the GPU): no file needed.
     Bench {
         /// Which stage runs: stage1, stage2, stage3a, stage3b, stage4 (sm_80 and later), stage5, stage6, stage7,
-        /// stage8 (sm_90). stage7 is the fastest measured; stage7 and stage8 (V transposed in the kernel) take
-        /// --causal and grouped-query heads; `sdpa stages`
-        /// lists what each needs.
+        /// stage8 (sm_90). stage7 is the fastest measured past 2,048 keys and at D = 256, stage8 (V transposed in
+        /// the kernel: one launch) up to them; both take --causal and grouped-query heads; `sdpa stages` lists what
+        /// each needs.
         #[arg(long, value_parser = Stage::parse)]
         stage: Stage,
         /// B,H,Sq,Sk,D (or B,H,S,D)
