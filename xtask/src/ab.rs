@@ -5,13 +5,11 @@
 // preamble). Here each binary runs in its own process, one after the other, and every other round runs them in
 // the reverse order, so neither side always goes first.
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use wait_timeout::ChildExt;
 
 use crate::build::{device_words, today};
 
@@ -85,26 +83,22 @@ pub fn order(n: usize, round: usize) -> Vec<usize> {
 
 /// One process: `bin bench --stage STAGE CASE…`, its whole output and the stage's reading.
 fn run_one(bin: &Path, stage: &str, case: &str) -> Result<(String, Option<Reading>)> {
-    let mut child = Command::new(bin)
-        .args(["bench", "--stage", stage])
-        .args(case.split_whitespace())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let mut cmd = Command::new(bin);
+    cmd.args(["bench", "--stage", stage])
+        .args(case.split_whitespace());
+    // Read while it runs (a full pipe would stall it), killed with what it started at the limit.
+    let f = crate::runner::run_command_limited(cmd, Some(PROCESS_LIMIT))
         .with_context(|| format!("starting {}", bin.display()))?;
-    let status = child.wait_timeout(PROCESS_LIMIT)?;
-    if status.is_none() {
-        child.kill()?;
-        child.wait()?;
-    }
-    let mut out = String::new();
-    child.stdout.take().map(|mut s| s.read_to_string(&mut out));
-    let mut err = String::new();
-    child.stderr.take().map(|mut s| s.read_to_string(&mut err));
-    let text = match status {
-        None => format!("{out}{err}(killed after {} s)\n", PROCESS_LIMIT.as_secs()),
-        Some(s) if !s.success() => format!("{out}{err}({s})\n"),
-        Some(_) => format!("{out}{err}"),
+    let (out, err) = (
+        String::from_utf8_lossy(&f.stdout).into_owned(),
+        String::from_utf8_lossy(&f.stderr).into_owned(),
+    );
+    let text = if f.timed_out {
+        format!("{out}{err}(killed after {} s)\n", PROCESS_LIMIT.as_secs())
+    } else if !f.status.success() {
+        format!("{out}{err}({})\n", f.status)
+    } else {
+        format!("{out}{err}")
     };
     let reading = parse_reading(&out, stage);
     Ok((text, reading))
