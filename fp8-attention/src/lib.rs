@@ -56,7 +56,8 @@ pub use fixtures::{
 pub use lab::Gpu;
 pub use real::{Real, RealDtype, RealElem};
 pub use ring::{
-    RankOutput, Shard, StepTime, ring_on_one_device, zigzag_join, zigzag_range, zigzag_split,
+    HostTimes, RankOutput, Shard, StepTime, ring_on_one_device, zigzag_join, zigzag_range,
+    zigzag_split,
 };
 pub use ring_comm::RingComm;
 pub use ring_nccl::{on_ranks, ring_attention_rank};

@@ -68,6 +68,24 @@ pub struct RankOutput {
     pub lse: [CudaSlice<f32>; 2],
     /// Each step's times on this rank (device events), in step order: empty for the one-device ring.
     pub steps: Vec<StepTime>,
+    /// Where the call's host time went (zero for the one-device ring).
+    pub host: HostTimes,
+}
+
+/// A ring call's host time on a rank, ms, in its order: the ranks' input check (an all-reduce the host waits for:
+/// every rank's arrival), the setup (buffers, the ops, the own shard's copy), queueing the steps (NCCL's calls and
+/// every kernel launch), and the wait for the device to finish. A step's device time above its share of the work,
+/// with queueing as long as the steps, says the host is what the device waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostTimes {
+    /// The input check, ms.
+    pub check_ms: f64,
+    /// Buffers, ops and the own shard's copy, ms.
+    pub setup_ms: f64,
+    /// Queueing every step, ms.
+    pub queue_ms: f64,
+    /// Waiting for the device, ms.
+    pub drain_ms: f64,
 }
 
 /// One ring step's times on a rank, from device events: its attention on the shard in hand (every kernel of its
@@ -136,7 +154,7 @@ pub fn ring_on_one_device(
                 gpu, stream, world, rank, step, mine, k.halves, v.halves, k.lens,
             )?;
         }
-        outs.push(steps.finish(Vec::new()));
+        outs.push(steps.finish(Vec::new(), HostTimes::default()));
     }
     Ok(outs)
 }
@@ -278,11 +296,12 @@ impl RankSteps {
     }
 
     /// The rank's result.
-    pub(crate) fn finish(self, steps: Vec<StepTime>) -> RankOutput {
+    pub(crate) fn finish(self, steps: Vec<StepTime>, host: HostTimes) -> RankOutput {
         RankOutput {
             o: self.o,
             lse: self.lse,
             steps,
+            host,
         }
     }
 }

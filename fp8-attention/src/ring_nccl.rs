@@ -10,7 +10,7 @@ use lab::cudarc::nccl::Id;
 
 use crate::attention::Fp8;
 use crate::error::{Error, Result};
-use crate::ring::{RankOutput, RankSteps, Shard, StepTime, zigzag_range};
+use crate::ring::{HostTimes, RankOutput, RankSteps, Shard, StepTime, zigzag_range};
 use crate::ring_comm::{RingComm, group};
 
 /// A step's events: its attention's start and end on the rank's stream, its transfer's on the communicator's.
@@ -96,6 +96,8 @@ fn rank_work(
     deadline: Instant,
 ) -> Result<RankOutput> {
     let (world, rank) = (comm.world_size(), comm.rank());
+    let t0 = Instant::now();
+    let since = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
     let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
     let mut mine = None;
     if shape.sq != shape.sk {
@@ -131,6 +133,8 @@ fn rank_work(
             worst - 1
         )));
     }
+    let check_ms = since(t0);
+    let t1 = Instant::now();
     let st = gpu.ctx.new_stream().map_err(drv)?;
     let per_tok = shape.b * shape.hkv * shape.d;
     let longest = (0..world).flat_map(&lens).max().unwrap_or(1).max(1);
@@ -176,6 +180,8 @@ fn rank_work(
             .map_err(drv)
     };
     let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
+    let setup_ms = since(t1);
+    let t2 = Instant::now();
     for step in 0..world {
         // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
         // done before this step's transfer fills it.
@@ -232,8 +238,16 @@ fn rank_work(
         )?;
         marks.push((a0, timed(&st)?, transfer));
     }
+    let queue_ms = since(t2);
+    let t3 = Instant::now();
     wait(&comm_stream, deadline, rank, "the ring's transfers")?;
     wait(&st, deadline, rank, "the ring's attention")?;
+    let host = HostTimes {
+        check_ms,
+        setup_ms,
+        queue_ms,
+        drain_ms: since(t3),
+    };
     let ms = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map_err(drv);
     let mut times = Vec::with_capacity(world);
     for (i, (a0, a1, transfer)) in marks.iter().enumerate() {
@@ -244,7 +258,7 @@ fn rank_work(
             step_ms: ms(a0, step_end)?,
         });
     }
-    Ok(steps.finish(times))
+    Ok(steps.finish(times, host))
 }
 
 /// Runs `f` once a rank on GPUs 0 … `world` − 1 of this host, a thread each, each rank with its device and its

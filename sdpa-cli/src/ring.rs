@@ -3,7 +3,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use fixtures::{Raw, Shape, quantize_per_head};
-use fp8_attention::{Fp8, Shard, StepTime, ring_attention_rank, zigzag_range};
+use fp8_attention::{Fp8, HostTimes, Shard, StepTime, ring_attention_rank, zigzag_range};
 use lab::cudarc::driver::CudaSlice;
 
 use crate::shape_text;
@@ -44,8 +44,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         have >= world,
         "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
     );
-    let times =
-        fp8_attention::on_ranks(world, |r, gpu, comm| -> Result<(Vec<f64>, Vec<StepTime>)> {
+    let times = fp8_attention::on_ranks(
+        world,
+        |r, gpu, comm| -> Result<(Vec<f64>, Vec<StepTime>, HostTimes)> {
             let st = comm.stream();
             let h = host_shard(s, world, r);
             let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
@@ -68,7 +69,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
                 }),
                 lens,
             };
-            let (mut out, mut steps) = (vec![], vec![]);
+            let (mut out, mut steps, mut host) = (vec![], vec![], HostTimes::default());
             for it in 0..=iters {
                 let t0 = Instant::now();
                 let o = ring_attention_rank(
@@ -84,14 +85,16 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
                     out.push(t0.elapsed().as_secs_f64() * 1e3);
                 }
                 steps = o.steps;
+                host = o.host;
             }
-            Ok((out, steps))
-        })?;
-    let (mut rank0, mut steps0) = (vec![], vec![]);
+            Ok((out, steps, host))
+        },
+    )?;
+    let (mut rank0, mut steps0, mut host0) = (vec![], vec![], HostTimes::default());
     for (r, t) in times.into_iter().enumerate() {
-        let (t, steps) = t.with_context(|| format!("rank {r}"))?;
+        let (t, steps, host) = t.with_context(|| format!("rank {r}"))?;
         if r == 0 {
-            (rank0, steps0) = (t, steps);
+            (rank0, steps0, host0) = (t, steps, host);
         }
     }
     rank0.sort_by(f64::total_cmp);
@@ -131,5 +134,11 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             "  the slowest step against its attention: {worst:.3}× (communication hidden at 1.00×)"
         );
     }
+    let h = host0;
+    println!(
+        "  host, rank 0's last call: input check {:.3} ms, setup {:.3} ms, queueing the steps {:.3} ms, waiting for \
+         the device {:.3} ms",
+        h.check_ms, h.setup_ms, h.queue_ms, h.drain_ms
+    );
     Ok(())
 }
