@@ -60,7 +60,7 @@ pub use ring::{
     zigzag_split,
 };
 pub use ring_comm::RingComm;
-pub use ring_nccl::{on_ranks, ring_attention_rank};
+pub use ring_nccl::{RingRank, on_ranks, ring_attention_rank};
 pub use varlen::{Packed, PackedOutput, PagedCache, check_packed};
 
 /// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the

@@ -148,27 +148,33 @@ pub fn ring_on_one_device(
     let mut outs = Vec::with_capacity(world);
     for (rank, mine) in q.iter().enumerate() {
         let mut steps = RankSteps::new(gpu, stream, shape, mine.lens)?;
+        steps.begin(stream)?;
         for step in 0..world {
             let (k, v) = &kv[ring_schedule::source(world, rank, step)];
             steps.step(
                 gpu, stream, world, rank, step, mine, k.halves, v.halves, k.lens,
             )?;
         }
-        outs.push(steps.finish(Vec::new(), HostTimes::default()));
+        outs.push(steps.finish(Vec::new(), HostTimes::default())?);
     }
     Ok(outs)
 }
 
-/// One rank's running result and the ops it computes it with: each Q half's f32 (O, LSE), starting empty (O = 0,
-/// LSE = −inf), and a stage 7 op for full blocks and one for the causal diagonal, both writing f32 parts.
+/// One rank's running result and the ops it computes it with: each Q half's f32 (O, LSE), started empty (O = 0,
+/// LSE = −inf) by [`RankSteps::begin`] for each call, and a stage 7 op for full blocks and one for the causal
+/// diagonal, both writing f32 parts. The ops (their kernels, schedule tables and tensor maps) and the LSE's −inf rows
+/// are kept from call to call.
 pub(crate) struct RankSteps {
     shape: Shape,
     q_lens: [usize; 2],
     full: Attention,
     diag: Attention,
     merger: Merger,
-    o: [CudaSlice<f32>; 2],
-    lse: [CudaSlice<f32>; 2],
+    /// The running result of the call in progress (None between calls).
+    o: Option<[CudaSlice<f32>; 2]>,
+    lse: Option<[CudaSlice<f32>; 2]>,
+    /// Each half's LSE rows at −inf, copied into a new call's LSE on the device (no host copy a call).
+    lse_empty: [CudaSlice<f32>; 2],
 }
 
 impl RankSteps {
@@ -186,7 +192,6 @@ impl RankSteps {
         };
         let rows = |half: usize| (shape.b * shape.h * q_lens[half]).max(1);
         let drv = |e| Error::Device(anyhow::Error::from(e));
-        let o = |h| stream.alloc_zeros::<f32>(rows(h) * shape.d).map_err(drv);
         let lse = |h| {
             stream
                 .clone_htod(&vec![f32::NEG_INFINITY; rows(h)])
@@ -198,9 +203,32 @@ impl RankSteps {
             full: Attention::with_stage(gpu, cfg(false), crate::stage_for(gpu))?,
             diag: Attention::with_stage(gpu, cfg(true), crate::stage_for(gpu))?,
             merger: Merger::default(),
-            o: [o(0)?, o(1)?],
-            lse: [lse(0)?, lse(1)?],
+            o: None,
+            lse: None,
+            lse_empty: [lse(0)?, lse(1)?],
         })
+    }
+
+    /// Starts a call's running result on `stream`: O = 0 and LSE = −inf, new buffers (the last call's went out with
+    /// its [`RankOutput`]), made on the device.
+    pub(crate) fn begin(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        let drv = |e| Error::Device(anyhow::Error::from(e));
+        let o = |h: usize| {
+            stream
+                .alloc_zeros::<f32>(self.lse_empty[h].len() * self.shape.d)
+                .map_err(drv)
+        };
+        let lse = |h: usize| -> Result<CudaSlice<f32>> {
+            // SAFETY: every element is written by the copy below, in stream order, before anything reads it.
+            let mut x = unsafe { stream.alloc::<f32>(self.lse_empty[h].len()) }.map_err(drv)?;
+            stream
+                .memcpy_dtod(&self.lse_empty[h], &mut x)
+                .map_err(drv)?;
+            Ok(x)
+        };
+        self.o = Some([o(0)?, o(1)?]);
+        self.lse = Some([lse(0)?, lse(1)?]);
+        Ok(())
     }
 
     /// Step `step` of rank `rank` of `world`: ring-schedule's blocks of its Q halves `q` against the K/V shard in hand
@@ -271,8 +299,13 @@ impl RankSteps {
                 let OutBuf::F32(po) = &part.o else {
                     unreachable!("the ring's ops write f32 O")
                 };
-                let (ao, _g0) = self.o[qh].device_ptr_mut(stream);
-                let (al, _g1) = self.lse[qh].device_ptr_mut(stream);
+                let (Some(acc_o), Some(acc_l)) = (self.o.as_mut(), self.lse.as_mut()) else {
+                    return Err(Error::Ring(
+                        "a ring step outside a call (RankSteps::begin first)".into(),
+                    ));
+                };
+                let (ao, _g0) = acc_o[qh].device_ptr_mut(stream);
+                let (al, _g1) = acc_l[qh].device_ptr_mut(stream);
                 let (bo, _g2) = po.device_ptr(stream);
                 let (bl, _g3) = part.lse.device_ptr(stream);
                 // SAFETY: the accumulator holds B·H·Lq rows of O and LSE; the part's first B·H·Lq rows are the
@@ -296,13 +329,18 @@ impl RankSteps {
     }
 
     /// The rank's result.
-    pub(crate) fn finish(self, steps: Vec<StepTime>, host: HostTimes) -> RankOutput {
-        RankOutput {
-            o: self.o,
-            lse: self.lse,
+    pub(crate) fn finish(&mut self, steps: Vec<StepTime>, host: HostTimes) -> Result<RankOutput> {
+        let (Some(o), Some(lse)) = (self.o.take(), self.lse.take()) else {
+            return Err(Error::Ring(
+                "a ring call finished twice (RankSteps::begin first)".into(),
+            ));
+        };
+        Ok(RankOutput {
+            o,
+            lse,
             steps,
             host,
-        }
+        })
     }
 }
 

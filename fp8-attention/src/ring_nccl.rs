@@ -70,6 +70,8 @@ fn wait(st: &Arc<CudaStream>, deadline: Instant, rank: usize, what: &str) -> Res
 /// rank, and nothing is sent. Where a peer stops later (it died, or its device failed), this rank's wait for the ring
 /// ends after `timeout` with [`Error::Ring`], whether it waits on the device or inside NCCL on the host (connecting
 /// to the peer: [`RingComm::watched`] aborts the communicator at the deadline); every rank then makes a new one.
+/// One call's state is made and dropped here: a caller that runs the ring again on the same shape keeps a
+/// [`RingRank`].
 pub fn ring_attention_rank(
     gpu: &Gpu,
     comm: &RingComm,
@@ -79,186 +81,252 @@ pub fn ring_attention_rank(
     v: Shard,
     timeout: Duration,
 ) -> Result<RankOutput> {
-    let deadline = Instant::now() + timeout;
-    comm.watched(deadline, "the ring", || {
-        rank_work(gpu, comm, shape, q, k, v, deadline)
-    })
+    RingRank::new(gpu, comm, shape)?.run(gpu, comm, q, k, v, timeout)
 }
 
-/// [`ring_attention_rank`]'s work, under its watchdog.
-fn rank_work(
-    gpu: &Gpu,
-    comm: &RingComm,
+/// One rank's ring state for calls on one communicator and shape ([`ring_attention_rank`]'s, kept): its stream, the two
+/// travel buffers, and the ops with their kernels, schedule tables and tensor maps; each call makes only its result's
+/// buffers.
+pub struct RingRank {
     shape: Shape,
-    q: Shard,
-    k: Shard,
-    v: Shard,
-    deadline: Instant,
-) -> Result<RankOutput> {
-    let (world, rank) = (comm.world_size(), comm.rank());
-    let t0 = Instant::now();
-    let since = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-    let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
-    let mut mine = None;
-    if shape.sq != shape.sk {
-        mine = Some(format!(
-            "Sq = {} and Sk = {}: the ring shards one sequence",
-            shape.sq, shape.sk
-        ));
+    world: usize,
+    rank: usize,
+    st: Arc<CudaStream>,
+    bufs: [Travel; 2],
+    steps: RankSteps,
+}
+
+impl std::fmt::Debug for RingRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingRank")
+            .field("shape", &self.shape)
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .finish_non_exhaustive()
     }
-    for (what, got) in [("q", q.lens), ("k", k.lens), ("v", v.lens)] {
-        if mine.is_none() && got != lens(rank) {
-            mine = Some(format!(
-                "its {what} halves hold {got:?} tokens; its zigzag chunks of S = {} over {world} ranks have {:?}",
-                shape.sq,
-                lens(rank)
-            ));
-        }
-    }
-    let comm_stream: Arc<CudaStream> = comm.stream();
-    // Every rank's verdict on its inputs: the largest failing rank + 1 (0: all fine), by an all-reduce (max).
-    let flag = comm_stream
-        .clone_htod(&[if mine.is_some() { rank as i32 + 1 } else { 0 }])
-        .map_err(drv)?;
-    let mut worst = comm_stream.alloc_zeros::<i32>(1).map_err(drv)?;
-    comm.all_reduce_max(&flag, &mut worst)?;
-    wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
-    let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
-    if let Some(why) = mine {
-        return Err(Error::Ring(format!("rank {rank} of {world}: {why}")));
-    }
-    if worst > 0 {
-        return Err(Error::Ring(format!(
-            "rank {rank} of {world}: rank {} refused its inputs (its own error says why); nothing was sent",
-            worst - 1
-        )));
-    }
-    let check_ms = since(t0);
-    let t1 = Instant::now();
-    let st = gpu.ctx.new_stream().map_err(drv)?;
-    let per_tok = shape.b * shape.hkv * shape.d;
-    let longest = (0..world).flat_map(&lens).max().unwrap_or(1).max(1);
-    let heads_kv = shape.b * shape.hkv;
-    let alloc = || -> Result<Travel> {
-        let codes = || st.alloc_zeros::<u8>(longest * per_tok).map_err(drv);
-        let scales = || st.alloc_zeros::<f32>(heads_kv).map_err(drv);
-        Ok(Travel {
-            k: [codes()?, codes()?],
-            v: [codes()?, codes()?],
-            ks: [scales()?, scales()?],
-            vs: [scales()?, scales()?],
-        })
-    };
-    let mut bufs = [alloc()?, alloc()?];
-    // Step 0's shard is this rank's own, copied into the first travel buffer.
-    for h in 0..2 {
-        let n = k.lens[h] * per_tok;
-        if n > 0 {
-            st.memcpy_dtod(
-                &k.halves[h].codes.slice(0..n),
-                &mut bufs[0].k[h].slice_mut(0..n),
-            )
-            .map_err(drv)?;
-            st.memcpy_dtod(
-                &v.halves[h].codes.slice(0..n),
-                &mut bufs[0].v[h].slice_mut(0..n),
-            )
-            .map_err(drv)?;
-        }
-    }
-    for h in 0..2 {
-        st.memcpy_dtod(&k.halves[h].scales.slice(0..heads_kv), &mut bufs[0].ks[h])
-            .map_err(drv)?;
-        st.memcpy_dtod(&v.halves[h].scales.slice(0..heads_kv), &mut bufs[0].vs[h])
-            .map_err(drv)?;
-    }
-    let mut steps = RankSteps::new(gpu, &st, shape, q.lens)?;
-    let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
-    // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
-    let timed = |s: &Arc<CudaStream>| {
-        s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(drv)
-    };
-    let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
-    let setup_ms = since(t1);
-    let t2 = Instant::now();
-    for step in 0..world {
-        // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
-        // done before this step's transfer fills it.
-        st.join(&comm_stream).map_err(drv)?;
-        comm_stream.join(&st).map_err(drv)?;
-        let a0 = timed(&st)?;
-        let mut transfer = None;
-        let (lo, hi) = bufs.split_at_mut(1);
-        let (cur, nxt) = if step % 2 == 0 {
-            (&mut lo[0], &mut hi[0])
-        } else {
-            (&mut hi[0], &mut lo[0])
+}
+
+impl RingRank {
+    /// The state of `comm`'s rank for calls on `shape` (the whole problem; Sq = Sk); nothing is sent.
+    pub fn new(gpu: &Gpu, comm: &RingComm, shape: Shape) -> Result<RingRank> {
+        let (world, rank) = (comm.world_size(), comm.rank());
+        let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
+        let st = gpu.ctx.new_stream().map_err(drv)?;
+        let per_tok = shape.b * shape.hkv * shape.d;
+        let longest = (0..world).flat_map(&lens).max().unwrap_or(1).max(1);
+        let heads_kv = (shape.b * shape.hkv).max(1);
+        let alloc = || -> Result<Travel> {
+            let codes = || st.alloc_zeros::<u8>(longest * per_tok.max(1)).map_err(drv);
+            let scales = || st.alloc_zeros::<f32>(heads_kv).map_err(drv);
+            Ok(Travel {
+                k: [codes()?, codes()?],
+                v: [codes()?, codes()?],
+                ks: [scales()?, scales()?],
+                vs: [scales()?, scales()?],
+            })
         };
-        let src = ring_schedule::source(world, rank, step);
-        if step + 1 < world {
-            let c0 = timed(&comm_stream)?;
-            let (send_lens, recv_lens) = (
-                lens(src),
-                lens(ring_schedule::source(world, rank, step + 1)),
-            );
-            group(|| {
-                for h in 0..2 {
-                    let (ns, nr) = (send_lens[h] * per_tok, recv_lens[h] * per_tok);
-                    for (c, n) in [(&cur.k[h], &mut nxt.k[h]), (&cur.v[h], &mut nxt.v[h])] {
-                        if ns > 0 {
-                            comm.send(&c.slice(0..ns), next)?;
-                        }
-                        if nr > 0 {
-                            comm.recv(&mut n.slice_mut(0..nr), prev)?;
-                        }
-                    }
-                }
-                for h in 0..2 {
-                    for (c, n) in [(&cur.ks[h], &mut nxt.ks[h]), (&cur.vs[h], &mut nxt.vs[h])] {
-                        comm.send(&c.slice(..), next)?;
-                        comm.recv(&mut n.slice_mut(..), prev)?;
-                    }
-                }
-                Ok(())
-            })?;
-            transfer = Some((c0, timed(&comm_stream)?));
-        }
-        // The travel buffers are sized for the longest half: the step reads the first elements.
-        steps.step(
-            gpu,
-            &st,
+        let bufs = [alloc()?, alloc()?];
+        let steps = RankSteps::new(gpu, &st, shape, lens(rank))?;
+        Ok(RingRank {
+            shape,
             world,
             rank,
-            step,
-            &q,
-            halves(&cur.k, &cur.ks),
-            halves(&cur.v, &cur.vs),
-            lens(src),
-        )?;
-        marks.push((a0, timed(&st)?, transfer));
+            st,
+            bufs,
+            steps,
+        })
     }
-    let queue_ms = since(t2);
-    let t3 = Instant::now();
-    wait(&comm_stream, deadline, rank, "the ring's transfers")?;
-    wait(&st, deadline, rank, "the ring's attention")?;
-    let host = HostTimes {
-        check_ms,
-        setup_ms,
-        queue_ms,
-        drain_ms: since(t3),
-    };
-    let ms = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map_err(drv);
-    let mut times = Vec::with_capacity(world);
-    for (i, (a0, a1, transfer)) in marks.iter().enumerate() {
-        let step_end = marks.get(i + 1).map_or(a1, |next| &next.0);
-        times.push(StepTime {
-            attention_ms: ms(a0, a1)?,
-            transfer_ms: transfer.as_ref().map(|(c0, c1)| ms(c0, c1)).transpose()?,
-            step_ms: ms(a0, step_end)?,
-        });
+
+    /// One call ([`ring_attention_rank`]'s, on this state): every rank of `comm` calls it with its shards.
+    pub fn run(
+        &mut self,
+        gpu: &Gpu,
+        comm: &RingComm,
+        q: Shard,
+        k: Shard,
+        v: Shard,
+        timeout: Duration,
+    ) -> Result<RankOutput> {
+        let deadline = Instant::now() + timeout;
+        comm.watched(deadline, "the ring", || {
+            self.work(gpu, comm, q, k, v, deadline)
+        })
     }
-    Ok(steps.finish(times, host))
+
+    /// [`RingRank::run`]'s work, under its watchdog.
+    fn work(
+        &mut self,
+        gpu: &Gpu,
+        comm: &RingComm,
+        q: Shard,
+        k: Shard,
+        v: Shard,
+        deadline: Instant,
+    ) -> Result<RankOutput> {
+        let shape = self.shape;
+        let (world, rank) = (self.world, self.rank);
+        let t0 = Instant::now();
+        let since = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
+        let mut mine = None;
+        if (comm.world_size(), comm.rank()) != (world, rank) {
+            mine = Some(format!(
+                "its state was made for rank {rank} of {world}, and the communicator is rank {} of {}",
+                comm.rank(),
+                comm.world_size()
+            ));
+        }
+        if mine.is_none() && shape.sq != shape.sk {
+            mine = Some(format!(
+                "Sq = {} and Sk = {}: the ring shards one sequence",
+                shape.sq, shape.sk
+            ));
+        }
+        for (what, got) in [("q", q.lens), ("k", k.lens), ("v", v.lens)] {
+            if mine.is_none() && got != lens(rank) {
+                mine = Some(format!(
+                    "its {what} halves hold {got:?} tokens; its zigzag chunks of S = {} over {world} ranks have {:?}",
+                    shape.sq,
+                    lens(rank)
+                ));
+            }
+        }
+        let comm_stream: Arc<CudaStream> = comm.stream();
+        // Every rank's verdict on its inputs: the largest failing rank + 1 (0: all fine), by an all-reduce (max).
+        let flag = comm_stream
+            .clone_htod(&[if mine.is_some() { rank as i32 + 1 } else { 0 }])
+            .map_err(drv)?;
+        let mut worst = comm_stream.alloc_zeros::<i32>(1).map_err(drv)?;
+        comm.all_reduce_max(&flag, &mut worst)?;
+        wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
+        let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
+        if let Some(why) = mine {
+            return Err(Error::Ring(format!("rank {rank} of {world}: {why}")));
+        }
+        if worst > 0 {
+            return Err(Error::Ring(format!(
+                "rank {rank} of {world}: rank {} refused its inputs (its own error says why); nothing was sent",
+                worst - 1
+            )));
+        }
+        let check_ms = since(t0);
+        let t1 = Instant::now();
+        let st = self.st.clone();
+        let per_tok = shape.b * shape.hkv * shape.d;
+        let heads_kv = shape.b * shape.hkv;
+        // The last call's reads of the travel buffers are done (its drain waited for both streams).
+        let bufs = &mut self.bufs;
+        // Step 0's shard is this rank's own, copied into the first travel buffer.
+        for h in 0..2 {
+            let n = k.lens[h] * per_tok;
+            if n > 0 {
+                st.memcpy_dtod(
+                    &k.halves[h].codes.slice(0..n),
+                    &mut bufs[0].k[h].slice_mut(0..n),
+                )
+                .map_err(drv)?;
+                st.memcpy_dtod(
+                    &v.halves[h].codes.slice(0..n),
+                    &mut bufs[0].v[h].slice_mut(0..n),
+                )
+                .map_err(drv)?;
+            }
+        }
+        for h in 0..2 {
+            st.memcpy_dtod(&k.halves[h].scales.slice(0..heads_kv), &mut bufs[0].ks[h])
+                .map_err(drv)?;
+            st.memcpy_dtod(&v.halves[h].scales.slice(0..heads_kv), &mut bufs[0].vs[h])
+                .map_err(drv)?;
+        }
+        let steps = &mut self.steps;
+        steps.begin(&st)?;
+        let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
+        // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
+        let timed = |s: &Arc<CudaStream>| {
+            s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv)
+        };
+        let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
+        let setup_ms = since(t1);
+        let t2 = Instant::now();
+        for step in 0..world {
+            // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
+            // done before this step's transfer fills it.
+            st.join(&comm_stream).map_err(drv)?;
+            comm_stream.join(&st).map_err(drv)?;
+            let a0 = timed(&st)?;
+            let mut transfer = None;
+            let (lo, hi) = bufs.split_at_mut(1);
+            let (cur, nxt) = if step % 2 == 0 {
+                (&mut lo[0], &mut hi[0])
+            } else {
+                (&mut hi[0], &mut lo[0])
+            };
+            let src = ring_schedule::source(world, rank, step);
+            if step + 1 < world {
+                let c0 = timed(&comm_stream)?;
+                let (send_lens, recv_lens) = (
+                    lens(src),
+                    lens(ring_schedule::source(world, rank, step + 1)),
+                );
+                group(|| {
+                    for h in 0..2 {
+                        let (ns, nr) = (send_lens[h] * per_tok, recv_lens[h] * per_tok);
+                        for (c, n) in [(&cur.k[h], &mut nxt.k[h]), (&cur.v[h], &mut nxt.v[h])] {
+                            if ns > 0 {
+                                comm.send(&c.slice(0..ns), next)?;
+                            }
+                            if nr > 0 {
+                                comm.recv(&mut n.slice_mut(0..nr), prev)?;
+                            }
+                        }
+                    }
+                    for h in 0..2 {
+                        for (c, n) in [(&cur.ks[h], &mut nxt.ks[h]), (&cur.vs[h], &mut nxt.vs[h])] {
+                            comm.send(&c.slice(..), next)?;
+                            comm.recv(&mut n.slice_mut(..), prev)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                transfer = Some((c0, timed(&comm_stream)?));
+            }
+            // The travel buffers are sized for the longest half: the step reads the first elements.
+            steps.step(
+                gpu,
+                &st,
+                world,
+                rank,
+                step,
+                &q,
+                halves(&cur.k, &cur.ks),
+                halves(&cur.v, &cur.vs),
+                lens(src),
+            )?;
+            marks.push((a0, timed(&st)?, transfer));
+        }
+        let queue_ms = since(t2);
+        let t3 = Instant::now();
+        wait(&comm_stream, deadline, rank, "the ring's transfers")?;
+        wait(&st, deadline, rank, "the ring's attention")?;
+        let host = HostTimes {
+            check_ms,
+            setup_ms,
+            queue_ms,
+            drain_ms: since(t3),
+        };
+        let ms = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map_err(drv);
+        let mut times = Vec::with_capacity(world);
+        for (i, (a0, a1, transfer)) in marks.iter().enumerate() {
+            let step_end = marks.get(i + 1).map_or(a1, |next| &next.0);
+            times.push(StepTime {
+                attention_ms: ms(a0, a1)?,
+                transfer_ms: transfer.as_ref().map(|(c0, c1)| ms(c0, c1)).transpose()?,
+                step_ms: ms(a0, step_end)?,
+            });
+        }
+        steps.finish(times, host)
+    }
 }
 
 /// Runs `f` once a rank on GPUs 0 … `world` − 1 of this host, a thread each, each rank with its device and its

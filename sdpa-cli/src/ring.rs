@@ -3,7 +3,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use fixtures::{Raw, Shape, quantize_per_head};
-use fp8_attention::{Fp8, HostTimes, Shard, StepTime, ring_attention_rank, zigzag_range};
+use fp8_attention::{Fp8, HostTimes, RingRank, Shard, StepTime, ring_attention_rank, zigzag_range};
 use lab::cudarc::driver::CudaSlice;
 
 use crate::shape_text;
@@ -29,9 +29,15 @@ fn host_shard(s: Shape, world: usize, r: usize) -> HostShard {
     }
 }
 
+/// One rank's timings: wall ms a call with a fresh state each call and with a kept one, and its last call's step and
+/// host times.
+type RankTimes = (Vec<f64>, Vec<f64>, Vec<StepTime>, HostTimes);
+
 /// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
-/// rank's stream synchronised: the ranks run in lockstep), and prints it beside stage 7 on the whole problem on GPU 0,
-/// then rank 0's last call step by step: attention, transfer, and the step against its attention.
+/// rank's stream synchronised: the ranks run in lockstep), each call with its own state (`ring_attention_rank`) and
+/// then on a state kept across calls (`RingRank`), and prints both beside stage 7 on the whole problem on GPU 0, then
+/// rank 0's last fresh-state call step by step (attention, transfer, the step against its attention) and its host
+/// time.
 pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     ensure!(world >= 1, "--ranks {world}: at least one rank");
     ensure!(
@@ -44,60 +50,77 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         have >= world,
         "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
     );
-    let times = fp8_attention::on_ranks(
-        world,
-        |r, gpu, comm| -> Result<(Vec<f64>, Vec<StepTime>, HostTimes)> {
-            let st = comm.stream();
-            let h = host_shard(s, world, r);
-            let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
-            let up = |x: &[u8]| st.clone_htod(x);
-            let upf = |x: &[f32]| st.clone_htod(x);
-            let codes: Vec<[CudaSlice<u8>; 2]> = vec![
-                [up(&h.q[0].q)?, up(&h.q[1].q)?],
-                [up(&h.q[0].k)?, up(&h.q[1].k)?],
-                [up(&h.q[0].v)?, up(&h.q[1].v)?],
-            ];
-            let scales: Vec<[CudaSlice<f32>; 2]> = vec![
-                [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
-                [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
-                [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
-            ];
-            let shard = |t: usize| Shard {
-                halves: [0, 1].map(|i| Fp8 {
-                    codes: &codes[t][i],
-                    scales: &scales[t][i],
-                }),
-                lens,
-            };
-            let (mut out, mut steps, mut host) = (vec![], vec![], HostTimes::default());
-            for it in 0..=iters {
-                let t0 = Instant::now();
-                let o = ring_attention_rank(
-                    gpu,
-                    comm,
-                    s,
-                    shard(0),
-                    shard(1),
-                    shard(2),
-                    std::time::Duration::from_secs(300),
-                )?;
-                if it > 0 {
-                    out.push(t0.elapsed().as_secs_f64() * 1e3);
-                }
-                steps = o.steps;
-                host = o.host;
+    let times = fp8_attention::on_ranks(world, |r, gpu, comm| -> Result<RankTimes> {
+        let st = comm.stream();
+        let h = host_shard(s, world, r);
+        let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
+        let up = |x: &[u8]| st.clone_htod(x);
+        let upf = |x: &[f32]| st.clone_htod(x);
+        let codes: Vec<[CudaSlice<u8>; 2]> = vec![
+            [up(&h.q[0].q)?, up(&h.q[1].q)?],
+            [up(&h.q[0].k)?, up(&h.q[1].k)?],
+            [up(&h.q[0].v)?, up(&h.q[1].v)?],
+        ];
+        let scales: Vec<[CudaSlice<f32>; 2]> = vec![
+            [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
+            [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
+            [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
+        ];
+        let shard = |t: usize| Shard {
+            halves: [0, 1].map(|i| Fp8 {
+                codes: &codes[t][i],
+                scales: &scales[t][i],
+            }),
+            lens,
+        };
+        let (mut out, mut steps, mut host) = (vec![], vec![], HostTimes::default());
+        for it in 0..=iters {
+            let t0 = Instant::now();
+            let o = ring_attention_rank(
+                gpu,
+                comm,
+                s,
+                shard(0),
+                shard(1),
+                shard(2),
+                std::time::Duration::from_secs(300),
+            )?;
+            if it > 0 {
+                out.push(t0.elapsed().as_secs_f64() * 1e3);
             }
-            Ok((out, steps, host))
-        },
-    )?;
-    let (mut rank0, mut steps0, mut host0) = (vec![], vec![], HostTimes::default());
+            steps = o.steps;
+            host = o.host;
+        }
+        // The same calls on a state kept across them (RingRank: buffers and ops made once).
+        let mut kept = RingRank::new(gpu, comm, s)?;
+        let mut out_kept = vec![];
+        for it in 0..=iters {
+            let t0 = Instant::now();
+            kept.run(
+                gpu,
+                comm,
+                shard(0),
+                shard(1),
+                shard(2),
+                std::time::Duration::from_secs(300),
+            )?;
+            if it > 0 {
+                out_kept.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        Ok((out, out_kept, steps, host))
+    })?;
+    let (mut rank0, mut kept0, mut steps0, mut host0) =
+        (vec![], vec![], vec![], HostTimes::default());
     for (r, t) in times.into_iter().enumerate() {
-        let (t, steps, host) = t.with_context(|| format!("rank {r}"))?;
+        let (t, kept, steps, host) = t.with_context(|| format!("rank {r}"))?;
         if r == 0 {
-            (rank0, steps0, host0) = (t, steps, host);
+            (rank0, kept0, steps0, host0) = (t, kept, steps, host);
         }
     }
     rank0.sort_by(f64::total_cmp);
+    kept0.sort_by(f64::total_cmp);
+    let kept_ms = kept0[kept0.len() / 2];
     let ring_ms = rank0[rank0.len() / 2];
     // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
     let gpu = lab::Gpu::device(0)?;
@@ -113,6 +136,11 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         one.p50_us / 1e3,
         flops / (one.p50_us * 1e-6) / 1e12,
         one.p50_us / 1e3 / ring_ms
+    );
+    println!(
+        "  on a state kept across calls (RingRank): {kept_ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU",
+        flops / (kept_ms * 1e-3) / 1e12,
+        one.p50_us / 1e3 / kept_ms
     );
     // Communication hidden: each step's time against its attention's (rank 0, the last call; device events).
     for (i, st) in steps0.iter().enumerate() {
