@@ -104,6 +104,21 @@ __device__ __forceinline__ void step_rows(Frag (&s)[NF], int col0, const int (&l
     detail::step<L, P_OFFSET, true>(s, col0, limit, c, st, alpha);
 }
 
+// A sliding window's left edge: columns col0 + … < lo[h] of row h (this lane's two rows) set to -inf in place, the
+// rest of the tile as it is. A caller applies it to a tile that reaches below a row's first visible key, before
+// step_rows / step_max_rows (which mask the right edge, limit): a -inf cell is left out of the max, becomes P = 0
+// and adds 0 to l on either of their paths (for c > 0), and a row with no cell left keeps m = -inf as step_rows says.
+template <class L, int NF, class Frag>
+__device__ __forceinline__ void mask_below(Frag (&s)[NF], int col0, const int (&lo)[2]) {
+  if (col0 >= max(lo[0], lo[1])) return;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int f = 0; f < NF; ++f)
+#pragma unroll
+    for (int i = 0; i < L::kElems; ++i)
+      if (col0 + f * L::kCols + L::col(lane, i) < lo[frag::acc_half(i)]) s[f].x[i] = wr::neg_inf();
+}
+
 // One K/V tile: turns the score fragments S into P in place, updates m and l, and returns the factor O must
 // be rescaled by before P·V is added. Columns col0 + ... >= kv_valid are masked. P_OFFSET (log2 units) scales
 // every P by 2^P_OFFSET, so that P in (0, 2^P_OFFSET] uses FP8's range (FlashAttention-3's Max_offset); l

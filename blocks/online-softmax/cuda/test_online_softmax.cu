@@ -7,8 +7,10 @@ using namespace nvcuda;
 
 // S: [16][sk_pad] raw scores (columns >= sk are garbage the mask must hide); V: [sk_pad][64] half, zero past
 // sk (the cp.async ring's contract); O: [16][64] float; lse: [16]. Tiles of BC = 16 * NF keys.
-template <int NF, bool PIECES = false>
-__device__ void attend(const float* S, const __half* V, int sk, int sk_pad, float scale, float* O, float* lse_out) {
+// WINDOW: row r sees columns lo[r] .. hi[r] − 1 only (mask_below for the left edge, step_rows's limit for the right).
+template <int NF, bool PIECES = false, bool WINDOW = false>
+__device__ void attend(const float* S, const __half* V, int sk, int sk_pad, float scale, float* O, float* lse_out,
+                       const int* lo = nullptr, const int* hi = nullptr) {
   constexpr int D = 64, NO = D / 16;
   const int lane = threadIdx.x & 31;
   const float c = scale * 1.4426950408889634f;
@@ -32,6 +34,11 @@ __device__ void attend(const float* S, const __half* V, int sk, int sk_pad, floa
       osm::exp_cells<frag::WmmaAcc, 4, 8>(s[0].x, c, bias);
       osm::sum_cells<frag::WmmaAcc, 4, 8>(s[0].x, sum);
       osm::step_end(sum, alpha, st);
+    } else if constexpr (WINDOW) {
+      const int r0 = frag::acc_row(lane, 0), r1 = frag::acc_row(lane, 1);
+      const int left[2] = {lo[r0], lo[r1]}, limit[2] = {min(hi[r0], sk), min(hi[r1], sk)};
+      osm::mask_below<frag::WmmaAcc>(s, k0, left);
+      osm::step_rows<frag::WmmaAcc>(s, k0, limit, c, st, alpha);
     } else {
       osm::step<frag::WmmaAcc>(s, k0, sk, c, st, alpha);
     }
@@ -63,6 +70,11 @@ extern "C" __global__ void attend_bc16(const float* S, const __half* V, int sk, 
 }
 extern "C" __global__ void attend_bc32(const float* S, const __half* V, int sk, int skp, float scale, float* O, float* lse) {
   attend<2>(S, V, sk, skp, scale, O, lse);
+}
+// Row r over columns lo[r] .. hi[r] − 1 only (a sliding window: mask_below, then step_rows with hi as the limit).
+extern "C" __global__ void attend_window_bc16(const float* S, const __half* V, int sk, int skp, float scale, const int* lo,
+                                              const int* hi, float* O, float* lse) {
+  attend<1, false, true>(S, V, sk, skp, scale, O, lse, lo, hi);
 }
 // The same with osm::step in its pieces (step_max, exp_cells, sum_cells, step_end): bit-identical to attend_bc16.
 extern "C" __global__ void attend_pieces_bc16(const float* S, const __half* V, int sk, int skp, float scale, float* O,

@@ -31,4 +31,11 @@ pub const ATTEND_BC16: KernelSpec = k("attend_bc16");
 pub const ATTEND_BC32: KernelSpec = k("attend_bc32");
 /// attend_bc16 with `step` in its pieces (`step_max`, `exp_cells`, `sum_cells`, `step_end`).
 pub const ATTEND_PIECES_BC16: KernelSpec = k("attend_pieces_bc16");
-pub const KERNELS: &[KernelSpec] = &[ATTEND_BC16, ATTEND_BC32, ATTEND_PIECES_BC16];
+/// attend_bc16 with a window per row: row r over columns lo[r] .. hi[r] − 1 (`mask_below`, then `step_rows`).
+pub const ATTEND_WINDOW_BC16: KernelSpec = k("attend_window_bc16");
+pub const KERNELS: &[KernelSpec] = &[
+    ATTEND_BC16,
+    ATTEND_BC32,
+    ATTEND_PIECES_BC16,
+    ATTEND_WINDOW_BC16,
+];

@@ -181,6 +181,20 @@ pub fn mirror_f32_with(
     out
 }
 
+/// `p` with a window per row: row r keeps its scores at columns `lo[r] .. hi[r]` and the rest become −inf (masked),
+/// which is what a sliding window leaves a row (an empty range: a row with nothing to attend to).
+pub fn windowed(p: &Problem, lo: &[usize], hi: &[usize]) -> Problem {
+    let mut w = p.clone();
+    for r in 0..p.rows {
+        for j in 0..p.sk {
+            if j < lo[r] || j >= hi[r] {
+                w.s[r * p.sk + j] = f32::NEG_INFINITY;
+            }
+        }
+    }
+    w
+}
+
 /// The stated bound on |O_f32 − O_f64| for the device's arithmetic: P rounded to f16 moves each weight by at
 /// most 2⁻¹¹ relative (2⁻²⁵ absolute below f16's normal range) and O is a convex combination of V's rows, so
 /// 2⁻¹¹·max|V|; the f32 exp2, the running sums and the rescales add at most 4 roundings per key.
@@ -258,6 +272,26 @@ mod tests {
             let (a, b) = (one_shot(&p), mirror_f32(&p, bc));
             prop_assert!(max_abs_diff(&b.o, &a.o) <= o_bound(&p));
         }
+    }
+
+    #[test]
+    fn a_window_leaves_its_columns_and_the_online_update_agrees() {
+        let p = problem(3, 50, 2.0);
+        let (lo, hi): (Vec<usize>, Vec<usize>) = (0..p.rows).map(|r| (r * 3, 10 + r * 4)).unzip();
+        let w = windowed(&p, &lo, &hi);
+        for r in 0..p.rows {
+            for j in 0..p.sk {
+                let kept = w.s[r * p.sk + j] != f32::NEG_INFINITY;
+                assert_eq!(kept, (lo[r]..hi[r]).contains(&j), "row {r}, column {j}");
+            }
+        }
+        // Empty windows (lo ≥ hi, or past Sk) leave the row with nothing: O = 0, LSE = −inf.
+        let empty = windowed(&p, &vec![40; p.rows], &vec![40; p.rows]);
+        let o = one_shot(&empty);
+        assert!(o.lse.iter().all(|&x| x == f64::NEG_INFINITY) && o.o.iter().all(|&x| x == 0.0));
+        let a = one_shot(&w);
+        let b = online_f64(&w, &split(p.sk, &[7, 30]));
+        assert!(max_abs_diff(&b.o, &a.o) < 1e-12);
     }
 
     #[test]

@@ -70,8 +70,61 @@ fn scenarios() -> Vec<(String, Problem)> {
     v
 }
 
+/// Windows per row over a few problems (row r over columns lo[r] .. hi[r] − 1): the whole row, a window inside one
+/// tile, windows across tile edges and into the partial last tile, one key, empty (lo = hi, lo > hi, past Sk), and a
+/// window whose right edge is past Sk (clipped there).
+fn window_scenarios() -> Vec<(String, Problem, Vec<i32>, Vec<i32>)> {
+    let mut v = Vec::new();
+    for (i, sk) in [16usize, 45, 100].into_iter().enumerate() {
+        let p = problem(40 + i as u64, sk, normal(4.0));
+        let n = sk as i32;
+        let rows: [(i32, i32); ROWS] = [
+            (0, n),
+            (3, 9),
+            (15, 17),
+            (1, n + 5),
+            (n - 1, n),
+            (7, 7),
+            (9, 4),
+            (n, n + 3),
+            (0, 1),
+            (16, 32),
+            (5, n - 2),
+            (31, 33),
+            (2, 40),
+            (n / 2, n / 2 + 1),
+            (17, n),
+            (0, 0),
+        ];
+        let (lo, hi): (Vec<i32>, Vec<i32>) = rows.into_iter().unzip();
+        v.push((format!("windows over sk={sk}"), p, lo, hi));
+    }
+    v
+}
+
+/// The model's problem for a window per row (columns past Sk stay out whatever hi says).
+fn window_problem(p: &Problem, lo: &[i32], hi: &[i32]) -> Problem {
+    let (lo, hi): (Vec<usize>, Vec<usize>) = lo
+        .iter()
+        .zip(hi)
+        .map(|(&l, &h)| (l.max(0) as usize, (h.max(0) as usize).min(p.sk)))
+        .unzip();
+    windowed(p, &lo, &hi)
+}
+
 /// Runs `spec` (tiles of `bc` keys) on `p`: O [16][64], LSE [16].
 fn attend(gpu: &Gpu, spec: &KernelSpec, bc: usize, p: &Problem) -> Result<Out<f32>> {
+    attend_in(gpu, spec, bc, p, None)
+}
+
+/// As attend, for a kernel that takes a window per row (`attend_window_bc16`: row r over columns lo[r] .. hi[r] − 1).
+fn attend_in(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    bc: usize,
+    p: &Problem,
+    window: Option<(&[i32], &[i32])>,
+) -> Result<Out<f32>> {
     let skp = p.sk.div_ceil(bc) * bc;
     // Columns past sk hold NaN: the mask must keep them out. V rows past sk are zero, as the ring delivers them.
     let mut s = vec![f32::NAN; ROWS * skp];
@@ -93,19 +146,19 @@ fn attend(gpu: &Gpu, spec: &KernelSpec, bc: usize, p: &Problem) -> Result<Out<f3
         block_dim: (32, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: attend_bc*(const float* S[16][skp], const __half* V[skp][64], int sk, int skp, float scale,
-    // float* O[16][64], float* lse[16]), one warp.
-    unsafe {
-        st.launch_builder(&k.func)
-            .arg(&ds)
-            .arg(&dv)
-            .arg(&sk)
-            .arg(&skp_i)
-            .arg(&scale)
-            .arg(&mut o)
-            .arg(&mut lse)
-            .launch(cfg)?
+    let win = match window {
+        Some((lo, hi)) => Some((st.clone_htod(lo)?, st.clone_htod(hi)?)),
+        None => None,
     };
+    let mut b = st.launch_builder(&k.func);
+    b.arg(&ds).arg(&dv).arg(&sk).arg(&skp_i).arg(&scale);
+    if let Some((lo, hi)) = &win {
+        b.arg(lo).arg(hi);
+    }
+    b.arg(&mut o).arg(&mut lse);
+    // SAFETY: attend_bc*(const float* S[16][skp], const __half* V[skp][64], int sk, int skp, float scale,
+    // [const int* lo[16], const int* hi[16],] float* O[16][64], float* lse[16]), one warp.
+    unsafe { b.launch(cfg)? };
     let out = Out {
         o: st.clone_dtoh(&o)?,
         lse: st.clone_dtoh(&lse)?,
@@ -235,6 +288,29 @@ fn main() {
             );
         }
         Ok(())
+    });
+    t.gpu("window_matches_the_model", |gpu| {
+        for (what, p, lo, hi) in window_scenarios() {
+            let dev = attend_in(gpu, &ATTEND_WINDOW_BC16, 16, &p, Some((&lo, &hi)))?;
+            check(&what, &window_problem(&p, &lo, &hi), 16, &dev, true)?;
+        }
+        Ok(())
+    });
+    // The left edge off by one: a row's first visible key's left neighbour kept.
+    t.gpu("mutant_caught::window_left_edge_off_by_one", |gpu| {
+        let bad = ATTEND_WINDOW_BC16.mutated(
+            "online_softmax.cuh",
+            "+ L::col(lane, i) < lo[frag::acc_half(i)]) s[f].x[i] = wr::neg_inf();",
+            "+ L::col(lane, i) < lo[frag::acc_half(i)] - 1) s[f].x[i] = wr::neg_inf();",
+        )?;
+        for (what, p, lo, hi) in window_scenarios() {
+            let dev = attend_in(gpu, &bad, 16, &p, Some((&lo, &hi)))?;
+            if let Err(e) = check(&what, &window_problem(&p, &lo, &hi), 16, &dev, false) {
+                eprintln!("mutant `window left edge off by one` caught: {e}");
+                return Ok(());
+            }
+        }
+        bail!("the window's left edge off by one passed every scenario")
     });
     let piece_mutants: [(&str, &str, &str); 3] = [
         (
