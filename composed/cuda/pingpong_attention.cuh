@@ -28,6 +28,27 @@ struct Marks {
 // Query rows of a unit (a block's two consumer warpgroups, 64 each).
 constexpr int kUnitRows = 128;
 
+// A sliding window (stage 8's windowed kernels), bottom-right aligned as the causal mask: row i sees keys
+// i + Sk − Sq − left ≤ j ≤ i + Sk − Sq + right; a side < 0 is unbounded, and causal masking makes the right side 0.
+struct Window {
+  int left, right;
+  // Row `row`'s first visible key, and one past its last (an empty window: end ≤ first).
+  __device__ int first_key(int row, int sq, int sk) const { return left < 0 ? 0 : max(0, row + sk - sq - left); }
+  __device__ int key_end(int row, int sq, int sk, bool causal) const {
+    const int r = causal ? 0 : right;
+    return r < 0 ? sk : min(sk, max(0, row + sk - sq + r + 1));
+  }
+  // The unit at query row q0: its first key tile (its first row's), and its key tiles from there to its last row's
+  // last visible key (at least one).
+  template <int BC>
+  __device__ int2 tiles(const Params& p, int q0) const {
+    const int first = first_key(q0, p.sq, p.sk) / BC;
+    const int end = key_end(min(q0 + kUnitRows, p.sq) - 1, p.sq, p.sk, p.causal != 0);
+    return make_int2(first, max(1, (end + BC - 1) / BC - first));
+  }
+};
+constexpr Window kNoWindow{-1, -1};
+
 // Key tiles of the unit at query row q0: those up to its last visible key (at least one).
 template <int BC>
 __device__ __forceinline__ int key_tiles(const Params& p, int q0) {
@@ -35,19 +56,21 @@ __device__ __forceinline__ int key_tiles(const Params& p, int q0) {
   return max(1, (visible + BC - 1) / BC);
 }
 
-// Unit w of the dense schedule as a consumer sees it (a split tail's part: kt >= 0 key tiles).
-template <int BC>
-__device__ __forceinline__ UnitView dense_view(const Params& p, int w, int kt) {
+// Unit w of the dense schedule as a consumer sees it (a split tail's part: kt >= 0 key tiles; WIN: the window's).
+template <int BC, bool WIN = false>
+__device__ __forceinline__ UnitView dense_view(const Params& p, int w, int kt, const Window& win) {
   const TileCoord u = unit_coord(p, w);
   const int q0 = u.qt * kUnitRows;
+  if constexpr (WIN) return UnitView{u.bh, u.bh / p.group, q0, win.tiles<BC>(p, q0).y, p.sq, p.sk, 0, 0, 0};
   return UnitView{u.bh, u.bh / p.group, q0, kt < 0 ? key_tiles<BC>(p, q0) : kt, p.sq, p.sk, 0, 0, 0};
 }
-template <bool VARLEN, int BC>
-__device__ __forceinline__ UnitView unit_view(const Params& p, const RaggedArgs& rg, int w, int kt) {
+template <bool VARLEN, int BC, bool WIN = false>
+__device__ __forceinline__ UnitView unit_view(const Params& p, const RaggedArgs& rg, int w, int kt,
+                                              const Window& win = kNoWindow) {
   if constexpr (VARLEN) {
     return ragged_view(p, rg, w);
   } else {
-    return dense_view<BC>(p, w, kt);
+    return dense_view<BC, WIN>(p, w, kt, win);
   }
 }
 
@@ -97,10 +120,17 @@ struct Seg {
 // The producer's part of unit s.u (the block's n-th unit or part of one, its key tiles ring tiles r0, …): Q, then
 // K and Vᵀ (stage 7: `mvt` is Vᵀ's map), or K and V into `vst`'s slots for the transposing warps (stage 8: `mvt` is
 // V's map, and every map is (D, S, H, B) over the caller's strides: a head's coordinates are (h, b)).
-template <class Block, int BC, class Staging = NoStaging>
+// WIN: the unit's key tiles are its window's (no split tail with a window: s is a whole unit).
+template <class Block, int BC, class Staging = NoStaging, bool WIN = false>
 __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, const tma::Map* mq, const tma::Map* mk,
-                                            const tma::Map* mvt, Seg s, int n, int r0, const Staging& vst = Staging()) {
+                                            const tma::Map* mvt, Seg s, int n, int r0, const Staging& vst = Staging(),
+                                            const Window& win = kNoWindow) {
   const TileCoord u = unit_coord(p, s.u);
+  if constexpr (WIN) {
+    const int2 wt = win.tiles<BC>(p, u.qt * kUnitRows);
+    s.k0 = wt.x;
+    s.kt = wt.y;
+  }
   const int tiles = s.kt < 0 ? key_tiles<BC>(p, u.qt * kUnitRows) : s.kt;
   if constexpr (Staging::kSlots == 0) {
     blk.produce_q(mq, n, u.bh, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst);
@@ -205,11 +235,14 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
 // (4, 16, 4096, 64).
 // VARLEN: unit w is the plan's (`rg`, ragged_units.cuh): its sequence's rows, Sq and Sk, scales per (sequence, head),
 // O and the LSE by direct stores into the packed outputs (no split tail).
-template <int D, int BC, bool VARLEN = false, class Block, class Next>
+// WIN: the unit's key tiles start at its window's first (k0), each row's keys cut on both sides (osm::mask_below for
+// the left edge, the limit for the right).
+template <int D, int BC, bool VARLEN = false, bool WIN = false, class Block, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n,
                                              tma::Cursor<Block::kStages>& at,
                                              Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so, int k0,
-                                             int kt, int dest, const RaggedArgs& rg = RaggedArgs()) {
+                                             int kt, int dest, const RaggedArgs& rg = RaggedArgs(),
+                                             const Window& win = kNoWindow) {
   mark(kMarkUnit);
   if (roles::thread_in_group() == 0) blk.qb->dest[wg] = dest;
   constexpr wgmma::Swizzle SW = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
@@ -218,7 +251,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   using OL = frag::WgmmaD<D>;
   // kt >= 0: a split tail's part, key tiles k0 .. k0 + kt − 1, its limits moved instead of its columns (never causal).
   // bh and kv: the scales' heads (VARLEN: sequence · heads + head, sequence · K/V heads + K/V head).
-  const UnitView u = unit_view<VARLEN, BC>(p, rg, w, kt);
+  const UnitView u = unit_view<VARLEN, BC, WIN>(p, rg, w, kt, win);
   const int bh = u.bh, kv = u.kv, q0 = u.q0, tiles = u.tiles;
   const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
   int limit[2];
@@ -226,6 +259,17 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   for (int h = 0; h < 2; ++h) {
     const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
     limit[h] = p.causal ? min(u.sk, max(0, row + u.sk - u.sq + 1)) : u.sk - k0 * BC;
+  }
+  // WIN: both edges of each row's window, relative to the unit's first key tile.
+  int lo[2];
+  if constexpr (WIN) {
+    k0 = win.tiles<BC>(p, q0).x;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
+      limit[h] = win.key_end(row, u.sq, u.sk, p.causal != 0) - k0 * BC;
+      lo[h] = win.first_key(row, u.sq, u.sk) - k0 * BC;
+    }
   }
   osm::RowState st;
   osm::init(st);
@@ -260,6 +304,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   wgmma::fence_operand(s[0].x);
   mark(kMarkSoftmax);
   osm::RowSum sum;  // the tile before's row sums: l's update waits for the next GEMM issue (softmax_defer_l)
+  if constexpr (WIN) osm::mask_below<SL>(s, 0, lo);
   softmax_defer_l<BC>(s, 0, limit, c, st, alpha, sum);
   mark(kMarkSoftmaxEnd);
   for (int tt = 1; tt < tiles; ++tt) {
@@ -295,6 +340,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::wait<1>();  // Q·Kᵀ(t): committed first, so retired first; P·V(t − 1) runs on under the softmax
     wgmma::fence_operand(s[0].x);
     mark(kMarkSoftmax);
+    if constexpr (WIN) osm::mask_below<SL>(s, tt * BC, lo);
     softmax_defer_l<BC>(s, tt * BC, limit, c, st, alpha, sum);
     mark(kMarkSoftmaxEnd);
   }
@@ -369,10 +415,13 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // `heads` is H; O's is stage 7's ([B·H + virtual heads, Sq, D], contiguous).
 // VARLEN (stage 8 varlen): units from the plan's table (`rg`: ragged-plan's, built on the device), their count read
 // there; no split tail.
-template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false>
+// WIN (stage 8's windowed kernels): every unit's key tiles and masks are `win`'s (dense units only; the host plans no
+// split tail for them).
+template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN = false>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
                                    const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs(),
-                                   const PagedArgs* pg = nullptr) {
+                                   const PagedArgs* pg = nullptr, const Window win = kNoWindow) {
+  static_assert(!(VARLEN && WIN), "windows are built for dense units");
   using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ QBarriers<2> qbars;
@@ -404,7 +453,8 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
           r0 += produce_ragged_unit(p, rg, *pg, blk, mq, mk, mvt, w, n, r0, vst);
         } else {
           const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
-          r0 += produce_unit<Block, BC>(p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0, vst);
+          r0 += produce_unit<Block, BC, typename StagingOf<Block, VS>::type, WIN>(
+              p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0, vst, win);
         }
         if (pieces > 0) {
           w = w >= split ? w + 1 : w + int(gridDim.x) < split ? w + int(gridDim.x) : mine;
@@ -441,8 +491,8 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     const auto units = [&] { return VARLEN ? work : p.work; };
     for (int w = blockIdx.x, n = 0; w < units(); w = tickets ? blk.unit(++n) : units()) {
       // A block's first unit is whole (the host splits only past a first wave); later ones say so in their slot.
-      consume_unit<D, BC, VARLEN>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); }, mark, mo,
-                                  so, n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1, rg);
+      consume_unit<D, BC, VARLEN, WIN>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); }, mark, mo,
+                                  so, n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1, rg, win);
       at.advance();
     }
     if (threadIdx.x % 128 == 0) tma::store_wait<0>();  // O's last stores written before the block's shared memory goes

@@ -82,7 +82,8 @@ impl SplitPlan {
                 units,
                 blocks,
                 s.sk.div_ceil(stage.bc(s.d)),
-                s.causal,
+                // A window's units read their own key ranges: no split tail (as causal ones).
+                s.causal || s.window.is_bounded(),
                 s.sq / rows,
             )
         } else {

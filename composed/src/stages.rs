@@ -73,6 +73,7 @@ pub const STAGE6: Source = source!("stage6.cu");
 pub const STAGE7: Source = source!("stage7.cu");
 pub const STAGE8: Source = source!("stage8.cu");
 pub const STAGE8_VARLEN: Source = source!("stage8_varlen.cu");
+pub const STAGE8_WINDOW: Source = source!("stage8_window.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
@@ -357,6 +358,21 @@ impl Stage {
     pub fn kernel(self, d: usize) -> KernelSpec {
         KernelSpec::find(KERNELS, &format!("{}_d{d}", self.name()))
     }
+
+    /// The kernel a launch on `s` runs: the stage's, or stage 8's windowed one (`stage8w_dD`) where `s` has a
+    /// sliding window.
+    pub fn kernel_for(self, s: &fixtures::Shape) -> KernelSpec {
+        if self == Stage::S8 && s.window.is_bounded() {
+            KernelSpec::find(KERNELS, &format!("stage8w_d{}", s.d))
+        } else {
+            self.kernel(s.d)
+        }
+    }
+
+    /// Whether the stage takes a sliding window (`Shape::window`): stage 8, by its windowed kernel.
+    pub fn windows(self) -> bool {
+        self == Stage::S8
+    }
 }
 
 /// K/V tile width: 64 keys for D = 64, 32 for D = 128 (so that every stage fits an sm_89 block).
@@ -462,6 +478,14 @@ pub const KERNELS: &[KernelSpec] = &[
         source: &STAGE8_VARLEN,
         ..k90a_tma8("stage8_varlen_d128")
     },
+    KernelSpec {
+        source: &STAGE8_WINDOW,
+        ..k90a_tma8("stage8w_d64")
+    },
+    KernelSpec {
+        source: &STAGE8_WINDOW,
+        ..k90a_tma8("stage8w_d128")
+    },
     k90a_merge("stage7_merge_d64"),
     k90a_merge("stage7_merge_d128"),
     k90a_merge("stage7_merge_d256"),
@@ -495,6 +519,7 @@ mod tests {
             (Stage::S7, STAGE7.code, "STAGE7"),
             (Stage::S8, STAGE8.code, "STAGE8"),
             (Stage::S8, STAGE8_VARLEN.code, "STAGE8_VARLEN"),
+            (Stage::S8, STAGE8_WINDOW.code, "STAGE8W"),
         ];
         for (stage, code, name) in sources {
             let found = instantiations(code, name);

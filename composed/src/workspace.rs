@@ -134,7 +134,7 @@ impl Workspace {
             "{} reads contiguous [B, H, S, D] inputs: strided Q, K, V take stage8",
             stage.name()
         );
-        let spec = self.kernel.unwrap_or_else(|| stage.kernel(s.d));
+        let spec = self.kernel.unwrap_or_else(|| stage.kernel_for(s));
         let smem = stage.smem_bytes(s.d);
         let key = (spec.name, std::ptr::from_ref(spec.source) as usize, smem);
         let k = match &self.loaded {
@@ -243,6 +243,12 @@ impl Workspace {
         if stage.transposes_v() {
             b.arg(&heads);
         }
+        // The windowed kernel's sides (−1: unbounded).
+        let side = |x: Option<usize>| x.map_or(-1, |n| n.min(i32::MAX as usize) as i32);
+        let (win_left, win_right) = (side(s.window.left), side(s.window.right));
+        if spec.name.starts_with("stage8w_") {
+            b.arg(&win_left).arg(&win_right);
+        }
         // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt or v[, o]][, int heads]) with the grid and block it was
         // written for;
         // the caller's tensors hold the extents of `s` (Tensors' contract; validate() checks uploaded ones), O and
@@ -328,8 +334,8 @@ impl Workspace {
 /// anything is loaded.
 pub fn stage_supports(stage: Stage, s: &fixtures::Shape) -> Result<()> {
     ensure!(
-        !s.window.is_bounded(),
-        "{} has no sliding window (window {} asked): no stage masks one yet; fixtures' reference does",
+        !s.window.is_bounded() || stage.windows(),
+        "{} has no sliding window (window {} asked): stage8 has",
         stage.name(),
         s.window
     );
@@ -405,15 +411,25 @@ mod tests {
     use fixtures::{Shape, Window};
 
     #[test]
-    fn every_stage_refuses_a_sliding_window_by_name() {
+    fn a_sliding_window_takes_stage8_and_every_other_stage_refuses_it_by_name() {
         let s = Shape::cross(1, 2, 128, 128, 64).with_window(Window {
             left: Some(64),
             right: Some(0),
         });
         for stage in Stage::ALL {
+            if stage == Stage::S8 {
+                assert!(stage.windows() && stage_supports(stage, &s).is_ok());
+                assert_eq!(stage.kernel_for(&s).name, "stage8w_d64");
+                assert_eq!(
+                    stage.kernel_for(&s.with_window(Window::NONE)).name,
+                    "stage8_d64"
+                );
+                continue;
+            }
             let e = stage_supports(stage, &s).unwrap_err().to_string();
             assert!(
-                e.contains(stage.name()) && e.contains("no sliding window (window (64, 0) asked)"),
+                e.contains(stage.name())
+                    && e.contains("no sliding window (window (64, 0) asked): stage8 has"),
                 "{e}"
             );
             // Unbounded on both sides is no window at all.

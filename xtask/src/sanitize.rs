@@ -127,11 +127,17 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "racecheck", "synccheck"],
     ),
     (
-        // Stage 8 persistent at D = 128: 224-key tiles through two ring stages and two staging slots, units longest
+        // Stage 8 persistent at D = 128: 192-key tiles through three ring stages and one staging slot, units longest
         // first.
         "composed--gpu",
         "gpu::persistent::stage8::1x4q2kv_700x1000x128_causal",
         &["memcheck", "racecheck", "synccheck"],
+    ),
+    (
+        // Stage 8 under a window, causal, D = 128: units starting past key tile 0, the left edge masked in the loop.
+        "composed--gpu",
+        "gpu::window::stage8::1x2q2kv_500x500x128_w191_-1_causal",
+        &["memcheck", "racecheck"],
     ),
 ];
 

@@ -8,6 +8,7 @@ mod stage7;
 mod stage8;
 mod tables;
 mod varlen;
+mod window;
 
 /// What every test module uses: the crates' items and the shared cases and checks.
 mod prelude {
@@ -39,6 +40,7 @@ fn main() {
     stage7::add(&mut t);
     stage8::add(&mut t);
     varlen::add(&mut t);
+    window::add(&mut t);
     tables::add(&mut t);
     t.run()
 }
