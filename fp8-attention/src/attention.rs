@@ -20,7 +20,8 @@ pub struct Fp8<'a> {
 }
 
 /// How an [`Attention`] op computes: causal masking (bottom-right aligned: query row i sees key j when
-/// j ≤ i + Sk − Sq), O's dtype, and the softmax scale (None: 1/√D).
+/// j ≤ i + Sk − Sq), O's dtype, the softmax scale (None: 1/√D), and a sliding window (bottom-right aligned too: row i
+/// sees keys i + Sk − Sq − left ≤ j ≤ i + Sk − Sq + right; `Window::NONE`: none; stage 8 only).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
     /// Causal masking, bottom-right aligned.
@@ -29,6 +30,8 @@ pub struct Config {
     pub out_dtype: OutDtype,
     /// The softmax scale; None: 1/√D.
     pub softmax_scale: Option<f32>,
+    /// A sliding window; `Window::NONE` (the default): none.
+    pub window: fixtures::Window,
 }
 
 impl Default for Config {
@@ -37,6 +40,7 @@ impl Default for Config {
             causal: false,
             out_dtype: OutDtype::Bf16,
             softmax_scale: None,
+            window: fixtures::Window::NONE,
         }
     }
 }
@@ -213,6 +217,12 @@ impl Attention {
             return Err(Error::SoftmaxScale(x));
         }
         let stage = crate::stage_for(gpu);
+        if cfg.window.is_bounded() && stage != Stage::S7 {
+            return Err(Error::Unsupported(format!(
+                "a sliding window (window {} asked) needs an sm_90 GPU (stage 8); {} is {}",
+                cfg.window, gpu.name, gpu.arch
+            )));
+        }
         if cfg.causal && !stage.causal() {
             return Err(Error::Unsupported(format!(
                 "causal masking needs an sm_90 GPU (stage 7); {} is {}",
@@ -250,6 +260,13 @@ impl Attention {
             return Err(Error::Unsupported(format!(
                 "{} has no causal masking: stage7 and stage8 have",
                 stage.name()
+            )));
+        }
+        if cfg.window.is_bounded() && !stage.windows() {
+            return Err(Error::Unsupported(format!(
+                "{} has no sliding window (window {} asked): stage8 has",
+                stage.name(),
+                cfg.window
             )));
         }
         op.stage = stage;
@@ -354,6 +371,7 @@ impl Attention {
     ) -> Result<(Shape, f32, Stage)> {
         let s = Shape {
             causal: self.cfg.causal,
+            window: self.cfg.window,
             ..s
         };
         let scale = self.cfg.softmax_scale.unwrap_or(1.0 / (s.d as f32).sqrt());
@@ -419,6 +437,7 @@ impl Attention {
     pub fn output_rows(&self, gpu: &Gpu, s: &Shape) -> Result<usize> {
         let s = Shape {
             causal: self.cfg.causal,
+            window: self.cfg.window,
             ..*s
         };
         let mut rows = 0;
@@ -454,6 +473,7 @@ impl Attention {
         Ok(Output {
             shape: Shape {
                 causal: self.cfg.causal,
+                window: self.cfg.window,
                 ..*s
             },
             o,

@@ -50,7 +50,7 @@ pub use composed::bench::Timing;
 pub use composed::{Stage, Strides, validate, validate_shape};
 pub use error::{Error, Result};
 pub use fixtures::{
-    Attention as HostOutput, Granularity, OutDtype, Quantized, Raw, Rotate, Scheme, Shape,
+    Attention as HostOutput, Granularity, OutDtype, Quantized, Raw, Rotate, Scheme, Shape, Window,
     quantize_per_head, quantize_per_tensor,
 };
 pub use lab::Gpu;

@@ -93,10 +93,13 @@ pub fn stage_for(gpu: &Gpu) -> Stage {
 pub const STAGE8_MAX_KEYS: usize = 2048;
 
 /// The stage a call of shape `s` runs where the device runs `base` ([`stage_for`]): on Hopper stage 8 up to
-/// [`STAGE8_MAX_KEYS`] keys at the head dimensions it is built for (64, 128), stage 7 past them and at D = 256;
-/// `base` elsewhere.
+/// [`STAGE8_MAX_KEYS`] keys at the head dimensions it is built for (64, 128), and at any length under a sliding
+/// window (stage 8's alone), stage 7 past them and at D = 256; `base` elsewhere.
 pub fn stage_for_shape(base: Stage, s: &Shape) -> Stage {
-    if base == Stage::S7 && Stage::S8.dims().contains(&s.d) && s.sk <= STAGE8_MAX_KEYS {
+    if base == Stage::S7
+        && Stage::S8.dims().contains(&s.d)
+        && (s.sk <= STAGE8_MAX_KEYS || s.window.is_bounded())
+    {
         Stage::S8
     } else {
         base
@@ -157,6 +160,15 @@ mod tests {
             stage_for_shape(Stage::S4, &s(512, 64)),
             Stage::S4,
             "not Hopper: its stage"
+        );
+        let windowed = s(65536, 128).with_window(fixtures::Window {
+            left: Some(1024),
+            right: None,
+        });
+        assert_eq!(
+            stage_for_shape(Stage::S7, &windowed),
+            Stage::S8,
+            "a window: stage 8's alone"
         );
         // Whatever it picks runs the shape's head dimension.
         for d in composed::DIMS {

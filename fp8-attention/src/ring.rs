@@ -189,6 +189,7 @@ impl RankSteps {
             causal,
             out_dtype: OutDtype::F32,
             softmax_scale: None,
+            window: fixtures::Window::NONE,
         };
         let rows = |half: usize| (shape.b * shape.h * q_lens[half]).max(1);
         let drv = |e| Error::Device(anyhow::Error::from(e));

@@ -16,6 +16,7 @@ import math
 
 __all__ = [
     "sdpa", "sdpa_varlen", "sdpa_paged", "check_args", "check_varlen_args", "check_paged_args", "as_tensor", "warm",
+    "window_sides",
 ]
 
 _REAL = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
@@ -71,6 +72,25 @@ def _check_no_scales(*scales):
     if any(sc is not None for sc in scales):
         raise TypeError("q_scale, k_scale and v_scale go with E4M3 inputs (float8_e4m3fn or uint8 codes); real inputs "
                         "are quantized here")
+
+
+def window_sides(window):
+    """A sliding window as the kernels take it: None (no window) → (-1, -1); (left, right), each a number of keys
+    (0 or more) or -1 (or None) for unbounded. Checked on the CPU; anything else is named."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"`window` must be None or (left, right), not {window!r}")
+    sides = []
+    for name, x in zip(("left", "right"), window):
+        if x is None:
+            x = -1
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"`window` {name} must be an int (keys; -1 for unbounded), not {type(x).__name__}")
+        if x < -1:
+            raise ValueError(f"`window` {name} = {x}: a number of keys (0 or more) or -1 for unbounded")
+        sides.append(x)
+    return tuple(sides)
 
 
 def _check_scale(scale):
@@ -172,23 +192,26 @@ def _per_head(sc, n):
 
 
 @functools.lru_cache(maxsize=1024)
-def _output_rows(b, h, hkv, sq, sk, d, causal):
+def _output_rows(b, h, hkv, sq, sk, d, causal, window=(-1, -1)):
     from . import _core
 
-    return _core.output_rows(b, h, hkv, sq, sk, d, causal)
+    return _core.output_rows(b, h, hkv, sq, sk, d, causal, window)
 
 
 def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False, q_scale=None, k_scale=None,
-         v_scale=None):
+         v_scale=None, window=None):
     """softmax(scale · q·kᵀ) · v on E4M3 tensor cores.
 
     q [B, H, Sq, D], k and v [B, Hkv, Sk, D] (H a multiple of Hkv), all on cuda:0, in bfloat16, float16 or float32
     (quantized to E4M3 here, one scale per (batch, head)), or E4M3 codes (float8_e4m3fn, or uint8 bytes) with
     `q_scale`, `k_scale`, `v_scale` (float32: one per (batch, head), or one). Torch tensors, or other frameworks'
     GPU arrays read in place through DLPack or __cuda_array_interface__ (`as_tensor`). `causal` masks key j from query i when j > i + Sk − Sq (bottom-right).
-    `scale` defaults to 1/√D; `out_dtype` to q's dtype (bfloat16 for FP8 inputs). Returns O [B, H, Sq, D], and with
-    `return_lse` also the LSE [B, H, Sq] (float32, natural log). Runs on torch's current stream.
+    `scale` defaults to 1/√D; `out_dtype` to q's dtype (bfloat16 for FP8 inputs). `window` = (left, right) keys, -1 for
+    unbounded: query i sees keys i + Sk − Sq − left ≤ j ≤ i + Sk − Sq + right (with `causal`, right is 0; D = 64 or
+    128). Returns O [B, H, Sq, D], and with `return_lse` also the LSE [B, H, Sq] (float32, natural log). Runs on torch's
+    current stream.
     """
+    win = window_sides(window)
     q, k, v = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
     q_scale, k_scale = as_tensor(q_scale, "q_scale"), as_tensor(k_scale, "k_scale")
     v_scale = as_tensor(v_scale, "v_scale")
@@ -206,12 +229,12 @@ def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False,
         sc = (qs.data_ptr(), ks.data_ptr(), vs.data_ptr())
     else:
         c, sc, _keep = _quantize(q, k, v, _REAL[_dtype(q)], b, h, hkv, sq, sk, d, stream)
-    rows = _output_rows(b, h, hkv, sq, sk, d, bool(causal))
+    rows = _output_rows(b, h, hkv, sq, sk, d, bool(causal), win)
     tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
     o = torch.empty(rows * d, dtype=tdt, device=q.device)
     lse = torch.empty(rows, dtype=torch.float32, device=q.device)
     _core.launch(*c, *sc, o.data_ptr(), lse.data_ptr(), b, h, hkv, sq, sk, d, bool(causal),
-                 float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream)
+                 float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream, win)
     o = o[: b * h * sq * d].view(b, h, sq, d)
     return (o, lse[: b * h * sq].view(b, h, sq)) if return_lse else o
 

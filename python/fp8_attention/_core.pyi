@@ -1,11 +1,13 @@
 # Type stubs of fp8_attention._core, the Rust extension that fp8_attention.sdpa calls.
 from typing import Optional
 
-def output_rows(b: int, h: int, hkv: int, sq: int, sk: int, d: int, causal: bool) -> int: ...
+def output_rows(
+    b: int, h: int, hkv: int, sq: int, sk: int, d: int, causal: bool, window: tuple[int, int] = ...,
+) -> int: ...
 def launch(
     q: int, k: int, v: int, q_scale: int, k_scale: int, v_scale: int, o: int, lse: int,
     b: int, h: int, hkv: int, sq: int, sk: int, d: int, causal: bool, softmax_scale: float, out_dtype: str,
-    stream: int,
+    stream: int, window: tuple[int, int] = ...,
 ) -> None: ...
 def quantize(
     views: list[tuple[int, tuple[int, int, int]]], dtype: str, codes: tuple[int, int, int],

@@ -16,7 +16,22 @@ fn py_err(e: Error) -> PyErr {
     }
 }
 
-/// The problem's shape, checked: B, H query heads, Hkv key/value heads, Sq, Sk, D, causal.
+/// A sliding window's sides as Python passes them ((left, right): keys, -1 for unbounded).
+fn window_of((left, right): (i64, i64)) -> PyResult<fp8_attention::Window> {
+    let side = |name: &str, x: i64| match x {
+        -1 => Ok(None),
+        x if x >= 0 => Ok(Some(x as usize)),
+        x => Err(PyValueError::new_err(format!(
+            "window {name} = {x}: a number of keys (0 or more) or -1 for unbounded"
+        ))),
+    };
+    Ok(fp8_attention::Window {
+        left: side("left", left)?,
+        right: side("right", right)?,
+    })
+}
+
+/// The problem's shape, checked: B, H query heads, Hkv key/value heads, Sq, Sk, D, causal, window.
 #[allow(clippy::too_many_arguments)]
 fn shape(
     b: usize,
@@ -26,10 +41,12 @@ fn shape(
     sk: usize,
     d: usize,
     causal: bool,
+    window: (i64, i64),
 ) -> PyResult<Shape> {
     let s = Shape {
         hkv,
         causal,
+        window: window_of(window)?,
         ..Shape::cross(b, h, sq, sk, d)
     };
     check_inputs(&s, &Lengths::of(&s), 1.0).map_err(py_err)?;
@@ -75,6 +92,7 @@ fn workspaces() -> &'static Mutex<HashMap<usize, Workspace>> {
 /// Rows O (D wide) and the LSE must hold for a call on this shape: B·H·Sq, and room for the kernel's partial
 /// results after them.
 #[pyfunction]
+#[pyo3(signature = (b, h, hkv, sq, sk, d, causal, window=(-1, -1)))]
 #[allow(clippy::too_many_arguments)]
 fn output_rows(
     b: usize,
@@ -84,14 +102,25 @@ fn output_rows(
     sk: usize,
     d: usize,
     causal: bool,
+    window: (i64, i64),
 ) -> PyResult<usize> {
-    let s = shape(b, h, hkv, sq, sk, d, causal)?;
+    let s = shape(b, h, hkv, sq, sk, d, causal, window)?;
     let (gpu, base) = gpu()?;
     let stage = fp8_attention::stage_for_shape(base, &s);
     if s.group() > 1 && !stage.gqa() || s.causal && !stage.causal() {
         return Err(PyValueError::new_err(format!(
             "causal masking and grouped-query heads need an sm_90 GPU; {} is {}",
             gpu.name, gpu.arch
+        )));
+    }
+    if s.window.is_bounded() && !stage.windows() {
+        return Err(PyValueError::new_err(format!(
+            "a sliding window (window {}) runs on stage 8, at D = 64 or 128 on an sm_90 GPU; this call runs {} ({} is \
+             {})",
+            s.window,
+            stage.name(),
+            gpu.name,
+            gpu.arch
         )));
     }
     Workspace::new()
@@ -102,6 +131,7 @@ fn output_rows(
 /// Queues the attention of E4M3 q over k and v (device addresses of contiguous [B, H|Hkv, S, D] codes and of f32
 /// scales, one per (batch, head)) into o and lse (`output_rows` rows each) on the CUDA stream `stream`.
 #[pyfunction]
+#[pyo3(signature = (q, k, v, q_scale, k_scale, v_scale, o, lse, b, h, hkv, sq, sk, d, causal, softmax_scale, out_dtype, stream, window=(-1, -1)))]
 #[allow(clippy::too_many_arguments)]
 fn launch(
     q: u64,
@@ -122,8 +152,9 @@ fn launch(
     softmax_scale: f32,
     out_dtype: &str,
     stream: usize,
+    window: (i64, i64),
 ) -> PyResult<()> {
-    let s = shape(b, h, hkv, sq, sk, d, causal)?;
+    let s = shape(b, h, hkv, sq, sk, d, causal, window)?;
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
         return Err(py_err(Error::SoftmaxScale(softmax_scale)));
     }

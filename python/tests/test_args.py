@@ -200,3 +200,20 @@ def test_core_launch_names_a_misaligned_address_before_any_launch():
         launch(k_scale=(1 << 20) + 2)
     with pytest.raises(ValueError, match=r"`q` is at address 0x0"):
         launch(q=0)
+
+
+def test_a_window_is_checked_on_the_cpu():
+    assert fa.window_sides(None) == (-1, -1)
+    assert fa.window_sides((128, 0)) == (128, 0)
+    assert fa.window_sides([None, 5]) == (-1, 5)
+    with pytest.raises(TypeError, match="`window` must be None or \\(left, right\\)"):
+        fa.window_sides(64)
+    with pytest.raises(TypeError, match="`window` left must be an int"):
+        fa.window_sides((1.5, 0))
+    with pytest.raises(TypeError, match="not bool"):
+        fa.window_sides((True, 0))
+    with pytest.raises(ValueError, match="`window` right = -2: a number of keys"):
+        fa.window_sides((4, -2))
+    # sdpa checks it before it needs torch or a GPU.
+    with pytest.raises(ValueError, match="`window` right = -3"):
+        fa.sdpa(*qkv(), window=(0, -3))

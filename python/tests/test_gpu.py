@@ -61,6 +61,36 @@ def test_against_float64(b, h, hkv, sq, sk, d, causal, dtype):
     assert (lse.double() - rlse).abs().max().item() < 1e-2
 
 
+@pytest.mark.parametrize("window, causal, d", [((32, 0), True, 64), ((16, 16), False, 128), ((100, -1), False, 64)])
+def test_a_sliding_window_against_float64(window, causal, d):
+    # Query i sees keys i + Sk − Sq − left ≤ j ≤ i + Sk − Sq + right (right 0 under causal; -1 unbounded): stage 8's
+    # windowed kernel against float64 attention of what the kernel sees (the dequantized inputs) under the same mask.
+    b, h, hkv, sq, sk = 1, 4, 2, 300, 420
+    g = torch.Generator(device="cuda").manual_seed(13)
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(b, hkv, sk, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    o, lse = fa.sdpa(q, k, v, causal=causal, window=window, return_lse=True)
+    qd, kd, vd = dequantized(q), dequantized(k), dequantized(v)
+    kd, vd = kd.repeat_interleave(h // hkv, dim=1), vd.repeat_interleave(h // hkv, dim=1)
+    s = qd @ kd.transpose(-1, -2) / math.sqrt(d)
+    i = torch.arange(sq, device="cuda")[:, None] + (sk - sq)
+    j = torch.arange(sk, device="cuda")[None, :]
+    left, right = window
+    seen = torch.ones(sq, sk, dtype=torch.bool, device="cuda")
+    if left >= 0:
+        seen &= j >= i - left
+    if causal:
+        seen &= j <= i
+    elif right >= 0:
+        seen &= j <= i + right
+    s = s.masked_fill(~seen, float("-inf"))
+    ref, rlse = torch.softmax(s, dim=-1) @ vd, torch.logsumexp(s, dim=-1)
+    rel = ((o.double() - ref).norm() / ref.norm()).item()
+    assert rel < 5e-2, rel
+    assert (lse.double() - rlse).abs().max().item() < 1e-2
+
+
 def test_fp8_inputs_with_scales_and_a_graph():
     b, h, s, d = 1, 8, 512, 64
     x = [torch.randn(b, h, s, d, device="cuda") for _ in range(3)]

@@ -134,6 +134,9 @@ pub enum Cmd {
         /// Key/value heads a batch, for grouped-query attention (stage7 and stage8; must divide H).
         #[arg(long)]
         kv_heads: Option<usize>,
+        /// A sliding window LEFT,RIGHT (keys each side of the bottom-right diagonal; -1 unbounded): stage8 only.
+        #[arg(long, value_parser = fixtures::Window::parse, allow_hyphen_values = true)]
+        window: Option<fixtures::Window>,
         /// Also time the library's call (`fp8_attention::Attention::forward` on device tensors, V's transpose and
         /// every other kernel of the call included; with --stage stage8, the op on stage 8: one launch a call): calls
         /// back to back on one stream, device time between CUDA events and the host's time a call.

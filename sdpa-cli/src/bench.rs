@@ -163,6 +163,7 @@ pub fn api(s: Shape, dist: Dist, stage: Stage) -> Result<()> {
         causal: s.causal,
         out_dtype: OutDtype::F16,
         softmax_scale: None,
+        window: fp8_attention::Window::NONE,
     };
     // The op fixed on the stage asked for where it is stage 7 or 8 (stage 8: V read as given, one launch a call);
     // else the device's default op, which picks its stage by shape (fp8_attention::stage_for_shape).

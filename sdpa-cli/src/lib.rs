@@ -71,6 +71,7 @@ pub fn execute(args: Args) -> Result<()> {
             sections,
             causal,
             kv_heads,
+            window,
             api,
             ranks,
             varlen,
@@ -80,7 +81,19 @@ pub fn execute(args: Args) -> Result<()> {
         } => {
             let s = shape
                 .with_kv_heads(kv_heads.unwrap_or(shape.h))?
-                .with_causal(causal);
+                .with_causal(causal)
+                .with_window(window.unwrap_or(fixtures::Window::NONE));
+            ensure!(
+                !s.window.is_bounded() || (stage.windows() && varlen.is_none() && ranks.is_none()),
+                "--window {}: sliding windows run on stage8's dense kernel (not {}{})",
+                s.window,
+                stage.name(),
+                if varlen.is_some() || ranks.is_some() {
+                    ", --varlen or --ranks"
+                } else {
+                    ""
+                }
+            );
             if let Some(tokens) = varlen {
                 ensure!(
                     stage == Stage::S8,

@@ -314,6 +314,7 @@ pub fn run(
             causal,
             out_dtype: out,
             softmax_scale: None,
+            window: fp8_attention::Window::NONE,
         },
         Stage::S8,
     )?;

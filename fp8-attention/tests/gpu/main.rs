@@ -131,6 +131,7 @@ fn main() {
                     causal,
                     out_dtype: out,
                     softmax_scale: None,
+                    window: fp8_attention::Window::NONE,
                 },
             )?;
             op.warm(gpu, s.d)?;
@@ -218,6 +219,7 @@ fn main() {
             causal: true,
             out_dtype: OutDtype::F16,
             softmax_scale: None,
+            window: fp8_attention::Window::NONE,
         };
         let mut op = Attention::new(gpu, cfg)?;
         let f = |codes, scales| Fp8 { codes, scales };

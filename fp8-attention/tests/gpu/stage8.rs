@@ -32,6 +32,7 @@ pub fn add(t: &mut Suite) {
                 causal,
                 out_dtype: out,
                 softmax_scale: None,
+                window: fp8_attention::Window::NONE,
             };
             let mut op = Attention::with_stage(gpu, cfg, Stage::S8)?;
             ensure!(op.stage() == Stage::S8, "the op runs {}", op.stage().name());
@@ -73,6 +74,59 @@ pub fn add(t: &mut Suite) {
             Ok(())
         });
     }
+    t.gpu(
+        "stage8::window::bits_of_the_lab_launch_and_refusals",
+        |gpu| {
+            // An op with a sliding window runs stage 8's windowed kernel (the default op picks stage 8 for any length under
+            // a window): the lab's launch's bits. An op fixed on stage 7 refuses the window by name, before any launch.
+            let st = gpu.ctx.new_stream()?;
+            let w = fp8_attention::Window {
+                left: Some(100),
+                right: Some(0),
+            };
+            for (s, causal) in [
+                (Shape::new(1, 4, 3000, 128), true),
+                (Shape::cross(2, 2, 300, 500, 64), false),
+            ] {
+                let s = s.with_causal(causal).with_window(w);
+                let qz = quantize_per_head(&Raw::random(s, 37, 1.0));
+                let x = inputs(&st, &qz)?;
+                let cfg = Config {
+                    causal,
+                    out_dtype: OutDtype::Bf16,
+                    softmax_scale: None,
+                    window: w,
+                };
+                let mut op = Attention::new(gpu, cfg)?;
+                ensure!(
+                    op.stage_for_call(&s) == Stage::S8,
+                    "{s:?}: picks {}",
+                    op.stage_for_call(&s).name()
+                );
+                let got = forward(&mut op, gpu, &st, s, &x)?.to_host(&st)?;
+                ensure!(
+                    same_bits(&got, &lab_path_on(gpu, &qz, OutDtype::Bf16, Stage::S8)?),
+                    "{s:?}: the windowed op differs from the lab's stage 8 launch"
+                );
+            }
+            let e = Attention::with_stage(
+                gpu,
+                Config {
+                    window: w,
+                    ..Config::default()
+                },
+                Stage::S7,
+            )
+            .unwrap_err()
+            .to_string();
+            ensure!(
+                e.contains("stage7 has no sliding window") && e.contains("stage8 has"),
+                "{e}"
+            );
+            eprintln!("a windowed op: the lab's stage 8 bits; stage 7 refuses `{e}`");
+            Ok(())
+        },
+    );
     t.gpu("stage8::the_default_op_picks_by_shape", |gpu| {
         // Attention::new runs stage 8 up to STAGE8_MAX_KEYS keys (D = 64, 128) and stage 7 past them: each call's bits
         // are those of the op fixed on the stage it picked; a strided call runs stage 8 at any length.
@@ -205,7 +259,7 @@ pub fn add(t: &mut Suite) {
         }
         let (tq, tk) = (*cq.last().unwrap() as usize, *ck.last().unwrap() as usize);
         let st = gpu.stream.clone();
-        let cfg = Config { causal: true, out_dtype: OutDtype::F16, softmax_scale: None };
+        let cfg = Config { causal: true, out_dtype: OutDtype::F16, softmax_scale: None, window: fp8_attention::Window::NONE };
         let mut op = Attention::with_stage(gpu, cfg, Stage::S8)?;
         let (mut q, mut k, mut v) = (vec![0u8; tq * h * d], vec![0u8; tk * hkv * d], vec![0u8; tk * hkv * d]);
         let (mut qs, mut ks, mut vs) = (vec![1f32; 4 * h], vec![1f32; 4 * hkv], vec![1f32; 4 * hkv]);
@@ -322,7 +376,7 @@ pub fn add(t: &mut Suite) {
             out
         }
         let st = gpu.stream.clone();
-        let cfg = Config { causal: true, out_dtype: OutDtype::F32, softmax_scale: None };
+        let cfg = Config { causal: true, out_dtype: OutDtype::F32, softmax_scale: None, window: fp8_attention::Window::NONE };
         let mut op = Attention::with_stage(gpu, cfg, Stage::S8)?;
         let b = Packed { h, hkv, d, cu_seqlens_q: &cq, cu_seqlens_k: &ck };
         let up = |x: Vec<u8>| st.clone_htod(&x);
