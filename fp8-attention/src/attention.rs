@@ -334,6 +334,11 @@ impl Attention {
                 gpu.load(&spec)?;
             }
         }
+        // An op with a sliding window runs stage 8's windowed kernel.
+        if self.cfg.window.is_bounded() && Stage::S8.dims().contains(&d) {
+            let s = Shape::new(1, 1, 1, d).with_window(self.cfg.window);
+            gpu.load(&Stage::S8.kernel_for(&s))?;
+        }
         Ok(())
     }
 
