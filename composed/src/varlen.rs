@@ -125,6 +125,8 @@ impl Varlen {
             tile_rows: 128,
             bc,
             causal: s.causal,
+            left: None,
+            right: None,
             total_q: s.total_q,
             total_k: s.total_k,
         };

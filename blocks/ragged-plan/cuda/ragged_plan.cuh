@@ -27,6 +27,25 @@ __host__ __device__ __forceinline__ int key_tiles(int sq, int sk, int q0, int ro
   return t > 1 ? t : 1;
 }
 
+// The key tiles of the unit at query row q0 (rows rows) under a sliding window (mirrors the model's key_range): its
+// first tile (its first row's first visible key's) and its tiles from there to its last row's last visible key, at
+// least one. Row i sees keys i + sk − sq − left ≤ j ≤ i + sk − sq + right; a side < 0 is unbounded, and causal
+// masking makes the right side 0. With both sides unbounded: (0, key_tiles).
+__host__ __device__ __forceinline__ int2 key_range(int sq, int sk, int q0, int rows, int bc, bool causal, int left,
+                                                  int right) {
+  long long first_key = left < 0 ? 0 : (long long)q0 + sk - sq - left;
+  if (first_key < 0) first_key = 0;
+  const int r = causal ? 0 : right;
+  long long end = sk;
+  if (r >= 0) {
+    const long long last = (long long)q0 + rows + sk - sq + r;  // one past the unit's last row's last visible key
+    end = last < 0 ? 0 : last < sk ? last : sk;
+  }
+  const int first = int(first_key / bc);
+  const int t = int((end + bc - 1) / bc) - first;
+  return make_int2(first, t > 1 ? t : 1);
+}
+
 // A unit as the table holds it (one int4).
 struct Unit {
   int seq, head, q0, key_tiles;
@@ -52,12 +71,15 @@ __device__ __forceinline__ Unit unit(const int* table, int i) {
 }
 
 // Plan step 1, block `seq` of a grid of B: counts[t] += heads for each of its query tiles reading t key tiles.
+// Under a window (left, right ≥ 0 on a side) a unit's count is key_range's.
 __device__ __forceinline__ void histogram(const int* cu_q, const int* cu_k, int seq, int heads, int tile_rows, int bc,
-                                          bool causal, int* counts) {
+                                          bool causal, int* counts, int left = -1, int right = -1) {
   const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq];
   for (int qt = threadIdx.x; qt * tile_rows < sq; qt += blockDim.x) {
     const int q0 = qt * tile_rows, rows = sq - q0 < tile_rows ? sq - q0 : tile_rows;
-    atomicAdd(&counts[key_tiles(sq, sk, q0, rows, bc, causal)], heads);
+    const int kt = left < 0 && right < 0 ? key_tiles(sq, sk, q0, rows, bc, causal)
+                                         : key_range(sq, sk, q0, rows, bc, causal, left, right).y;
+    atomicAdd(&counts[kt], heads);
   }
 }
 
@@ -101,13 +123,14 @@ __device__ __forceinline__ void offsets(int* counts, int bins, int* table) {
 
 // Plan step 3, block `seq`: each of its units to the next free slot of its key-tile count's run.
 __device__ __forceinline__ void scatter(const int* cu_q, const int* cu_k, int seq, int heads, int tile_rows, int bc,
-                                        bool causal, int* cursors, int* table) {
+                                        bool causal, int* cursors, int* table, int left = -1, int right = -1) {
   const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq];
   const int tiles_q = (sq + tile_rows - 1) / tile_rows;
   for (int i = threadIdx.x; i < tiles_q * heads; i += blockDim.x) {
     const int qt = i / heads, head = i % heads;
     const int q0 = qt * tile_rows, rows = sq - q0 < tile_rows ? sq - q0 : tile_rows;
-    const int kt = key_tiles(sq, sk, q0, rows, bc, causal);
+    const int kt = left < 0 && right < 0 ? key_tiles(sq, sk, q0, rows, bc, causal)
+                                         : key_range(sq, sk, q0, rows, bc, causal, left, right).y;
     const int slot = atomicAdd(&cursors[kt], 1);
     reinterpret_cast<int4*>(table + 4)[slot] = make_int4(seq, head, q0, kt);
   }

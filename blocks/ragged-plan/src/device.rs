@@ -90,6 +90,9 @@ impl Planner {
             i32::from(g.causal),
             g.bins() as i32,
         );
+        // A window's sides (−1: unbounded).
+        let side = |x: Option<usize>| x.map_or(-1, |n| n.min(i32::MAX as usize) as i32);
+        let (left, right) = (side(g.left), side(g.right));
         let per_seq = LaunchConfig {
             grid_dim: (g.batch.max(1) as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -113,6 +116,8 @@ impl Planner {
                     .arg(&bc)
                     .arg(&causal)
                     .arg(&mut plan.counts)
+                    .arg(&left)
+                    .arg(&right)
                     .launch(per_seq)?;
             }
             st.launch_builder(&offs.func)
@@ -134,6 +139,8 @@ impl Planner {
                     .arg(&causal)
                     .arg(&mut plan.counts)
                     .arg(&mut plan.table)
+                    .arg(&left)
+                    .arg(&right)
                     .launch(per_seq)?;
             }
         }

@@ -13,7 +13,8 @@ mod model;
 pub use device::{DevicePlan, Planner};
 pub use kernels::{DECODE, HEADERS, HISTOGRAM, KERNELS, OFFSETS, SCATTER, SOURCE, TEST_SOURCE};
 pub use model::{
-    Coord, Geometry, RaggedUnit, coord, key_tiles, ragged_plan, same_plan, validate_cu_seqlens,
+    Coord, Geometry, RaggedUnit, coord, key_range, key_tiles, ragged_plan, ragged_plan_windowed,
+    same_plan, validate_cu_seqlens,
 };
 
 /// Every kernel of this block, for `cargo xtask ptxas`.

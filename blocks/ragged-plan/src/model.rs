@@ -55,6 +55,22 @@ pub fn ragged_plan(
     bc: usize,
     causal: bool,
 ) -> Vec<RaggedUnit> {
+    ragged_plan_windowed(cu_q, cu_k, heads, tile_rows, bc, causal, None, None)
+}
+
+/// [`ragged_plan`] under a sliding window (`left`, `right`: keys each side of the bottom-right diagonal, None
+/// unbounded): each unit's key tiles are those of [`key_range`], from its window's first.
+#[allow(clippy::too_many_arguments)]
+pub fn ragged_plan_windowed(
+    cu_q: &[i32],
+    cu_k: &[i32],
+    heads: usize,
+    tile_rows: usize,
+    bc: usize,
+    causal: bool,
+    left: Option<usize>,
+    right: Option<usize>,
+) -> Vec<RaggedUnit> {
     let mut units = Vec::new();
     for seq in 0..cu_q.len().saturating_sub(1) {
         let sq = (cu_q[seq + 1] - cu_q[seq]).max(0) as usize;
@@ -67,7 +83,7 @@ pub fn ragged_plan(
                     head: head as u32,
                     q0: q0 as u32,
                     rows: rows as u32,
-                    key_tiles: key_tiles(sq, sk, q0, rows, bc, causal) as u32,
+                    key_tiles: key_range(sq, sk, q0, rows, bc, causal, left, right).1 as u32,
                 });
             }
         }
@@ -89,6 +105,28 @@ pub fn key_tiles(sq: usize, sk: usize, q0: usize, rows: usize, bc: usize, causal
     visible.div_ceil(bc).max(1)
 }
 
+/// The key tiles of `bc` keys a unit reads under a sliding window (mirrors `ragged::key_range`): (its first tile,
+/// its tiles from there). Row i of a sequence of `sq` queries and `sk` keys sees keys i + Sk − Sq − left ≤ j ≤
+/// i + Sk − Sq + right (None: that side unbounded; causal masking makes the right side 0). The unit's first tile is
+/// its first row's first visible key's; its last, its last row's last visible key's; at least one tile.
+#[allow(clippy::too_many_arguments)]
+pub fn key_range(
+    sq: usize,
+    sk: usize,
+    q0: usize,
+    rows: usize,
+    bc: usize,
+    causal: bool,
+    left: Option<usize>,
+    right: Option<usize>,
+) -> (usize, usize) {
+    let first_key = left.map_or(0, |l| (q0 + sk).saturating_sub(sq + l));
+    let right = if causal { Some(0) } else { right };
+    let end = right.map_or(sk, |r| (q0 + rows + sk + r).saturating_sub(sq).min(sk));
+    let first = first_key / bc;
+    (first, end.div_ceil(bc).saturating_sub(first).max(1))
+}
+
 /// What the device plan needs sized before it runs, from sizes the host knows without reading the boundaries: at
 /// most heads · (⌈total_q / tile_rows⌉ + B) units (each sequence adds at most one partial tile) and key-tile counts
 /// up to ⌈total_k / bc⌉ (at least 1).
@@ -99,6 +137,9 @@ pub struct Geometry {
     pub tile_rows: usize,
     pub bc: usize,
     pub causal: bool,
+    /// A sliding window's sides (None: unbounded; both None: no window).
+    pub left: Option<usize>,
+    pub right: Option<usize>,
     pub total_q: usize,
     pub total_k: usize,
 }
@@ -270,6 +311,8 @@ mod tests {
                 tile_rows,
                 bc,
                 causal,
+                left: None,
+                right: None,
                 total_q: *cq.last().unwrap() as usize,
                 total_k: *ck.last().unwrap() as usize,
             };
@@ -326,6 +369,33 @@ mod tests {
 
     proptest::proptest! {
         /// The range formula against the key-by-key definition: a unit's tiles cover its rows' last visible key.
+        #[test]
+        fn key_range_covers_every_rows_window_and_no_more(sq in 1usize..400, sk in 0usize..600, q0f in 0.0f64..1.0,
+                                                          bc in 1usize..200, causal: bool,
+                                                          left in proptest::option::of(0usize..500),
+                                                          right in proptest::option::of(0usize..500)) {
+            let q0 = ((sq - 1) as f64 * q0f) as usize;
+            let rows = 128.min(sq - q0);
+            let (first, tiles) = key_range(sq, sk, q0, rows, bc, causal, left, right);
+            // Every key some row of the unit sees is inside the tiles; the first tile holds the first row's first key.
+            let sees = |i: usize, j: usize| {
+                let d = (i + sk) as i64 - sq as i64;
+                let lo = left.map_or(i64::MIN, |l| d - l as i64);
+                let hi = if causal { d } else { right.map_or(i64::MAX, |r| d + r as i64) };
+                (lo..=hi).contains(&(j as i64))
+            };
+            let seen: Vec<usize> = (0..sk).filter(|&j| (q0..q0 + rows).any(|i| sees(i, j))).collect();
+            proptest::prop_assert!(tiles >= 1);
+            if let (Some(&a), Some(&b)) = (seen.first(), seen.last()) {
+                proptest::prop_assert_eq!(first, a / bc);
+                proptest::prop_assert_eq!(first + tiles - 1, b / bc);
+            }
+            // No window: key_tiles's count from tile 0.
+            if left.is_none() && right.is_none() {
+                proptest::prop_assert_eq!((first, tiles), (0, key_tiles(sq, sk, q0, rows, bc, causal)));
+            }
+        }
+
         #[test]
         fn key_tiles_cover_the_last_rows_keys(sq in 1usize..600, sk in 0usize..900, q0f in 0.0f64..1.0, bc in 1usize..300) {
             let q0 = ((sq - 1) as f64 * q0f) as usize;

@@ -5,7 +5,7 @@ use lab::{Gpu, Suite};
 use ragged_plan::*;
 use rand::{Rng, SeedableRng};
 
-/// A batch: its sequences' (query, key) lengths, heads, query tile rows, key tile, causal.
+/// A batch: its sequences' (query, key) lengths, heads, query tile rows, key tile, causal, a sliding window's sides.
 #[derive(Debug, Clone)]
 struct Batch {
     lens: Vec<(usize, usize)>,
@@ -13,6 +13,8 @@ struct Batch {
     tile_rows: usize,
     bc: usize,
     causal: bool,
+    left: Option<usize>,
+    right: Option<usize>,
 }
 
 impl Batch {
@@ -32,6 +34,8 @@ impl Batch {
             tile_rows: self.tile_rows,
             bc: self.bc,
             causal: self.causal,
+            left: self.left,
+            right: self.right,
             total_q: *q.last().unwrap() as usize,
             total_k: *k.last().unwrap() as usize,
         }
@@ -83,14 +87,35 @@ fn batches() -> Vec<(String, Batch)> {
             tile_rows: 128,
             bc,
             causal,
+            left: None,
+            right: None,
         };
         out.push((
             format!(
                 "b{i}_{n}seqs_{heads}heads_bc{bc}{}",
                 if causal { "_causal" } else { "" }
             ),
-            b,
+            b.clone(),
         ));
+        // The same batch under sliding windows: a left window alone (with the batch's causal mask, or none), and both
+        // sides; units then start past key tile 0 and read fewer tiles.
+        for (left, right) in [(Some(300), None), (Some(64), Some(500)), (None, Some(0))] {
+            let w = Batch {
+                left,
+                right,
+                ..b.clone()
+            };
+            let side = |x: Option<usize>| x.map_or("-1".to_string(), |n| n.to_string());
+            out.push((
+                format!(
+                    "b{i}_{n}seqs_{heads}heads_bc{bc}{}_window{}_{}",
+                    if causal { "_causal" } else { "" },
+                    side(left),
+                    side(right)
+                ),
+                w,
+            ));
+        }
     }
     out
 }
@@ -119,7 +144,16 @@ fn addr(
 
 fn model(b: &Batch) -> Vec<RaggedUnit> {
     let (cq, ck) = b.cu();
-    ragged_plan(&cq, &ck, b.heads, b.tile_rows, b.bc, b.causal)
+    ragged_plan_windowed(
+        &cq,
+        &ck,
+        b.heads,
+        b.tile_rows,
+        b.bc,
+        b.causal,
+        b.left,
+        b.right,
+    )
 }
 
 /// Whether `planner` (a mutant) gets some batch's plan wrong.
@@ -204,8 +238,14 @@ fn main() {
         // One count a query tile instead of one a head: the runs overlap and units overwrite each other.
         (
             "histogram_without_heads",
-            "atomicAdd(&counts[key_tiles(sq, sk, q0, rows, bc, causal)], heads);",
-            "atomicAdd(&counts[key_tiles(sq, sk, q0, rows, bc, causal)], 1);",
+            "atomicAdd(&counts[kt], heads);",
+            "atomicAdd(&counts[kt], 1);",
+        ),
+        // A window's left side ignored: every unit reads from key tile 0 (too many tiles under a left window).
+        (
+            "window_left_ignored",
+            "long long first_key = left < 0 ? 0 : (long long)q0 + sk - sq - left;",
+            "long long first_key = 0;",
         ),
         // The scan's carry across warps dropped: runs of bins past the first warp's start at zero.
         (
