@@ -38,12 +38,13 @@ struct Window {
     const int r = causal ? 0 : right;
     return r < 0 ? sk : min(sk, max(0, row + sk - sq + r + 1));
   }
-  // The unit at query row q0: its first key tile (its first row's), and its key tiles from there to its last row's
-  // last visible key (at least one).
+  // The unit at query row q0 of a sequence of sq queries and sk keys: its first key tile (its first row's), and its
+  // key tiles from there to its last row's last visible key (at least one; ragged-plan's key_range, which the plan's
+  // table holds for a packed batch's units).
   template <int BC>
-  __device__ int2 tiles(const Params& p, int q0) const {
-    const int first = first_key(q0, p.sq, p.sk) / BC;
-    const int end = key_end(min(q0 + kUnitRows, p.sq) - 1, p.sq, p.sk, p.causal != 0);
+  __device__ int2 tiles(int q0, int sq, int sk, bool causal) const {
+    const int first = first_key(q0, sq, sk) / BC;
+    const int end = key_end(min(q0 + kUnitRows, sq) - 1, sq, sk, causal);
     return make_int2(first, max(1, (end + BC - 1) / BC - first));
   }
 };
@@ -61,7 +62,9 @@ template <int BC, bool WIN = false>
 __device__ __forceinline__ UnitView dense_view(const Params& p, int w, int kt, const Window& win) {
   const TileCoord u = unit_coord(p, w);
   const int q0 = u.qt * kUnitRows;
-  if constexpr (WIN) return UnitView{u.bh, u.bh / p.group, q0, win.tiles<BC>(p, q0).y, p.sq, p.sk, 0, 0, 0};
+  if constexpr (WIN) {
+    return UnitView{u.bh, u.bh / p.group, q0, win.tiles<BC>(q0, p.sq, p.sk, p.causal != 0).y, p.sq, p.sk, 0, 0, 0};
+  }
   return UnitView{u.bh, u.bh / p.group, q0, kt < 0 ? key_tiles<BC>(p, q0) : kt, p.sq, p.sk, 0, 0, 0};
 }
 template <bool VARLEN, int BC, bool WIN = false>
@@ -127,7 +130,7 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
                                             const Window& win = kNoWindow) {
   const TileCoord u = unit_coord(p, s.u);
   if constexpr (WIN) {
-    const int2 wt = win.tiles<BC>(p, u.qt * kUnitRows);
+    const int2 wt = win.tiles<BC>(u.qt * kUnitRows, p.sq, p.sk, p.causal != 0);
     s.k0 = wt.x;
     s.kt = wt.y;
   }
@@ -148,21 +151,25 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
 // The producer's part of ragged unit s.u (a packed batch's unit from the plan's table, `rg`; stage 8 varlen): Q's rows
 // of the unit's sequence and head, then its key tiles from the sequence's first key row (maps over the packed tensors:
 // (D, total, heads, 1)), or from its pages of a paged cache (maps over the pool); V into `vst`'s slots.
-template <class Block, class Staging>
+// WIN: the unit's key tiles start at its window's first (their count is the plan's).
+template <bool WIN = false, class Block, class Staging>
 __device__ __forceinline__ int produce_ragged_unit(const Params& p, const RaggedArgs& rg, const PagedArgs& pg,
                                                    const Block& blk, const tma::Map* mq, const tma::Map* mk,
-                                                   const tma::Map* mv, int u, int n, int r0, const Staging& vst) {
+                                                   const tma::Map* mv, int u, int n, int r0, const Staging& vst,
+                                                   const Window& win = kNoWindow) {
   const ragged::Unit ru = ragged::unit(rg.table, u);
   const ragged::Coord rc = ragged::coord(rg.cu_q, rg.cu_k, ru, kUnitRows);
   blk.produce_q(mq, n, ru.head, rc.q_row0, u);
   const int kv = ru.head / p.group;
+  int k0 = 0;
+  if constexpr (WIN) k0 = win.tiles<Block::kBc>(ru.q0, rc.sq, rc.sk, p.causal != 0).x;
   if (pg.pages.pages != nullptr) {
     const PagedRows rows{pg.pages, ru.seq, rc.sk, pg.box, pg.oob_row};
-    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
+    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, k0, 0,
                   rows);
   } else {
     const KeyRows rows{rc.k_row0};
-    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, 0, 0,
+    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, k0, 0,
                   rows);
   }
   return ru.key_tiles;
@@ -263,7 +270,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   // WIN: both edges of each row's window, relative to the unit's first key tile.
   int lo[2];
   if constexpr (WIN) {
-    k0 = win.tiles<BC>(p, q0).x;
+    k0 = win.tiles<BC>(q0, u.sq, u.sk, p.causal != 0).x;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
@@ -415,13 +422,12 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // `heads` is H; O's is stage 7's ([B·H + virtual heads, Sq, D], contiguous).
 // VARLEN (stage 8 varlen): units from the plan's table (`rg`: ragged-plan's, built on the device), their count read
 // there; no split tail.
-// WIN (stage 8's windowed kernels): every unit's key tiles and masks are `win`'s (dense units only; the host plans no
-// split tail for them).
+// WIN (stage 8's windowed kernels): every unit's key tiles and masks are `win`'s (the host plans no split tail for
+// dense ones; a packed batch's plan counts each unit's tiles under the window).
 template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN = false>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
                                    const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs(),
                                    const PagedArgs* pg = nullptr, const Window win = kNoWindow) {
-  static_assert(!(VARLEN && WIN), "windows are built for dense units");
   using Block = TmaBlock<D, STAGES, BC, 2>;
   __shared__ tma::Barriers<STAGES> bars;
   __shared__ QBarriers<2> qbars;
@@ -450,7 +456,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
       for (int w = blockIdx.x; w < split || w < end; ++n) {
         if constexpr (VARLEN) {
-          r0 += produce_ragged_unit(p, rg, *pg, blk, mq, mk, mvt, w, n, r0, vst);
+          r0 += produce_ragged_unit<WIN>(p, rg, *pg, blk, mq, mk, mvt, w, n, r0, vst, win);
         } else {
           const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
           r0 += produce_unit<Block, BC, typename StagingOf<Block, VS>::type, WIN>(

@@ -16,3 +16,19 @@
   }
 STAGE8W(64, 128, 4, 2)
 STAGE8W(128, 192, 3, 1)
+
+// The packed (variable-length) kernel (stage8_varlen.cu) under a window: each unit's key-tile count is the plan's
+// (ragged-plan's key_range), its first tile its window's.
+#define STAGE8W_VARLEN(D, BC, ST, VS)                                                                             \
+  extern "C" __global__ void __launch_bounds__(384, 1) stage8w_varlen_d##D(                                     \
+      sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,                 \
+      const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads, const int* table,     \
+      const int* cu_q, const int* cu_k, int total_q, const int* block_table, int max_pages, int page_shift,      \
+      int box, int oob_row, int win_left, int win_right) {                                                      \
+    const sdpa::RaggedArgs rg{table, cu_q, cu_k, total_q, heads};                                               \
+    const sdpa::PagedArgs pg{{block_table, max_pages, page_shift}, box, oob_row};                               \
+    sdpa::pingpong_attention<D, ST, BC, VS, true, true>(p, &mq, &mk, &mv, &mo, heads, rg, &pg,                  \
+                                                        sdpa::Window{win_left, win_right});                     \
+  }
+STAGE8W_VARLEN(64, 128, 4, 2)
+STAGE8W_VARLEN(128, 192, 3, 1)

@@ -34,7 +34,7 @@ pub use stages::{
 };
 pub use strides::Strides;
 pub use validate::{index_text, validate, validate_shape};
-pub use varlen::{PagedKv, Varlen, VarlenShape, VarlenTensors, varlen_kernel};
+pub use varlen::{PagedKv, Varlen, VarlenShape, VarlenTensors, varlen_kernel, varlen_kernel_for};
 pub use workspace::{Tensors, Workspace, stage_supports};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.

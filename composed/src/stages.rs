@@ -486,6 +486,14 @@ pub const KERNELS: &[KernelSpec] = &[
         source: &STAGE8_WINDOW,
         ..k90a_tma8("stage8w_d128")
     },
+    KernelSpec {
+        source: &STAGE8_WINDOW,
+        ..k90a_tma8("stage8w_varlen_d64")
+    },
+    KernelSpec {
+        source: &STAGE8_WINDOW,
+        ..k90a_tma8("stage8w_varlen_d128")
+    },
     k90a_merge("stage7_merge_d64"),
     k90a_merge("stage7_merge_d128"),
     k90a_merge("stage7_merge_d256"),
@@ -520,6 +528,7 @@ mod tests {
             (Stage::S8, STAGE8.code, "STAGE8"),
             (Stage::S8, STAGE8_VARLEN.code, "STAGE8_VARLEN"),
             (Stage::S8, STAGE8_WINDOW.code, "STAGE8W"),
+            (Stage::S8, STAGE8_WINDOW.code, "STAGE8W_VARLEN"),
         ];
         for (stage, code, name) in sources {
             let found = instantiations(code, name);

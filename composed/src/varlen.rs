@@ -14,7 +14,7 @@ use crate::tables::{Params, SplitHead, out_dtype_code};
 use crate::workspace::load_with_smem;
 
 /// A packed batch's sizes: B sequences, H query heads and Hkv key/value heads of D, `total_q` query and `total_k` key
-/// tokens in all; causal masks bottom-right aligned per sequence.
+/// tokens in all; causal masks and sliding windows bottom-right aligned per sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VarlenShape {
     pub batch: usize,
@@ -24,6 +24,8 @@ pub struct VarlenShape {
     pub total_q: usize,
     pub total_k: usize,
     pub causal: bool,
+    /// A sliding window (`Window::NONE`: none), per sequence.
+    pub window: fixtures::Window,
 }
 
 /// Device addresses of a packed batch: E4M3 Q [total_q, H, D], K and V [total_k, Hkv, D] (packed, or at `strides`);
@@ -76,6 +78,16 @@ pub fn varlen_kernel(d: usize) -> KernelSpec {
     KernelSpec::find(KERNELS, &format!("stage8_varlen_d{d}"))
 }
 
+/// The packed kernel a batch of `s` runs: [`varlen_kernel`], or its windowed form (`stage8w_varlen_dD`) under a
+/// sliding window.
+pub fn varlen_kernel_for(s: &VarlenShape) -> KernelSpec {
+    if s.window.is_bounded() {
+        KernelSpec::find(KERNELS, &format!("stage8w_varlen_d{}", s.d))
+    } else {
+        varlen_kernel(s.d)
+    }
+}
+
 impl Varlen {
     pub fn new() -> Varlen {
         Varlen::default()
@@ -125,8 +137,8 @@ impl Varlen {
             tile_rows: 128,
             bc,
             causal: s.causal,
-            left: None,
-            right: None,
+            left: s.window.left,
+            right: s.window.right,
             total_q: s.total_q,
             total_k: s.total_k,
         };
@@ -141,7 +153,7 @@ impl Varlen {
             None => st.alloc_zeros::<i32>(size_of::<SplitHead>() / 4)?,
         };
         let sched = self.sched.insert(sched);
-        let spec = self.kernel.unwrap_or_else(|| varlen_kernel(d));
+        let spec = self.kernel.unwrap_or_else(|| varlen_kernel_for(s));
         let smem = stage.smem_bytes(d);
         let k = load_with_smem(gpu, &spec, smem)?;
         let (table, _g1) = plan.table.device_ptr(st);
@@ -224,6 +236,12 @@ impl Varlen {
             .arg(&shift)
             .arg(&box_rows)
             .arg(&oob);
+        // The windowed kernel's sides (−1: unbounded).
+        let side = |x: Option<usize>| x.map_or(-1, |n| n.min(i32::MAX as usize) as i32);
+        let (win_left, win_right) = (side(s.window.left), side(s.window.right));
+        if spec.name.starts_with("stage8w_") {
+            b.arg(&win_left).arg(&win_right);
+        }
         // SAFETY: stage8_varlen_dD(Params, maps q, k, v, o (not read), int heads, const int* table, cu_q, cu_k, int
         // total_q, const int* block_table, int max_pages, page_shift, box, oob_row) with the block it was written for;
         // the plan's table holds the units the planner just queued on this stream (room for every unit of the

@@ -334,10 +334,14 @@ impl Attention {
                 gpu.load(&spec)?;
             }
         }
-        // An op with a sliding window runs stage 8's windowed kernel.
+        // An op with a sliding window runs stage 8's windowed kernels (dense and packed).
         if self.cfg.window.is_bounded() && Stage::S8.dims().contains(&d) {
             let s = Shape::new(1, 1, 1, d).with_window(self.cfg.window);
             gpu.load(&Stage::S8.kernel_for(&s))?;
+            gpu.load(&lab::KernelSpec::find(
+                composed::KERNELS,
+                &format!("stage8w_varlen_d{d}"),
+            ))?;
         }
         Ok(())
     }

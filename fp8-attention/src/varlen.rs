@@ -249,13 +249,6 @@ impl Attention {
             )));
         }
         let cfg = self.config();
-        if cfg.window.is_bounded() {
-            return Err(Error::Unsupported(format!(
-                "packed batches have no sliding window yet (window {} asked): stage 8 takes one on dense [B, H, S, D] \
-                 calls",
-                cfg.window
-            )));
-        }
         let drv = |e: lab::cudarc::driver::DriverError| Error::Device(anyhow::Error::from(e));
         let (tq, n) = (b.total_q(), b.total_q() * b.h * b.d);
         // SAFETY: every element a caller reads is written by the launch below (each sequence's rows), queued after it
@@ -301,6 +294,7 @@ impl Attention {
             total_q: tq,
             total_k: b.total_k(),
             causal: cfg.causal,
+            window: cfg.window,
         };
         let scale = cfg.softmax_scale.unwrap_or(1.0 / (b.d as f32).sqrt());
         self.varlen

@@ -409,6 +409,7 @@ fn launch_varlen(
         total_q,
         total_k,
         causal,
+        window: fp8_attention::Window::NONE,
     };
     let (gpu, _) = gpu()?;
     let st = borrowed(gpu, stream);

@@ -119,6 +119,7 @@ pub fn bench_varlen(
         total_q: tq,
         total_k: tk,
         causal: s.causal,
+        window: fixtures::Window::NONE,
     };
     let mut vl = Varlen::new();
     let scale = 1.0 / (d as f32).sqrt();

@@ -2,11 +2,24 @@
 use crate::prelude::*;
 use composed::ragged::validate_cu_seqlens;
 use composed::{PagedKv, Varlen, VarlenShape, VarlenTensors};
+use fixtures::Window;
 use half::f16;
 use lab::cudarc::driver::DevicePtr;
 
-/// A batch: each sequence's (Sq, Sk), H, Hkv, D, causal.
-type Case = (&'static str, Vec<(usize, usize)>, usize, usize, usize, bool);
+/// A batch: each sequence's (Sq, Sk), H, Hkv, D, causal, a sliding window (per sequence).
+type Case = (
+    &'static str,
+    Vec<(usize, usize)>,
+    usize,
+    usize,
+    usize,
+    bool,
+    Window,
+);
+
+fn window(left: Option<usize>, right: Option<usize>) -> Window {
+    Window { left, right }
+}
 
 fn cases() -> Vec<Case> {
     vec![
@@ -25,6 +38,7 @@ fn cases() -> Vec<Case> {
             4,
             64,
             false,
+            Window::NONE,
         ),
         (
             "prefill_causal_gqa_d128",
@@ -33,6 +47,7 @@ fn cases() -> Vec<Case> {
             2,
             128,
             true,
+            Window::NONE,
         ),
         // A cached prefix: new tokens onto longer key sequences (Sq < Sk), causal bottom-right per sequence; a
         // sequence with no queries in the middle.
@@ -43,6 +58,7 @@ fn cases() -> Vec<Case> {
             1,
             128,
             true,
+            Window::NONE,
         ),
         // Decode-like: 1–16 queries over long keys, grouped heads.
         (
@@ -52,6 +68,27 @@ fn cases() -> Vec<Case> {
             2,
             64,
             false,
+            Window::NONE,
+        ),
+        // Under sliding windows, per sequence: a left window with causal grouped heads, and both sides over a cached
+        // prefix (units start past key tile 0; a sequence with no queries).
+        (
+            "prefill_window_causal_gqa_d128",
+            vec![(224, 224), (225, 225), (700, 700), (5, 5), (450, 450)],
+            8,
+            2,
+            128,
+            true,
+            window(Some(100), None),
+        ),
+        (
+            "prefix_window_d64",
+            vec![(512, 2048), (100, 1000), (0, 300), (129, 130), (16, 4000)],
+            4,
+            1,
+            64,
+            false,
+            window(Some(300), Some(20)),
         ),
     ]
 }
@@ -112,7 +149,7 @@ fn page_out(
 }
 
 pub fn add(t: &mut Suite) {
-    for (name, lens, h, hkv, d, causal) in cases() {
+    for (name, lens, h, hkv, d, causal, win) in cases() {
         t.gpu(&format!("varlen::stage8::{name}::bits_of_each_sequence_alone"), move |gpu| {
             let st = gpu.stream.clone();
             let batch = lens.len();
@@ -133,7 +170,10 @@ pub fn add(t: &mut Suite) {
                     alone.push(None);
                     continue;
                 }
-                let shape = Shape::cross(1, h, sq, sk, d).with_kv_heads(hkv)?.with_causal(causal);
+                let shape = Shape::cross(1, h, sq, sk, d)
+                    .with_kv_heads(hkv)?
+                    .with_causal(causal)
+                    .with_window(win);
                 let qz = quantize_per_head(&normal(shape, 101 + i as u64));
                 pack(&mut q, &qz.q, h, sq, d, cu_q[i] as usize);
                 pack(&mut k, &qz.k, hkv, sk, d, cu_k[i] as usize);
@@ -165,7 +205,7 @@ pub fn add(t: &mut Suite) {
                 strides: None,
                 paged: None,
             };
-            let shape = VarlenShape { batch, h, hkv, d, total_q: tq, total_k: tk, causal };
+            let shape = VarlenShape { batch, h, hkv, d, total_q: tq, total_k: tk, causal, window: win };
             let mut vl = Varlen::new();
             let scale = 1.0 / (d as f32).sqrt();
             for launch in 0..2 {
@@ -290,6 +330,7 @@ pub fn add(t: &mut Suite) {
                 total_q: tq,
                 total_k: tk,
                 causal: false,
+                window: fixtures::Window::NONE,
             };
             let mut vl = Varlen::new();
             vl.launch(gpu, &st, &vs, 0.1, OutDtype::F16, &t)?;

@@ -65,8 +65,8 @@ const WINDOW_MUTANTS: [(&str, &str, &str); 3] = [
     // The unit's first key tile one past the right one: its first row's first keys never loaded.
     (
         "first_tile_one_late",
-        "const int first = first_key(q0, p.sq, p.sk) / BC;",
-        "const int first = first_key(q0, p.sq, p.sk) / BC + 1;",
+        "const int first = first_key(q0, sq, sk) / BC;",
+        "const int first = first_key(q0, sq, sk) / BC + 1;",
     ),
     // The right edge from the unit's first row for every row (the causal side's bound not per row).
     (
