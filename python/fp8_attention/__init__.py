@@ -303,16 +303,18 @@ def _check_boundaries(name, cu, total):
 
 
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, out_dtype=None, return_lse=False,
-                q_scale=None, k_scale=None, v_scale=None, validate=True):
+                q_scale=None, k_scale=None, v_scale=None, validate=True, window=None):
     """softmax(scale · q·kᵀ) · v over a packed (variable-length) batch, on E4M3 tensor cores (stage 8, sm_90).
 
     q [total_q, H, D], k and v [total_k, Hkv, D] (H a multiple of Hkv; D = 64 or 128; any token and head strides that
     are multiples of 16 bytes, D contiguous), sequence i's rows from cu_seqlens_q[i] and cu_seqlens_k[i] (int32
     [B + 1] on cuda:0). Real inputs are quantized here with a scale per head; E4M3 codes (float8_e4m3fn or uint8) take
-    `q_scale`, `k_scale`, `v_scale` per (sequence, head) or one. `causal` is bottom-right per sequence. `validate`
+    `q_scale`, `k_scale`, `v_scale` per (sequence, head) or one. `causal` is bottom-right per sequence, as is `window`
+    (left, right: sdpa's, per sequence). `validate`
     copies the boundaries to the host to check them (a sync: pass False inside a CUDA graph; the device then trusts
     them). Returns O [total_q, H, D], and with `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
     """
+    win = window_sides(window)
     q, k, v = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
     cu_seqlens_q, cu_seqlens_k = as_tensor(cu_seqlens_q, "cu_seqlens_q"), as_tensor(cu_seqlens_k, "cu_seqlens_k")
     q_scale, k_scale = as_tensor(q_scale, "q_scale"), as_tensor(k_scale, "k_scale")
@@ -361,7 +363,8 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
     _core.launch_varlen([c[0], c[1], c[2], scales[0].data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(),
                          o.data_ptr(), lse.data_ptr()],
                         [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()], strides, b, h, hkv, d, tq, tk,
-                        bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream)
+                        bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream,
+                        window=win)
     o = o[: tq * h * d].view(tq, h, d)
     return (o, lse[: h * tq].view(h, tq)) if return_lse else o
 
@@ -413,7 +416,7 @@ def check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *
 
 
 def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, causal=False, scale=None, out_dtype=None,
-               return_lse=False, q_scale=None, k_scale=None, v_scale=None, validate=True):
+               return_lse=False, q_scale=None, k_scale=None, v_scale=None, validate=True, window=None):
     """A packed batch's queries over a paged FP8 KV cache, on E4M3 tensor cores (stage 8, sm_90).
 
     q [total_q, H, D] (E4M3 codes: float8_e4m3fn or uint8), sequence i's new tokens from cu_seqlens_q[i] (int32 [B +
@@ -422,6 +425,7 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
     (sequence, head) or one. `validate` copies the table and lengths to the host to check them (a sync: pass False in a
     CUDA graph). Returns O [total_q, H, D], and with `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
     """
+    win = window_sides(window)
     q, k_cache, v_cache = as_tensor(q, "q"), as_tensor(k_cache, "k_cache"), as_tensor(v_cache, "v_cache")
     block_table, seq_lens = as_tensor(block_table, "block_table"), as_tensor(seq_lens, "seq_lens")
     cu_seqlens_q = as_tensor(cu_seqlens_q, "cu_seqlens_q")
@@ -463,7 +467,7 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
                         [cu_seqlens_q.data_ptr(), cu_k.data_ptr()],
                         [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]], b, h, hkv, d, tq, total_k,
                         bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream,
-                        paged=(block_table.data_ptr(), max_pages, page, num_pages))
+                        paged=(block_table.data_ptr(), max_pages, page, num_pages), window=win)
     o = o.view(tq, h, d)
     return (o, lse.view(h, tq)) if return_lse else o
 

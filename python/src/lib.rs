@@ -335,7 +335,7 @@ fn varlens() -> &'static Mutex<HashMap<usize, Varlen>> {
 /// head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device, checked by the
 /// caller: the device trusts them). Sizes and strides are checked before anything is queued.
 #[pyfunction]
-#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None))]
+#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1)))]
 #[allow(clippy::too_many_arguments)]
 fn launch_varlen(
     tensors: [u64; 8],
@@ -352,7 +352,9 @@ fn launch_varlen(
     out_dtype: &str,
     stream: usize,
     paged: Option<(u64, usize, usize, usize)>,
+    window: (i64, i64),
 ) -> PyResult<()> {
+    let window = window_of(window)?;
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
         return Err(py_err(Error::SoftmaxScale(softmax_scale)));
     }
@@ -409,7 +411,7 @@ fn launch_varlen(
         total_q,
         total_k,
         causal,
-        window: fp8_attention::Window::NONE,
+        window,
     };
     let (gpu, _) = gpu()?;
     let st = borrowed(gpu, stream);

@@ -217,3 +217,10 @@ def test_a_window_is_checked_on_the_cpu():
     # sdpa checks it before it needs torch or a GPU.
     with pytest.raises(ValueError, match="`window` right = -3"):
         fa.sdpa(*qkv(), window=(0, -3))
+
+
+def test_varlen_and_paged_check_their_window_first():
+    with pytest.raises(ValueError, match="`window` left = -5"):
+        fa.sdpa_varlen(None, None, None, None, None, window=(-5, 0))
+    with pytest.raises(TypeError, match="`window` must be None or \\(left, right\\)"):
+        fa.sdpa_paged(None, None, None, None, None, None, window="64")

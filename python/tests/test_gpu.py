@@ -301,3 +301,34 @@ def test_warm_leaves_the_first_call_nothing_to_compile():
     assert out.returncode == 0, out.stderr
     dense, packed = (float(x) for x in out.stdout.split()[-2:])
     assert dense < 0.25 and packed < 0.25, f"first calls after warm: dense {dense:.3f} s, packed {packed:.3f} s"
+
+
+def test_varlen_under_a_window_gives_each_sequence_its_own_bits():
+    # sdpa_varlen with a window per sequence: each sequence's O and LSE bit for bit what sdpa gives it alone under the
+    # same window (stage 8's windowed kernels, packed and dense).
+    h, hkv, d, window = 4, 2, 64, (50, 0)
+    lens = [(300, 300), (129, 700), (1, 40)]
+    g = torch.Generator(device="cuda").manual_seed(29)
+    cq = torch.tensor([0] + [sum(x[0] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                      device="cuda")
+    ck = torch.tensor([0] + [sum(x[1] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                      device="cuda")
+    tq, tk = int(cq[-1]), int(ck[-1])
+    to8 = lambda x: (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)  # noqa: E731
+    q = to8(torch.randn(tq, h, d, device="cuda", generator=g))
+    k = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    v = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    b = len(lens)
+    qs = torch.rand(b * h, device="cuda", generator=g) * 0.02 + 0.01
+    ks = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
+    vs = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
+    o, lse = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, window=window, q_scale=qs, k_scale=ks, v_scale=vs,
+                            return_lse=True)
+    for i, (sq, sk) in enumerate(lens):
+        a, bq = int(cq[i]), int(ck[i])
+        one = lambda x, lo, n: x[lo: lo + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
+        oi, li = fa.sdpa(one(q, a, sq), one(k, bq, sk), one(v, bq, sk), causal=True, window=window,
+                         q_scale=qs[i * h: (i + 1) * h], k_scale=ks[i * hkv: (i + 1) * hkv],
+                         v_scale=vs[i * hkv: (i + 1) * hkv], return_lse=True)
+        assert torch.equal(o[a: a + sq], oi[0].transpose(0, 1)), i
+        assert torch.equal(lse[:, a: a + sq], li[0]), i
