@@ -32,11 +32,18 @@ constexpr int kUnitRows = 128;
 // i + Sk − Sq − left ≤ j ≤ i + Sk − Sq + right; a side < 0 is unbounded, and causal masking makes the right side 0.
 struct Window {
   int left, right;
-  // Row `row`'s first visible key, and one past its last (an empty window: end ≤ first).
-  __device__ int first_key(int row, int sq, int sk) const { return left < 0 ? 0 : max(0, row + sk - sq - left); }
+  // Row `row`'s first visible key, and one past its last (an empty window: end ≤ first); in 64 bits, so that any side
+  // the host passes (up to 2^31 − 1) cannot overflow.
+  __device__ int first_key(int row, int sq, int sk) const {
+    if (left < 0) return 0;
+    const long long f = (long long)row + sk - sq - left;
+    return f <= 0 ? 0 : int(f);
+  }
   __device__ int key_end(int row, int sq, int sk, bool causal) const {
     const int r = causal ? 0 : right;
-    return r < 0 ? sk : min(sk, max(0, row + sk - sq + r + 1));
+    if (r < 0) return sk;
+    const long long e = (long long)row + sk - sq + r + 1;
+    return e <= 0 ? 0 : e < sk ? int(e) : sk;
   }
   // The unit at query row q0 of a sequence of sq queries and sk keys: its first key tile (its first row's), and its
   // key tiles from there to its last row's last visible key (at least one; ragged-plan's key_range, which the plan's
