@@ -25,8 +25,8 @@ export INSTA_WORKSPACE_ROOT="${INSTA_WORKSPACE_ROOT:-$(cd "$here/.." && pwd)}"
 export INSTA_UPDATE=new
 export LAB_NO_INSTALL=1
 # A binary still running after this many seconds is killed and its unreported tests named (the slowest, composed's,
-# takes ~200 s on an H100), leaving a 600 s device call time for the sanitizer and the summary.
-export LAB_BINARY_TIMEOUT="${LAB_BINARY_TIMEOUT:-330}"
+# takes ~200–250 s on an H100), leaving a 600 s device call time for the sanitizer (~95 s) and the summary.
+export LAB_BINARY_TIMEOUT="${LAB_BINARY_TIMEOUT:-420}"
 exec "$here/xtask" run-bundle "$here" "$out"
 "#;
 
