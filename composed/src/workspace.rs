@@ -244,8 +244,7 @@ impl Workspace {
             b.arg(&heads);
         }
         // The windowed kernel's sides (−1: unbounded).
-        let side = |x: Option<usize>| x.map_or(-1, |n| n.min(i32::MAX as usize) as i32);
-        let (win_left, win_right) = (side(s.window.left), side(s.window.right));
+        let (win_left, win_right) = s.window.kernel_sides();
         if spec.name.starts_with("stage8w_") {
             b.arg(&win_left).arg(&win_right);
         }

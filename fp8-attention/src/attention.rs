@@ -56,6 +56,20 @@ pub enum OutBuf {
     F32(CudaSlice<f32>),
 }
 
+impl OutBuf {
+    /// The buffer's device address for writes on `stream`, and the guard that records them.
+    pub(crate) fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (u64, SyncOnDrop<'a>) {
+        match self {
+            OutBuf::F16(b) => b.device_ptr_mut(stream),
+            OutBuf::Bf16(b) => b.device_ptr_mut(stream),
+            OutBuf::F32(b) => b.device_ptr_mut(stream),
+        }
+    }
+}
+
 /// What a call returns: O [B, H, Sq, D] and the LSE [B, H, Sq] (natural log of Σ exp(scale · q·k) over the
 /// dequantized inputs, f32), on the device. The buffers can be longer than that (room for the kernel's own
 /// partial results): the result is their first [`Output::o_len`] and [`Output::lse_len`] elements.
@@ -285,6 +299,15 @@ impl Attention {
         self.stage
     }
 
+    /// `s` with the op's causal flag and window (what every call and output buffer is made for).
+    fn configured(&self, s: &Shape) -> Shape {
+        Shape {
+            causal: self.cfg.causal,
+            window: self.cfg.window,
+            ..*s
+        }
+    }
+
     /// The stage a call on `s` runs (contiguous inputs; strided ones run stage 8).
     pub fn stage_for_call(&self, s: &Shape) -> Stage {
         if self.fixed {
@@ -378,11 +401,7 @@ impl Attention {
         lens: &Lengths,
         stage: Option<Stage>,
     ) -> Result<(Shape, f32, Stage)> {
-        let s = Shape {
-            causal: self.cfg.causal,
-            window: self.cfg.window,
-            ..s
-        };
+        let s = self.configured(&s);
         let scale = self.cfg.softmax_scale.unwrap_or(1.0 / (s.d as f32).sqrt());
         check_inputs(&s, lens, scale)?;
         let stage = stage.unwrap_or_else(|| self.stage_for_call(&s));
@@ -444,11 +463,7 @@ impl Attention {
     /// and room for the kernel's partial results after them where the work splits (the most any stage a call on `s`
     /// may run needs: a strided call runs stage 8).
     pub fn output_rows(&self, gpu: &Gpu, s: &Shape) -> Result<usize> {
-        let s = Shape {
-            causal: self.cfg.causal,
-            window: self.cfg.window,
-            ..*s
-        };
+        let s = self.configured(s);
         let mut rows = 0;
         for stage in self.stages_at(s.d) {
             if stage.dims().contains(&s.d) {
@@ -480,11 +495,7 @@ impl Attention {
         };
         let lse = unsafe { stream.alloc::<f32>(rows).map_err(alloc)? };
         Ok(Output {
-            shape: Shape {
-                causal: self.cfg.causal,
-                window: self.cfg.window,
-                ..*s
-            },
+            shape: self.configured(s),
             o,
             lse,
         })
@@ -583,11 +594,7 @@ impl Attention {
             q_scale: at(q.scales.device_ptr(stream)),
             k_scale: at(k.scales.device_ptr(stream)),
             v_scale: at(v.scales.device_ptr(stream)),
-            o: at(match &mut out.o {
-                OutBuf::F16(b) => b.device_ptr_mut(stream),
-                OutBuf::Bf16(b) => b.device_ptr_mut(stream),
-                OutBuf::F32(b) => b.device_ptr_mut(stream),
-            }),
+            o: at(out.o.device_ptr_mut(stream)),
             lse: at(out.lse.device_ptr_mut(stream)),
             strides,
         };

@@ -8,7 +8,8 @@ use lab::cudarc::nccl::{Id, NcclType, result, sys};
 
 use crate::error::{Error, Result};
 
-fn nccl(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
+/// An NCCL call's error as the library's, naming the call.
+pub(crate) fn nccl(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
     move |e| Error::Device(anyhow::anyhow!("NCCL {what}: {e:?}"))
 }
 

@@ -11,7 +11,7 @@ use lab::cudarc::nccl::Id;
 use crate::attention::Fp8;
 use crate::error::{Error, Result};
 use crate::ring::{HostTimes, RankOutput, RankSteps, Shard, StepTime, zigzag_range};
-use crate::ring_comm::{RingComm, group};
+use crate::ring_comm::{RingComm, group, nccl};
 
 /// A step's events: its attention's start and end on the rank's stream, its transfer's on the communicator's.
 type StepMarks = (CudaEvent, CudaEvent, Option<(CudaEvent, CudaEvent)>);
@@ -31,10 +31,6 @@ struct Travel {
     v: [CudaSlice<u8>; 2],
     ks: [CudaSlice<f32>; 2],
     vs: [CudaSlice<f32>; 2],
-}
-
-fn nccl(what: &str) -> impl Fn(lab::cudarc::nccl::result::NcclError) -> Error + '_ {
-    move |e| Error::Device(anyhow::anyhow!("NCCL {what}: {e:?}"))
 }
 
 fn drv(e: lab::cudarc::driver::DriverError) -> Error {

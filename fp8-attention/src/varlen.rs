@@ -275,11 +275,7 @@ impl Attention {
             q_scale: at(q.scales.device_ptr(stream)),
             k_scale: at(k.scales.device_ptr(stream)),
             v_scale: at(v.scales.device_ptr(stream)),
-            o: at(match &mut o {
-                OutBuf::F16(x) => x.device_ptr_mut(stream),
-                OutBuf::Bf16(x) => x.device_ptr_mut(stream),
-                OutBuf::F32(x) => x.device_ptr_mut(stream),
-            }),
+            o: at(o.device_ptr_mut(stream)),
             lse: at(lse.device_ptr_mut(stream)),
             cu_q: at(cu_q.device_ptr(stream)),
             cu_k: at(cu_k.device_ptr(stream)),

@@ -181,6 +181,35 @@ def test_other_frameworks_arrays_through_dlpack_and_cuda_array_interface():
     assert torch.equal(as_fp8, as_bytes)
 
 
+def packed_codes(lens, h, hkv, d, g):
+    """A packed batch of E4M3 codes for sequences of (Sq, Sk) `lens`: cu_seqlens_q, cu_seqlens_k, q [total_q, H, D],
+    k and v [total_k, Hkv, D], and f32 scales per (sequence, head), drawn from the generator `g`."""
+    cu = [torch.tensor([0] + [sum(x[j] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
+                       device="cuda") for j in (0, 1)]
+    tq, tk = int(cu[0][-1]), int(cu[1][-1])
+    to8 = lambda x: (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)  # noqa: E731
+    q = to8(torch.randn(tq, h, d, device="cuda", generator=g))
+    k = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    v = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    b = len(lens)
+    qs = torch.rand(b * h, device="cuda", generator=g) * 0.02 + 0.01
+    ks = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
+    vs = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
+    return cu[0], cu[1], q, k, v, qs, ks, vs
+
+
+def assert_sequence_alone(i, lens, cq, ck, q, k, v, qs, ks, vs, o, lse, **kw):
+    """Sequence i's rows of a packed batch's O [total_q, H, D] and LSE [H, total_q] bit for bit what sdpa gives the
+    sequence alone (`kw`: causal, window)."""
+    h, hkv = q.shape[1], k.shape[1]
+    (sq, sk), a, bq = lens[i], int(cq[i]), int(ck[i])
+    one = lambda x, lo, n: x[lo: lo + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
+    oi, li = fa.sdpa(one(q, a, sq), one(k, bq, sk), one(v, bq, sk), q_scale=qs[i * h: (i + 1) * h],
+                     k_scale=ks[i * hkv: (i + 1) * hkv], v_scale=vs[i * hkv: (i + 1) * hkv], return_lse=True, **kw)
+    assert torch.equal(o[a: a + sq], oi[0].transpose(0, 1)), i
+    assert torch.equal(lse[:, a: a + sq], li[0]), i
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_varlen_sequences_as_each_alone(d):
     # E4M3 codes with scales per (sequence, head): at D = 64 each sequence's O and LSE bit for bit what sdpa gives it
@@ -190,31 +219,15 @@ def test_varlen_sequences_as_each_alone(d):
     h, hkv = 8, 2
     lens = [(300, 300), (0, 50), (129, 700), (1, 1)]
     g = torch.Generator(device="cuda").manual_seed(21)
-    cq = torch.tensor([0] + [sum(x[0] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
-                      device="cuda")
-    ck = torch.tensor([0] + [sum(x[1] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
-                      device="cuda")
+    cq, ck, q, k, v, qs, ks, vs = packed_codes(lens, h, hkv, d, g)
     tq, tk = int(cq[-1]), int(ck[-1])
-    to8 = lambda x: (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)  # noqa: E731
-    q = to8(torch.randn(tq, h, d, device="cuda", generator=g))
-    k = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
-    v = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
-    b = len(lens)
-    qs = torch.rand(b * h, device="cuda", generator=g) * 0.02 + 0.01
-    ks = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
-    vs = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
     o, lse = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, q_scale=qs, k_scale=ks, v_scale=vs, return_lse=True)
     for i, (sq, sk) in enumerate(lens):
         if sq == 0:
             continue
         a, bq = int(cq[i]), int(ck[i])
         if d == 64:
-            one = lambda x, lo, n: x[lo: lo + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
-            oi, li = fa.sdpa(one(q, a, sq), one(k, bq, sk), one(v, bq, sk), causal=True,
-                             q_scale=qs[i * h: (i + 1) * h], k_scale=ks[i * hkv: (i + 1) * hkv],
-                             v_scale=vs[i * hkv: (i + 1) * hkv], return_lse=True)
-            assert torch.equal(o[a: a + sq], oi[0].transpose(0, 1)), i
-            assert torch.equal(lse[:, a: a + sq], li[0]), i
+            assert_sequence_alone(i, lens, cq, ck, q, k, v, qs, ks, vs, o, lse, causal=True)
             continue
         dec = lambda x, lo, n, sc, m: (x[lo: lo + n].double().transpose(0, 1)  # noqa: E731
                                        * sc[i * m: (i + 1) * m].double()[:, None, None])
@@ -249,13 +262,7 @@ def test_paged_cache_gives_the_packed_keys_bits():
     h, hkv, d, page = 8, 2, 64, 64
     lens = [(64, 1000), (1, 130), (17, 64)]
     g = torch.Generator(device="cuda").manual_seed(23)
-    cq = torch.tensor([0] + [sum(x[0] for x in lens[: i + 1]) for i in range(3)], dtype=torch.int32, device="cuda")
-    ck = torch.tensor([0] + [sum(x[1] for x in lens[: i + 1]) for i in range(3)], dtype=torch.int32, device="cuda")
-    tq, tk = int(cq[-1]), int(ck[-1])
-    to8 = lambda x: (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)  # noqa: E731
-    q = to8(torch.randn(tq, h, d, device="cuda", generator=g))
-    k = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
-    v = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
+    cq, ck, q, k, v, _, _, _ = packed_codes(lens, h, hkv, d, g)
     sc = dict(q_scale=torch.full((1,), 0.02, device="cuda"), k_scale=torch.full((1,), 0.02, device="cuda"),
               v_scale=torch.full((1,), 0.02, device="cuda"))
     want, wl = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, return_lse=True, **sc)
@@ -309,26 +316,8 @@ def test_varlen_under_a_window_gives_each_sequence_its_own_bits():
     h, hkv, d, window = 4, 2, 64, (50, 0)
     lens = [(300, 300), (129, 700), (1, 40)]
     g = torch.Generator(device="cuda").manual_seed(29)
-    cq = torch.tensor([0] + [sum(x[0] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
-                      device="cuda")
-    ck = torch.tensor([0] + [sum(x[1] for x in lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32,
-                      device="cuda")
-    tq, tk = int(cq[-1]), int(ck[-1])
-    to8 = lambda x: (x / 0.02).clamp(-448, 448).to(torch.float8_e4m3fn)  # noqa: E731
-    q = to8(torch.randn(tq, h, d, device="cuda", generator=g))
-    k = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
-    v = to8(torch.randn(tk, hkv, d, device="cuda", generator=g))
-    b = len(lens)
-    qs = torch.rand(b * h, device="cuda", generator=g) * 0.02 + 0.01
-    ks = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
-    vs = torch.rand(b * hkv, device="cuda", generator=g) * 0.02 + 0.01
+    cq, ck, q, k, v, qs, ks, vs = packed_codes(lens, h, hkv, d, g)
     o, lse = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, window=window, q_scale=qs, k_scale=ks, v_scale=vs,
                             return_lse=True)
-    for i, (sq, sk) in enumerate(lens):
-        a, bq = int(cq[i]), int(ck[i])
-        one = lambda x, lo, n: x[lo: lo + n].transpose(0, 1).unsqueeze(0)  # noqa: E731
-        oi, li = fa.sdpa(one(q, a, sq), one(k, bq, sk), one(v, bq, sk), causal=True, window=window,
-                         q_scale=qs[i * h: (i + 1) * h], k_scale=ks[i * hkv: (i + 1) * hkv],
-                         v_scale=vs[i * hkv: (i + 1) * hkv], return_lse=True)
-        assert torch.equal(o[a: a + sq], oi[0].transpose(0, 1)), i
-        assert torch.equal(lse[:, a: a + sq], li[0]), i
+    for i in range(len(lens)):
+        assert_sequence_alone(i, lens, cq, ck, q, k, v, qs, ks, vs, o, lse, causal=True, window=window)

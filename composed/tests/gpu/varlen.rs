@@ -93,6 +93,45 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Every sequence's rows of a packed batch's O (`o_h`, [total_q, H, D]) and LSE (`l_h`, [H, total_q]) bit for bit its
+/// result alone (`alone[i]`, None for a sequence with no queries); `what` names the launch.
+#[allow(clippy::too_many_arguments)]
+fn each_as_alone(
+    what: &str,
+    lens: &[(usize, usize)],
+    cu_q: &[i32],
+    alone: &[Option<Attention<f32>>],
+    h: usize,
+    d: usize,
+    o_h: &[f16],
+    l_h: &[f32],
+) -> Result<()> {
+    let tq = *cu_q.last().expect("B + 1 boundaries") as usize;
+    for (i, a) in alone.iter().enumerate() {
+        let Some(a) = a else { continue };
+        let sq = lens[i].0;
+        for hi in 0..h {
+            for r in 0..sq {
+                let row = cu_q[i] as usize + r;
+                let (got_l, want_l) = (l_h[hi * tq + row], a.lse[hi * sq + r]);
+                ensure!(
+                    got_l.to_bits() == want_l.to_bits(),
+                    "{what}: sequence {i} head {hi} row {r}: LSE {got_l} where alone {want_l}"
+                );
+                let at = (row * h + hi) * d;
+                for c in 0..d {
+                    let (got, want) = (o_h[at + c].to_f32(), a.o[(hi * sq + r) * d + c]);
+                    ensure!(
+                        got.to_bits() == want.to_bits(),
+                        "{what}: sequence {i} head {hi} row {r} column {c}: O {got} where alone {want}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// [1, H, S, D] (one sequence, row-major) into packed [total, H, D] rows starting at `row0`.
 fn pack(dst: &mut [u8], src: &[u8], h: usize, s: usize, d: usize, row0: usize) {
     for hi in 0..h {
@@ -211,30 +250,7 @@ pub fn add(t: &mut Suite) {
             for launch in 0..2 {
                 vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &tensors)?;
                 let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
-                for (i, a) in alone.iter().enumerate() {
-                    let Some(a) = a else { continue };
-                    let sq = lens[i].0;
-                    for hi in 0..h {
-                        for r in 0..sq {
-                            let row = cu_q[i] as usize + r;
-                            let got_l = l_h[hi * tq + row];
-                            let want_l = a.lse[hi * sq + r];
-                            ensure!(
-                                got_l.to_bits() == want_l.to_bits(),
-                                "{name}, launch {launch}: sequence {i} head {hi} row {r}: LSE {got_l} where alone {want_l}"
-                            );
-                            let at = (row * h + hi) * d;
-                            for c in 0..d {
-                                let got = o_h[at + c].to_f32();
-                                let want = a.o[(hi * sq + r) * d + c];
-                                ensure!(
-                                    got.to_bits() == want.to_bits(),
-                                    "{name}, launch {launch}: sequence {i} head {hi} row {r} column {c}: O {got} where alone {want}"
-                                );
-                            }
-                        }
-                    }
-                }
+                each_as_alone(&format!("{name}, launch {launch}"), &lens, &cu_q, &alone, h, d, &o_h, &l_h)?;
             }
             // The same keys in a paged cache (shuffled pages of 16, 64 and 256 rows): the same bits.
             for page in [16usize, 64, 256] {
@@ -257,24 +273,7 @@ pub fn add(t: &mut Suite) {
                 st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut lse)?;
                 vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &paged_t)?;
                 let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
-                for (i, a) in alone.iter().enumerate() {
-                    let Some(a) = a else { continue };
-                    let sq = lens[i].0;
-                    for hi in 0..h {
-                        for r in 0..sq {
-                            let row = cu_q[i] as usize + r;
-                            ensure!(
-                                l_h[hi * tq + row].to_bits() == a.lse[hi * sq + r].to_bits(),
-                                "{name}, pages of {page}: sequence {i} head {hi} row {r}: the LSE differs"
-                            );
-                            let at = (row * h + hi) * d;
-                            ensure!(
-                                (0..d).all(|c| o_h[at + c].to_f32().to_bits() == a.o[(hi * sq + r) * d + c].to_bits()),
-                                "{name}, pages of {page}: sequence {i} head {hi} row {r}: O differs"
-                            );
-                        }
-                    }
-                }
+                each_as_alone(&format!("{name}, pages of {page}"), &lens, &cu_q, &alone, h, d, &o_h, &l_h)?;
             }
             eprintln!("varlen {name}: {batch} sequences, every O and LSE bit as each sequence alone, twice, and from pages of 16, 64 and 256");
             Ok(())

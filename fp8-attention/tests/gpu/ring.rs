@@ -1,10 +1,26 @@
 // Ring attention: every rank's steps on one device against the f64 reference, and over NCCL on 2 and 4 GPUs.
 use anyhow::{Result, ensure};
 use fixtures::{Quantized, Raw, Shape, quantize_per_head};
-use fp8_attention::{Fp8, OutDtype};
+use fp8_attention::{Fp8, OutDtype, Shard};
 use lab::{Gpu, Suite};
 
 use crate::lab_path;
+
+/// A rank's shard of one tensor: its two zigzag halves' codes, their scales (one per (batch, head), shared), and the
+/// halves' token counts.
+fn shard<'a>(
+    codes: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+    scales: &'a lab::cudarc::driver::CudaSlice<f32>,
+    lens: [usize; 2],
+) -> Shard<'a> {
+    Shard {
+        halves: [0, 1].map(|h| Fp8 {
+            codes: &codes[h],
+            scales,
+        }),
+        lens,
+    }
+}
 
 /// `ring_on_one_device` over `world` virtual ranks on `qz` (shape `s`), its ranks' halves joined: O and LSE of the whole.
 fn ring_one_device_joined(
@@ -13,7 +29,7 @@ fn ring_one_device_joined(
     s: Shape,
     world: usize,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    use fp8_attention::{Shard, ring_on_one_device, zigzag_join, zigzag_split};
+    use fp8_attention::{ring_on_one_device, zigzag_join, zigzag_split};
     let st = gpu.ctx.new_stream()?;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
     let (qs, ks, vs) = (
@@ -39,25 +55,6 @@ fn ring_one_device_joined(
         st.clone_htod(&qz.v_scale)?,
     );
     let lens = |r: usize| [0, 1].map(|h| fp8_attention::zigzag_range(s.sq, world, r, h).len());
-    fn shard<'a>(
-        codes: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
-        scales: &'a lab::cudarc::driver::CudaSlice<f32>,
-        lens: [usize; 2],
-    ) -> Shard<'a> {
-        Shard {
-            halves: [
-                Fp8 {
-                    codes: &codes[0],
-                    scales,
-                },
-                Fp8 {
-                    codes: &codes[1],
-                    scales,
-                },
-            ],
-            lens,
-        }
-    }
     let q: Vec<Shard> = (0..world).map(|r| shard(&dq[r], &sq, lens(r))).collect();
     let kv: Vec<(Shard, Shard)> = (0..world)
         .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
@@ -175,9 +172,7 @@ fn ring_nccl_run(
     qz: &Quantized,
     bad: Option<usize>,
 ) -> Vec<Result<RankHalves>> {
-    use fp8_attention::{
-        RingRank, Shard, on_ranks, ring_attention_rank, zigzag_range, zigzag_split,
-    };
+    use fp8_attention::{RingRank, on_ranks, ring_attention_rank, zigzag_range, zigzag_split};
     let world = gpus.len();
     let s = qz.shape;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
@@ -201,21 +196,6 @@ fn ring_nccl_run(
             st.clone_htod(&qz.k_scale)?,
             st.clone_htod(&qz.v_scale)?,
         );
-        fn halves<'a>(
-            c: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
-            sc: &'a lab::cudarc::driver::CudaSlice<f32>,
-        ) -> [Fp8<'a>; 2] {
-            [
-                Fp8 {
-                    codes: &c[0],
-                    scales: sc,
-                },
-                Fp8 {
-                    codes: &c[1],
-                    scales: sc,
-                },
-            ]
-        }
         let l = lens(r);
         let claimed = if bad == Some(r) {
             [l[0], l[1].saturating_sub(1)]
@@ -224,18 +204,9 @@ fn ring_nccl_run(
         };
         let shards = || {
             (
-                Shard {
-                    halves: halves(&dq, &sq),
-                    lens: claimed,
-                },
-                Shard {
-                    halves: halves(&dk, &sk),
-                    lens: l,
-                },
-                Shard {
-                    halves: halves(&dv, &sv),
-                    lens: l,
-                },
+                shard(&dq, &sq, claimed),
+                shard(&dk, &sk, l),
+                shard(&dv, &sv, l),
             )
         };
         let limit = std::time::Duration::from_secs(60);
@@ -386,7 +357,7 @@ pub fn add(t: &mut Suite) {
             // back with Error::Ring naming the stall within its timeout (3 s here), not hang. Its first send blocks on
             // the host, inside ncclGroupEnd, connecting to the peer (seen on two H100s, 2026-11-27: the test hung
             // there): the watchdog of RingComm::watched aborts the communicator at the deadline, which ends that call.
-            use fp8_attention::{Shard, on_ranks, ring_attention_rank, zigzag_range, zigzag_split};
+            use fp8_attention::{on_ranks, ring_attention_rank, zigzag_range, zigzag_split};
             let s = Shape::new(1, 2, 512, 64);
             let qz = quantize_per_head(&Raw::random(s, 7, 1.0));
             let dims = [s.b, s.h, s.sq, s.d];
@@ -418,32 +389,13 @@ pub fn add(t: &mut Suite) {
                     st.clone_htod(&qz.v_scale)?,
                 );
                 let l = [0, 1].map(|h| zigzag_range(s.sq, 2, 0, h).len());
-                fn sh<'a>(
-                    c: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
-                    sc: &'a lab::cudarc::driver::CudaSlice<f32>,
-                    lens: [usize; 2],
-                ) -> Shard<'a> {
-                    Shard {
-                        halves: [
-                            Fp8 {
-                                codes: &c[0],
-                                scales: sc,
-                            },
-                            Fp8 {
-                                codes: &c[1],
-                                scales: sc,
-                            },
-                        ],
-                        lens,
-                    }
-                }
                 let out = ring_attention_rank(
                     gpu,
                     comm,
                     s,
-                    sh(&dq, &sq, l),
-                    sh(&dk, &sk, l),
-                    sh(&dv, &sv, l),
+                    shard(&dq, &sq, l),
+                    shard(&dk, &sk, l),
+                    shard(&dv, &sv, l),
                     std::time::Duration::from_secs(3),
                 );
                 Ok(format!(
