@@ -25,6 +25,12 @@ impl OnDevice {
         self.ws.use_blocks(blocks);
     }
 
+    /// Split a persistent launch's last wave among its blocks (`on`, the default) or take every unit whole from
+    /// the counter (`Workspace::use_split_tail`).
+    pub fn use_split_tail(&mut self, on: bool) {
+        self.ws.use_split_tail(on);
+    }
+
     /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).
     pub fn use_section(&mut self, heads: Option<usize>) {
         self.ws.use_section(heads);

@@ -128,6 +128,14 @@ impl SplitPlan {
             unit_tiles,
         }
     }
+    /// This plan's units all whole, every one taken from the counter (no split tail).
+    pub fn unsplit(self) -> SplitPlan {
+        SplitPlan {
+            split: self.units,
+            pieces: 0,
+            ..self
+        }
+    }
     /// Key tiles of the split tail.
     pub fn tail_tiles(&self) -> usize {
         (self.units - self.split) * self.unit_tiles

@@ -54,6 +54,8 @@ pub struct Workspace {
     kernel: Option<KernelSpec>,
     blocks: Option<usize>,
     section: Option<usize>,
+    /// Plan no split tail: every unit whole and taken from the counter (`use_split_tail`).
+    no_split: bool,
     /// The last launch's kernel, loaded with its shared memory allowed (the kernel's name and source, the bytes):
     /// a launch of the same one asks neither the kernel cache nor the driver again.
     loaded: Option<((&'static str, usize, usize), Kernel)>,
@@ -90,6 +92,20 @@ impl Workspace {
         self.blocks = blocks;
     }
 
+    /// With `on` (the default), a persistent launch whose units do not fill its last wave splits that wave's units
+    /// among the blocks (`SplitPlan`), each block dealt its share ahead. Without, every unit is whole and taken from
+    /// the counter: for launches that share the device with other kernels (NCCL's during a ring step), where a block
+    /// that starts late would hold up its dealt share, but only takes fewer units from a counter.
+    pub fn use_split_tail(&mut self, on: bool) {
+        self.no_split = !on;
+    }
+
+    /// The split plan of a launch of `stage` on `s` with blocks of `rows` rows, a grid of `blocks`.
+    fn split_plan(&self, stage: Stage, s: &fixtures::Shape, rows: usize, blocks: usize) -> SplitPlan {
+        let plan = SplitPlan::of(stage, s, rows, blocks);
+        if self.no_split { plan.unsplit() } else { plan }
+    }
+
     /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).
     pub fn use_section(&mut self, heads: Option<usize>) {
         self.section = heads;
@@ -105,7 +121,7 @@ impl Workspace {
     pub fn plan(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<SplitPlan> {
         let rows = stage.rows_for(s, gpu.sms);
         let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
-        Ok(SplitPlan::of(stage, s, rows, grid_dim.0 as usize))
+        Ok(self.split_plan(stage, s, rows, grid_dim.0 as usize))
     }
 
     /// Rows of O (each D wide) and of the LSE a launch of `stage` on `s` writes: B·H·Sq, and the split tail's
@@ -148,7 +164,7 @@ impl Workspace {
         let rows = stage.rows_for(s, gpu.sms);
         // Checked first: it bounds the work units and query tiles the parameters carry as i32.
         let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
-        let plan = SplitPlan::of(stage, s, rows, grid_dim.0 as usize);
+        let plan = self.split_plan(stage, s, rows, grid_dim.0 as usize);
         self.write_schedule(st, s, plan, rows)?;
         self.make_vt(gpu, stage, st, s, t.v)?;
         let section = self.section.unwrap_or_else(|| schedule_section(s));

@@ -288,6 +288,14 @@ impl Attention {
         Ok(op)
     }
 
+    /// With `on` (the default), a persistent stage's launch whose work units do not fill its last wave splits that
+    /// wave's units among its blocks, each block dealt its share ahead. Turn it off for calls that share the GPU
+    /// with other kernels (a communication library's, as in ring attention's steps): a block that starts late then
+    /// takes fewer units from the launch's counter instead of holding up the share it was dealt.
+    pub fn set_split_tail(&mut self, on: bool) {
+        self.ws.use_split_tail(on);
+    }
+
     /// The op's configuration.
     pub fn config(&self) -> Config {
         self.cfg

@@ -198,16 +198,29 @@ impl RankSteps {
                 .clone_htod(&vec![f32::NEG_INFINITY; rows(h)])
                 .map_err(drv)
         };
+        // NCCL's kernels share the GPU with a step's attention: each block takes its units from the counter (no
+        // split tail dealt ahead), so a block whose SM NCCL holds for a while takes fewer, not delays the step.
+        let op = |causal| -> Result<Attention> {
+            let mut op = Attention::with_stage(gpu, cfg(causal), crate::stage_for(gpu))?;
+            op.set_split_tail(false);
+            Ok(op)
+        };
         Ok(RankSteps {
             shape,
             q_lens,
-            full: Attention::with_stage(gpu, cfg(false), crate::stage_for(gpu))?,
-            diag: Attention::with_stage(gpu, cfg(true), crate::stage_for(gpu))?,
+            full: op(false)?,
+            diag: op(true)?,
             merger: Merger::default(),
             o: None,
             lse: None,
             lse_empty: [lse(0)?, lse(1)?],
         })
+    }
+
+    /// Both ops' split tail (`Attention::set_split_tail`).
+    pub(crate) fn set_split_tail(&mut self, on: bool) {
+        self.full.set_split_tail(on);
+        self.diag.set_split_tail(on);
     }
 
     /// Starts a call's running result on `stream`: O = 0 and LSE = −inf, new buffers (the last call's went out with

@@ -133,6 +133,13 @@ impl RingRank {
         })
     }
 
+    /// Whether each step's attention launches deal a split last wave ahead to their blocks (off by default: NCCL's
+    /// kernels hold some SMs during a step, and a block that starts late then takes fewer units from the counter;
+    /// [`Attention::set_split_tail`](crate::Attention::set_split_tail)). On for an A/B.
+    pub fn set_split_tail(&mut self, on: bool) {
+        self.steps.set_split_tail(on);
+    }
+
     /// One call ([`ring_attention_rank`]'s, on this state): every rank of `comm` calls it with its shards.
     pub fn run(
         &mut self,

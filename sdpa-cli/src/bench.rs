@@ -214,7 +214,7 @@ pub fn api(s: Shape, dist: Dist, stage: Stage) -> Result<()> {
          call, CUDA events) / µs of host time to queue one]: forward {device_us:.1} / {host_us:.1}, forward_into \
          {device_into:.1} / {host_into:.1}; without cudarc's event tracking: forward {device_un:.1} / \
          {host_un:.1}, forward_into {device_un_into:.1} / {host_un_into:.1}",
-        op.stage().name(),
+        op.stage_for_call(&s).name(),
         shape_text(&s),
     );
     Ok(())

@@ -29,9 +29,9 @@ fn host_shard(s: Shape, world: usize, r: usize) -> HostShard {
     }
 }
 
-/// One rank's timings: wall ms a call with a fresh state each call and with a kept one, and its last call's step and
-/// host times.
-type RankTimes = (Vec<f64>, Vec<f64>, Vec<StepTime>, HostTimes);
+/// One rank's timings: wall ms a call with a fresh state each call, with a kept one, and with the kept one dealing
+/// split tails ahead (the A/B), and its last fresh call's step and host times.
+type RankTimes = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<StepTime>, HostTimes);
 
 /// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
 /// rank's stream synchronised: the ranks run in lockstep), each call with its own state (`ring_attention_rank`) and
@@ -108,39 +108,87 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
                 out_kept.push(t0.elapsed().as_secs_f64() * 1e3);
             }
         }
-        Ok((out, out_kept, steps, host))
+        // A/B: the same kept state with the split tail dealt ahead (the steps' launches as a lone call's).
+        kept.set_split_tail(true);
+        let mut out_split = vec![];
+        for it in 0..=iters {
+            let t0 = Instant::now();
+            kept.run(
+                gpu,
+                comm,
+                shard(0),
+                shard(1),
+                shard(2),
+                std::time::Duration::from_secs(300),
+            )?;
+            if it > 0 {
+                out_split.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        Ok((out, out_kept, out_split, steps, host))
     })?;
-    let (mut rank0, mut kept0, mut steps0, mut host0) =
-        (vec![], vec![], vec![], HostTimes::default());
+    let (mut rank0, mut kept0, mut split0, mut steps0, mut host0) =
+        (vec![], vec![], vec![], vec![], HostTimes::default());
+    // Each rank's device time in its last call's steps (its attention, the transfers under it): a rank whose steps
+    // take longer holds up the others at the next call's input check.
+    let mut in_steps = vec![];
     for (r, t) in times.into_iter().enumerate() {
-        let (t, kept, steps, host) = t.with_context(|| format!("rank {r}"))?;
+        let (t, kept, split, steps, host) = t.with_context(|| format!("rank {r}"))?;
+        in_steps.push(steps.iter().map(|st| f64::from(st.step_ms)).sum::<f64>());
         if r == 0 {
-            (rank0, kept0, steps0, host0) = (t, kept, steps, host);
+            (rank0, kept0, split0, steps0, host0) = (t, kept, split, steps, host);
         }
     }
     rank0.sort_by(f64::total_cmp);
     kept0.sort_by(f64::total_cmp);
+    split0.sort_by(f64::total_cmp);
     let kept_ms = kept0[kept0.len() / 2];
+    let split_ms = split0[split0.len() / 2];
     let ring_ms = rank0[rank0.len() / 2];
     // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
     let gpu = lab::Gpu::device(0)?;
     let whole = quantize_per_head(&Raw::random(s, 7, 1.0));
     let mut p = fp8_attention::Problem::upload(gpu, &whole, fixtures::OutDtype::Bf16)?;
-    let one = p.time(gpu, composed::Stage::S7, 2, 10)?;
+    let one_ms = if s.flops() > 1e14 {
+        // Past 10^14 FLOP a call (0.1 s and more a launch), the median of 5 launches each between CUDA events after
+        // one warm-up, not graph replays of 20 launches (at S = 1M, H = 8: minutes).
+        p.launch(gpu, composed::Stage::S7)?;
+        let mut ms = vec![];
+        for _ in 0..5 {
+            gpu.stream.synchronize()?;
+            let e0 = gpu.stream.record_event(None)?;
+            p.launch(gpu, composed::Stage::S7)?;
+            let e1 = gpu.stream.record_event(None)?;
+            gpu.stream.synchronize()?;
+            ms.push(f64::from(e0.elapsed_ms(&e1)?));
+        }
+        ms.sort_by(f64::total_cmp);
+        ms[2]
+    } else {
+        p.time(gpu, composed::Stage::S7, 2, 10)?.p50_us / 1e3
+    };
     let flops = if s.causal { s.flops() / 2.0 } else { s.flops() };
     println!(
         "ring over NCCL, {world} GPU(s), {}: {ring_ms:.3} ms a call (rank 0, median of {iters}; {:.1} TFLOP/s in all); \
          stage 7 on one GPU: {:.3} ms ({:.1} TFLOP/s): {:.2}× one GPU",
         shape_text(&s),
         flops / (ring_ms * 1e-3) / 1e12,
-        one.p50_us / 1e3,
-        flops / (one.p50_us * 1e-6) / 1e12,
-        one.p50_us / 1e3 / ring_ms
+        one_ms,
+        flops / (one_ms * 1e-3) / 1e12,
+        one_ms / ring_ms
     );
     println!(
         "  on a state kept across calls (RingRank): {kept_ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU",
         flops / (kept_ms * 1e-3) / 1e12,
-        one.p50_us / 1e3 / kept_ms
+        one_ms / kept_ms
+    );
+    println!(
+        "  the same with each step's launches dealing a split tail ahead (A/B): {split_ms:.3} ms a call: {:.2}× one GPU",
+        one_ms / split_ms
+    );
+    println!(
+        "  each rank's steps (its last call, device events): {} ms",
+        in_steps.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" / ")
     );
     // Communication hidden: each step's time against its attention's (rank 0, the last call; device events).
     for (i, st) in steps0.iter().enumerate() {

@@ -139,6 +139,21 @@ pub fn add(t: &mut Suite) {
                 }
                 split = Some((blocks, got));
             }
+            // Without the split tail (a ring step's launches, beside NCCL's kernels), every block count plans no
+            // split and takes each unit whole from the counter: the bits of one unit a block.
+            d.use_split_tail(false);
+            d.use_section(None);
+            for blocks in [Some(3), Some(5), None] {
+                d.use_blocks(blocks);
+                let plan = d.split_plan(gpu, stage)?;
+                ensure!(plan.pieces == 0, "{name}: {blocks:?} blocks with the split tail off plan {plan:?}");
+                d.poison_outputs(gpu)?;
+                d.launch(gpu, stage)?;
+                ensure!(
+                    bit_identical(&d.download(gpu)?, &one),
+                    "{name}: {blocks:?} blocks, split tail off, give other O / LSE than one unit a block"
+                );
+            }
             Ok(())
         });
     }
