@@ -5,6 +5,7 @@ use anyhow::{Context, Result, ensure};
 use fixtures::{Raw, Shape, quantize_per_head};
 use fp8_attention::{Fp8, HostTimes, RingRank, Shard, StepTime, ring_attention_rank, zigzag_range};
 use lab::cudarc::driver::CudaSlice;
+use lab::cudarc::driver::sys::CUevent_flags;
 
 use crate::shape_text;
 
@@ -156,9 +157,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         let mut ms = vec![];
         for _ in 0..5 {
             gpu.stream.synchronize()?;
-            let e0 = gpu.stream.record_event(None)?;
+            let e0 = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             p.launch(gpu, composed::Stage::S7)?;
-            let e1 = gpu.stream.record_event(None)?;
+            let e1 = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
             gpu.stream.synchronize()?;
             ms.push(f64::from(e0.elapsed_ms(&e1)?));
         }
@@ -167,7 +168,8 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     } else {
         p.time(gpu, composed::Stage::S7, 2, 10)?.p50_us / 1e3
     };
-    let flops = if s.causal { s.flops() / 2.0 } else { s.flops() };
+    // Shape::flops counts half the pairs under the causal mask.
+    let flops = s.flops();
     println!(
         "ring over NCCL, {world} GPU(s), {}: {ring_ms:.3} ms a call (rank 0, median of {iters}; {:.1} TFLOP/s in all); \
          stage 7 on one GPU: {:.3} ms ({:.1} TFLOP/s): {:.2}× one GPU",
