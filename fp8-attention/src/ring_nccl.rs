@@ -63,8 +63,7 @@ fn wait(st: &Arc<CudaStream>, deadline: Instant, rank: usize, what: &str) -> Res
 /// step before's reads of the buffer it fills, and a step's attention for the transfer that filled its buffer.
 /// Every rank must call this with the same `shape`. Before anything else the ranks tell each other whether their
 /// inputs are right (an all-reduce of one flag): where one rank's are not, every rank returns an error naming that
-/// rank, and nothing is sent (a rank's first step, on its own shard, is queued before that check, and waited for
-/// before such an error returns). Where a peer stops later (it died, or its device failed), this rank's wait for the ring
+/// rank, and nothing is sent. Where a peer stops later (it died, or its device failed), this rank's wait for the ring
 /// ends after `timeout` with [`Error::Ring`], whether it waits on the device or inside NCCL on the host (connecting
 /// to the peer: [`RingComm::watched`] aborts the communicator at the deadline); every rank then makes a new one.
 /// One call's state is made and dropped here: a caller that runs the ring again on the same shape keeps a
@@ -196,93 +195,76 @@ impl RingRank {
             }
         }
         let comm_stream: Arc<CudaStream> = comm.stream();
-        let st = self.st.clone();
-        let per_tok = shape.b * shape.hkv * shape.d;
-        // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
-        let timed = |s: &Arc<CudaStream>| {
-            s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(drv)
-        };
-        // Step 0 attends this rank's own shard, read from the caller's buffers: a rank whose inputs are right
-        // queues it before the ranks' check, so that its device works while the host waits for the other ranks'
-        // verdicts (and then queues the sends); its reads need nothing another rank sends. A refusal of the step's
-        // own (a tensor too short) is this rank's verdict.
-        let queued = mine.is_none();
-        let (mut step0, mut own) = (None, None);
-        if queued {
-            self.steps.begin(&st)?;
-            let a0 = timed(&st)?;
-            match self
-                .steps
-                .step(gpu, &st, world, rank, 0, &q, k.halves, v.halves, lens(rank))
-            {
-                Ok(()) => step0 = Some(a0),
-                Err(e) => {
-                    mine = Some(format!("{e}"));
-                    own = Some(e);
-                }
-            }
-        }
         // Every rank's verdict on its inputs: the largest failing rank + 1 (0: all fine), by an all-reduce (max).
         let flag = comm_stream
             .clone_htod(&[if mine.is_some() { rank as i32 + 1 } else { 0 }])
             .map_err(drv)?;
         let mut worst = comm_stream.alloc_zeros::<i32>(1).map_err(drv)?;
         comm.all_reduce_max(&flag, &mut worst)?;
-        let checked = wait(&comm_stream, deadline, rank, "the ranks' input checks")
-            .and_then(|()| Ok(comm_stream.clone_dtoh(&worst).map_err(drv)?[0]));
-        let refused = match (own, &mine, checked) {
-            (_, _, Err(e)) => Some(e),
-            (Some(e), _, _) => Some(e),
-            (None, Some(why), _) => Some(Error::Ring(format!("rank {rank} of {world}: {why}"))),
-            (None, None, Ok(w)) if w > 0 => Some(Error::Ring(format!(
+        wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
+        let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
+        if let Some(why) = mine {
+            return Err(Error::Ring(format!("rank {rank} of {world}: {why}")));
+        }
+        if worst > 0 {
+            return Err(Error::Ring(format!(
                 "rank {rank} of {world}: rank {} refused its inputs (its own error says why); nothing was sent",
-                w - 1
-            ))),
-            (None, None, Ok(_)) => None,
-        };
-        if let Some(e) = refused {
-            // Step 0's attention reads the caller's buffers: done before they go back to the caller.
-            if queued {
-                wait(&st, deadline, rank, "step 0's attention")?;
-            }
-            return Err(e);
+                worst - 1
+            )));
         }
         let check_ms = since(t0);
         let t1 = Instant::now();
+        let st = self.st.clone();
+        let per_tok = shape.b * shape.hkv * shape.d;
         let heads_kv = shape.b * shape.hkv;
         // The last call's reads of the travel buffers are done (its drain waited for both streams).
         let bufs = &mut self.bufs;
+        // Step 0's shard is this rank's own, copied into the first travel buffer.
+        for h in 0..2 {
+            let n = k.lens[h] * per_tok;
+            if n > 0 {
+                st.memcpy_dtod(
+                    &k.halves[h].codes.slice(0..n),
+                    &mut bufs[0].k[h].slice_mut(0..n),
+                )
+                .map_err(drv)?;
+                st.memcpy_dtod(
+                    &v.halves[h].codes.slice(0..n),
+                    &mut bufs[0].v[h].slice_mut(0..n),
+                )
+                .map_err(drv)?;
+            }
+        }
+        for h in 0..2 {
+            st.memcpy_dtod(&k.halves[h].scales.slice(0..heads_kv), &mut bufs[0].ks[h])
+                .map_err(drv)?;
+            st.memcpy_dtod(&v.halves[h].scales.slice(0..heads_kv), &mut bufs[0].vs[h])
+                .map_err(drv)?;
+        }
         let steps = &mut self.steps;
+        steps.begin(&st)?;
         let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
+        // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
+        let timed = |s: &Arc<CudaStream>| {
+            s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv)
+        };
         let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
         let setup_ms = since(t1);
         let t2 = Instant::now();
         for step in 0..world {
-            // The shard in hand: at step 0 the caller's own, at step s > 0 travel buffer s mod 2, which the step
-            // before's transfer filled; the next comes into buffer (s + 1) mod 2, last read at step s − 1.
-            let (lo, hi) = bufs.split_at_mut(1);
-            let (odd, even) = (&mut hi[0], &mut lo[0]);
-            let (cur, nxt): (Option<&Travel>, &mut Travel) = match step {
-                0 => (None, odd),
-                s if s % 2 == 1 => (Some(&*odd), even),
-                _ => (Some(&*even), odd),
-            };
-            let a0 = match step0.take() {
-                Some(a0) => a0,
-                None => {
-                    // The transfer that filled this step's buffer has landed; the step before's reads of the
-                    // buffer the next transfer fills are done.
-                    st.join(&comm_stream).map_err(drv)?;
-                    comm_stream.join(&st).map_err(drv)?;
-                    timed(&st)?
-                }
-            };
-            let (send_k, send_v) = match cur {
-                Some(c) => (halves(&c.k, &c.ks), halves(&c.v, &c.vs)),
-                None => (k.halves, v.halves),
-            };
+            // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
+            // done before this step's transfer fills it.
+            st.join(&comm_stream).map_err(drv)?;
+            comm_stream.join(&st).map_err(drv)?;
+            let a0 = timed(&st)?;
             let mut transfer = None;
+            let (lo, hi) = bufs.split_at_mut(1);
+            let (cur, nxt) = if step % 2 == 0 {
+                (&mut lo[0], &mut hi[0])
+            } else {
+                (&mut hi[0], &mut lo[0])
+            };
             let src = ring_schedule::source(world, rank, step);
             if step + 1 < world {
                 let c0 = timed(&comm_stream)?;
@@ -293,7 +275,7 @@ impl RingRank {
                 group(|| {
                     for h in 0..2 {
                         let (ns, nr) = (send_lens[h] * per_tok, recv_lens[h] * per_tok);
-                        for (c, n) in [(send_k[h].codes, &mut nxt.k[h]), (send_v[h].codes, &mut nxt.v[h])] {
+                        for (c, n) in [(&cur.k[h], &mut nxt.k[h]), (&cur.v[h], &mut nxt.v[h])] {
                             if ns > 0 {
                                 comm.send(&c.slice(0..ns), next)?;
                             }
@@ -303,8 +285,8 @@ impl RingRank {
                         }
                     }
                     for h in 0..2 {
-                        for (c, n) in [(send_k[h].scales, &mut nxt.ks[h]), (send_v[h].scales, &mut nxt.vs[h])] {
-                            comm.send(&c.slice(0..heads_kv), next)?;
+                        for (c, n) in [(&cur.ks[h], &mut nxt.ks[h]), (&cur.vs[h], &mut nxt.vs[h])] {
+                            comm.send(&c.slice(..), next)?;
                             comm.recv(&mut n.slice_mut(..), prev)?;
                         }
                     }
@@ -312,10 +294,18 @@ impl RingRank {
                 })?;
                 transfer = Some((c0, timed(&comm_stream)?));
             }
-            if step > 0 {
-                // The travel buffers are sized for the longest half: the step reads the first elements.
-                steps.step(gpu, &st, world, rank, step, &q, send_k, send_v, lens(src))?;
-            }
+            // The travel buffers are sized for the longest half: the step reads the first elements.
+            steps.step(
+                gpu,
+                &st,
+                world,
+                rank,
+                step,
+                &q,
+                halves(&cur.k, &cur.ks),
+                halves(&cur.v, &cur.vs),
+                lens(src),
+            )?;
             marks.push((a0, timed(&st)?, transfer));
         }
         let queue_ms = since(t2);
