@@ -101,7 +101,13 @@ impl Workspace {
     }
 
     /// The split plan of a launch of `stage` on `s` with blocks of `rows` rows, a grid of `blocks`.
-    fn split_plan(&self, stage: Stage, s: &fixtures::Shape, rows: usize, blocks: usize) -> SplitPlan {
+    fn split_plan(
+        &self,
+        stage: Stage,
+        s: &fixtures::Shape,
+        rows: usize,
+        blocks: usize,
+    ) -> SplitPlan {
         let plan = SplitPlan::of(stage, s, rows, blocks);
         if self.no_split { plan.unsplit() } else { plan }
     }

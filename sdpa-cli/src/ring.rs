@@ -148,26 +148,14 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     let ring_ms = rank0[rank0.len() / 2];
     // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
     let gpu = lab::Gpu::device(0)?;
-    let whole = quantize_per_head(&Raw::random(s, 7, 1.0));
-    let mut p = fp8_attention::Problem::upload(gpu, &whole, fixtures::OutDtype::Bf16)?;
-    let one_ms = if s.flops() > 1e14 {
-        // Past 10^14 FLOP a call (0.1 s and more a launch), the median of 5 launches each between CUDA events after
-        // one warm-up, not graph replays of 20 launches (at S = 1M, H = 8: minutes).
-        p.launch(gpu, composed::Stage::S7)?;
-        let mut ms = vec![];
-        for _ in 0..5 {
-            gpu.stream.synchronize()?;
-            let e0 = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            p.launch(gpu, composed::Stage::S7)?;
-            let e1 = gpu.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            gpu.stream.synchronize()?;
-            ms.push(f64::from(e0.elapsed_ms(&e1)?));
-        }
-        ms.sort_by(f64::total_cmp);
-        ms[2]
-    } else {
-        p.time(gpu, composed::Stage::S7, 2, 10)?.p50_us / 1e3
+    let one_ms = stage7_ms(gpu, s)?;
+    // A step's work alone: stage 7 on one rank's shard against one shard of keys (B, H, S / W, S / W), not causal;
+    // a causal step (the diagonal, or two of the four half-blocks) is half of it.
+    let shard = Shape {
+        hkv: s.hkv,
+        ..Shape::new(s.b, s.h, s.sq.div_ceil(world), s.d)
     };
+    let step_work_ms = stage7_ms(gpu, shard)? * if s.causal { 0.5 } else { 1.0 };
     // Shape::flops counts half the pairs under the causal mask.
     let flops = s.flops();
     println!(
@@ -190,7 +178,11 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     );
     println!(
         "  each rank's steps (its last call, device events): {} ms",
-        in_steps.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" / ")
+        in_steps
+            .iter()
+            .map(|x| format!("{x:.3}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
     );
     // Communication hidden: each step's time against its attention's (rank 0, the last call; device events).
     for (i, st) in steps0.iter().enumerate() {
@@ -212,6 +204,22 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             "  the slowest step against its attention: {worst:.3}× (communication hidden at 1.00×)"
         );
     }
+    if let Some(slowest) = steps0
+        .iter()
+        .map(|st| f64::from(st.step_ms))
+        .max_by(f64::total_cmp)
+    {
+        println!(
+            "  a step's work alone (stage 7 on {}{}): {step_work_ms:.3} ms; the slowest step {:.3}× it (issue 35: ≤ 1.05×)",
+            shape_text(&shard),
+            if s.causal {
+                ", halved for a causal step"
+            } else {
+                ""
+            },
+            slowest / step_work_ms
+        );
+    }
     let h = host0;
     println!(
         "  host, rank 0's last call: input check {:.3} ms, setup {:.3} ms, queueing the steps {:.3} ms, waiting for \
@@ -219,4 +227,31 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         h.check_ms, h.setup_ms, h.queue_ms, h.drain_ms
     );
     Ok(())
+}
+
+/// Stage 7's time in ms on `s` (unit-normal inputs quantized per head, on `gpu`, Vᵀ made once): past 10^14 FLOP a
+/// launch (0.1 s and more) the median of 5 launches each between CUDA events after one warm-up, not graph replays of
+/// 20 launches (at S = 1M, H = 8: minutes); else the graph replays' median.
+fn stage7_ms(gpu: &'static lab::Gpu, s: Shape) -> Result<f64> {
+    let qz = quantize_per_head(&Raw::random(s, 7, 1.0));
+    let mut p = fp8_attention::Problem::upload(gpu, &qz, fixtures::OutDtype::Bf16)?;
+    if s.flops() <= 1e14 {
+        return Ok(p.time(gpu, composed::Stage::S7, 2, 10)?.p50_us / 1e3);
+    }
+    p.launch(gpu, composed::Stage::S7)?;
+    let mut ms = vec![];
+    for _ in 0..5 {
+        gpu.stream.synchronize()?;
+        let e0 = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        p.launch(gpu, composed::Stage::S7)?;
+        let e1 = gpu
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        gpu.stream.synchronize()?;
+        ms.push(f64::from(e0.elapsed_ms(&e1)?));
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[2])
 }
