@@ -8,6 +8,8 @@
 //   l     = alpha·l + rowsum(P);  O = alpha·O + P·V;  m = m_new
 // finish: O = O / l and LSE = m·scale + ln(l), the natural log of Σ exp(scale·s); a row with no finite
 // score ends with O = 0 and LSE = -inf, never NaN.
+// Every c and scale below is one float for all rows, or a RowScale: one a row (rows of different query heads in one
+// tile, each with its own Q scale: packed grouped-query heads). The arithmetic of a row is the same either way.
 #pragma once
 #include <mma.h>
 #include "frag_layout.cuh"
@@ -20,6 +22,14 @@ struct RowState {
   float m[2];
   float l[2];
 };
+
+// A scale for each of this lane's two rows (frag::acc_row(lane, h)), where a tile's rows have different scales.
+struct RowScale {
+  float c[2];
+};
+// Row h's scale: the one float, or RowScale's entry h.
+__device__ __forceinline__ float row_c(float c, int) { return c; }
+__device__ __forceinline__ float row_c(const RowScale& c, int h) { return c.c[h]; }
 
 __device__ __forceinline__ void init(RowState& st) {
 #pragma unroll
@@ -53,8 +63,8 @@ __device__ __forceinline__ void mask_in_place(Frag (&s)[NF], int col0, const int
 
 // The row max of the (masked) tile and the online update of m: alpha for O and l, and the m the exponentials
 // subtract (0 while the row has no finite score: never (-inf) - (-inf)).
-template <class L, int NF, class Frag>
-__device__ __forceinline__ void update_max(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st,
+template <class L, int NF, class Frag, class C>
+__device__ __forceinline__ void update_max(Frag (&s)[NF], int col0, const int (&limit)[2], C c, RowState& st,
                                            float (&alpha)[2], float (&m_use)[2]) {
   float mx[2];
   wr::rows_limited<L, wr::MaxOp, false>(s, col0, limit, wr::MaxOp{}, mx);
@@ -62,13 +72,13 @@ __device__ __forceinline__ void update_max(Frag (&s)[NF], int col0, const int (&
   for (int h = 0; h < 2; ++h) {
     const float m_new = wr::max_nan(st.m[h], mx[h]);
     m_use[h] = m_new == wr::neg_inf() ? 0.0f : m_new;
-    alpha[h] = exp2_ftz((st.m[h] - m_use[h]) * c);
+    alpha[h] = exp2_ftz((st.m[h] - m_use[h]) * row_c(c, h));
     st.m[h] = m_new;
   }
 }
 
-template <class L, int P_OFFSET, bool MASKED, int NF, class Frag>
-__device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st, float (&alpha)[2]) {
+template <class L, int P_OFFSET, bool MASKED, int NF, class Frag, class C>
+__device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)[2], C c, RowState& st, float (&alpha)[2]) {
   if constexpr (MASKED) mask_in_place<L>(s, col0, limit);
   float m_use[2];
   update_max<L>(s, col0, limit, c, st, alpha, m_use);
@@ -77,12 +87,13 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)
 #pragma unroll
     for (int i = 0; i < L::kElems; ++i) {
       const int h = frag::acc_half(i);
+      const float ch = row_c(c, h);
       // A score of the E4M3 GEMM is finite, so -inf here is a masked cell (and exp2 of -inf·c is 0 only for c > 0).
       const bool valid = !MASKED || s[f].x[i] != wr::neg_inf();
       if constexpr (P_OFFSET == 0) {
-        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], c, -m_use[h] * c)) : 0.0f;
+        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], ch, -m_use[h] * ch)) : 0.0f;
       } else {
-        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], c, float(P_OFFSET) - m_use[h] * c)) : 0.0f;
+        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], ch, float(P_OFFSET) - m_use[h] * ch)) : 0.0f;
       }
     }
   float ps[2];
@@ -95,8 +106,8 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)
 // As step, with a column limit per row (this lane's two rows): columns >= limit[h] of row h are masked. A
 // causal mask is limit = min(Sk, row + Sk - Sq + 1). A row with no column left keeps m = -inf and l = 0: its O
 // is 0 and its LSE -inf (finish).
-template <class L, int P_OFFSET = 0, int NF, class Frag>
-__device__ __forceinline__ void step_rows(Frag (&s)[NF], int col0, const int (&limit)[2], float c, RowState& st,
+template <class L, int P_OFFSET = 0, int NF, class Frag, class C>
+__device__ __forceinline__ void step_rows(Frag (&s)[NF], int col0, const int (&limit)[2], C c, RowState& st,
                                           float (&alpha)[2]) {
   if (col0 + NF * L::kCols <= min(limit[0], limit[1]))
     detail::step<L, P_OFFSET, false>(s, col0, limit, c, st, alpha);
@@ -124,8 +135,8 @@ __device__ __forceinline__ void mask_below(Frag (&s)[NF], int col0, const int (&
 // every P by 2^P_OFFSET, so that P in (0, 2^P_OFFSET] uses FP8's range (FlashAttention-3's Max_offset); l
 // carries the same factor, so O / l is unchanged and finish<L, P_OFFSET> takes it out of the LSE. A tile with
 // every column valid (all but the last, warp-uniformly) takes the path without per-cell compares.
-template <class L, int P_OFFSET = 0, int NF, class Frag>
-__device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2]) {
+template <class L, int P_OFFSET = 0, int NF, class Frag, class C>
+__device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, C c, RowState& st, float (&alpha)[2]) {
   const int limit[2] = {kv_valid, kv_valid};
   step_rows<L, P_OFFSET>(s, col0, limit, c, st, alpha);
 }
@@ -137,8 +148,8 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, int kv_valid, floa
 
 // The masking (columns >= limit[h] of row h, as step_rows), the row max and the online update of m: alpha for
 // O and l, and each row's exponent bias P_OFFSET − m·c for exp_cells.
-template <class L, int P_OFFSET = 0, class Frag>
-__device__ __forceinline__ void step_max_rows(Frag (&s)[1], int col0, const int (&limit)[2], float c, RowState& st,
+template <class L, int P_OFFSET = 0, class Frag, class C>
+__device__ __forceinline__ void step_max_rows(Frag (&s)[1], int col0, const int (&limit)[2], C c, RowState& st,
                                               float (&alpha)[2], float (&bias)[2]) {
   if (col0 + L::kCols > min(limit[0], limit[1])) {
     detail::mask_in_place<L>(s, col0, limit);
@@ -146,21 +157,21 @@ __device__ __forceinline__ void step_max_rows(Frag (&s)[1], int col0, const int 
   float m_use[2];
   detail::update_max<L>(s, col0, limit, c, st, alpha, m_use);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) bias[h] = float(P_OFFSET) - m_use[h] * c;
+  for (int h = 0; h < 2; ++h) bias[h] = float(P_OFFSET) - m_use[h] * row_c(c, h);
 }
 // Both rows with the same limit: columns >= kv_valid are masked.
-template <class L, int P_OFFSET = 0, class Frag>
-__device__ __forceinline__ void step_max(Frag (&s)[1], int col0, int kv_valid, float c, RowState& st, float (&alpha)[2],
+template <class L, int P_OFFSET = 0, class Frag, class C>
+__device__ __forceinline__ void step_max(Frag (&s)[1], int col0, int kv_valid, C c, RowState& st, float (&alpha)[2],
                                          float (&bias)[2]) {
   const int limit[2] = {kv_valid, kv_valid};
   step_max_rows<L, P_OFFSET>(s, col0, limit, c, st, alpha, bias);
 }
 
 // P = exp2(s·c + bias) in place for cells [LO, HI) of a lane's fragment.
-template <class L, int LO, int HI>
-__device__ __forceinline__ void exp_cells(float (&x)[L::kElems], float c, const float (&bias)[2]) {
+template <class L, int LO, int HI, class C>
+__device__ __forceinline__ void exp_cells(float (&x)[L::kElems], C c, const float (&bias)[2]) {
 #pragma unroll
-  for (int i = LO; i < HI; ++i) x[i] = exp2_ftz(fmaf(x[i], c, bias[frag::acc_half(i)]));
+  for (int i = LO; i < HI; ++i) x[i] = exp2_ftz(fmaf(x[i], row_c(c, frag::acc_half(i)), bias[frag::acc_half(i)]));
 }
 
 // The row sums' partials (wr::SumOp's chains, per row), filled cell range by cell range.
@@ -218,22 +229,23 @@ __device__ __forceinline__ void rescale(Frag (&o)[NO], const float (&alpha)[2]) 
 
 // The rows' 1/l (0 where l = 0) and LSE (less the 2^P_OFFSET that step<L, P_OFFSET> put into l): finish without
 // touching O, for a caller that scales O later (or while O's last GEMM still runs).
-template <int P_OFFSET = 0>
-__device__ __forceinline__ void finish_rows(const RowState& st, float scale, float (&inv)[2], float (&lse)[2]) {
+template <int P_OFFSET = 0, class C>
+__device__ __forceinline__ void finish_rows(const RowState& st, C scale, float (&inv)[2], float (&lse)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     inv[h] = st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f;
     if constexpr (P_OFFSET == 0) {
-      lse[h] = st.l[h] > 0.0f ? st.m[h] * scale + logf(st.l[h]) : wr::neg_inf();
+      lse[h] = st.l[h] > 0.0f ? st.m[h] * row_c(scale, h) + logf(st.l[h]) : wr::neg_inf();
     } else {
-      lse[h] = st.l[h] > 0.0f ? st.m[h] * scale + (logf(st.l[h]) - float(P_OFFSET) * 0.6931471805599453f) : wr::neg_inf();
+      lse[h] = st.l[h] > 0.0f ? st.m[h] * row_c(scale, h) + (logf(st.l[h]) - float(P_OFFSET) * 0.6931471805599453f)
+                              : wr::neg_inf();
     }
   }
 }
 
 // O = O / l (0 where l = 0) and the rows' LSE (less the 2^P_OFFSET that step<L, P_OFFSET> put into l).
-template <class L, int P_OFFSET = 0, int NO, class Frag>
-__device__ __forceinline__ void finish(Frag (&o)[NO], const RowState& st, float scale, float (&lse)[2]) {
+template <class L, int P_OFFSET = 0, int NO, class Frag, class C>
+__device__ __forceinline__ void finish(Frag (&o)[NO], const RowState& st, C scale, float (&lse)[2]) {
   float inv[2];
   finish_rows<P_OFFSET>(st, scale, inv, lse);
 #pragma unroll

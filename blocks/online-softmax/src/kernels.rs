@@ -33,9 +33,15 @@ pub const ATTEND_BC32: KernelSpec = k("attend_bc32");
 pub const ATTEND_PIECES_BC16: KernelSpec = k("attend_pieces_bc16");
 /// attend_bc16 with a window per row: row r over columns lo[r] .. hi[r] − 1 (`mask_below`, then `step_rows`).
 pub const ATTEND_WINDOW_BC16: KernelSpec = k("attend_window_bc16");
+/// attend_bc16 with a scale per row (`osm::RowScale`): row r's softmax over row_scale[r]·S.
+pub const ATTEND_ROWS_BC16: KernelSpec = k("attend_rows_bc16");
+/// attend_rows_bc16 with `step` in its pieces.
+pub const ATTEND_ROWS_PIECES_BC16: KernelSpec = k("attend_rows_pieces_bc16");
 pub const KERNELS: &[KernelSpec] = &[
     ATTEND_BC16,
     ATTEND_BC32,
     ATTEND_PIECES_BC16,
     ATTEND_WINDOW_BC16,
+    ATTEND_ROWS_BC16,
+    ATTEND_ROWS_PIECES_BC16,
 ];

@@ -195,6 +195,23 @@ pub fn windowed(p: &Problem, lo: &[usize], hi: &[usize]) -> Problem {
     w
 }
 
+/// What `f` (a model: `one_shot`, `mirror_f32`, ...) gives `p` with a softmax scale per row: row r over
+/// `scales[r]`·s, as the device's `osm::RowScale` computes it (rows are independent: each is `f` of `p` at its scale).
+pub fn with_row_scales<T: Clone>(
+    p: &Problem,
+    scales: &[f32],
+    f: impl Fn(&Problem) -> Out<T>,
+) -> Out<T> {
+    assert_eq!(scales.len(), p.rows, "one scale a row");
+    let mut out = f(p);
+    for (r, &scale) in scales.iter().enumerate() {
+        let row = f(&Problem { scale, ..p.clone() });
+        out.o[r * p.d..(r + 1) * p.d].clone_from_slice(&row.o[r * p.d..(r + 1) * p.d]);
+        out.lse[r] = row.lse[r].clone();
+    }
+    out
+}
+
 /// The stated bound on |O_f32 − O_f64| for the device's arithmetic: P rounded to f16 moves each weight by at
 /// most 2⁻¹¹ relative (2⁻²⁵ absolute below f16's normal range) and O is a convex combination of V's rows, so
 /// 2⁻¹¹·max|V|; the f32 exp2, the running sums and the rescales add at most 4 roundings per key.
@@ -237,6 +254,23 @@ mod tests {
             v,
             scale: 0.125,
         }
+    }
+
+    #[test]
+    fn row_scales_are_each_row_at_its_own_scale() {
+        let p = problem(3, 37, 3.0);
+        // One scale for every row: the problem itself.
+        assert_eq!(with_row_scales(&p, &[p.scale; 4], one_shot), one_shot(&p));
+        // Row 2 at twice the scale: its softmax is that of its scores doubled; the other rows unchanged.
+        let got = with_row_scales(&p, &[p.scale, p.scale, 2.0 * p.scale, p.scale], one_shot);
+        let mut doubled = p.clone();
+        for x in &mut doubled.s[2 * p.sk..3 * p.sk] {
+            *x *= 2.0;
+        }
+        let want = one_shot(&doubled);
+        assert!(max_abs_diff(&got.o, &want.o) < 1e-12);
+        assert!(max_abs_diff(&got.lse, &want.lse) < 1e-12);
+        assert_ne!(got.o[2 * p.d..3 * p.d], one_shot(&p).o[2 * p.d..3 * p.d]);
     }
 
     /// Tile widths from cut points: any split of 0..sk.

@@ -112,18 +112,26 @@ fn window_problem(p: &Problem, lo: &[i32], hi: &[i32]) -> Problem {
     windowed(p, &lo, &hi)
 }
 
-/// Runs `spec` (tiles of `bc` keys) on `p`: O [16][64], LSE [16].
-fn attend(gpu: &Gpu, spec: &KernelSpec, bc: usize, p: &Problem) -> Result<Out<f32>> {
-    attend_in(gpu, spec, bc, p, None)
+/// What a test kernel takes beyond S, V, sk and skp: the problem's one scale, one scale a row instead
+/// (`attend_rows_*`), or the scale and a window per row (`attend_window_bc16`: row r over columns lo[r] .. hi[r] − 1).
+enum Extra<'a> {
+    Scale,
+    Rows(&'a [f32]),
+    Window(&'a [i32], &'a [i32]),
 }
 
-/// As attend, for a kernel that takes a window per row (`attend_window_bc16`: row r over columns lo[r] .. hi[r] − 1).
+/// Runs `spec` (tiles of `bc` keys) on `p`: O [16][64], LSE [16].
+fn attend(gpu: &Gpu, spec: &KernelSpec, bc: usize, p: &Problem) -> Result<Out<f32>> {
+    attend_in(gpu, spec, bc, p, Extra::Scale)
+}
+
+/// As attend, with what the kernel takes beyond S, V, sk and skp.
 fn attend_in(
     gpu: &Gpu,
     spec: &KernelSpec,
     bc: usize,
     p: &Problem,
-    window: Option<(&[i32], &[i32])>,
+    extra: Extra,
 ) -> Result<Out<f32>> {
     let skp = p.sk.div_ceil(bc) * bc;
     // Columns past sk hold NaN: the mask must keep them out. V rows past sk are zero, as the ring delivers them.
@@ -146,18 +154,23 @@ fn attend_in(
         block_dim: (32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let win = match window {
-        Some((lo, hi)) => Some((st.clone_htod(lo)?, st.clone_htod(hi)?)),
-        None => None,
+    let (win, rows) = match extra {
+        Extra::Scale => (None, None),
+        Extra::Rows(r) => (None, Some(st.clone_htod(r)?)),
+        Extra::Window(lo, hi) => (Some((st.clone_htod(lo)?, st.clone_htod(hi)?)), None),
     };
     let mut b = st.launch_builder(&k.func);
-    b.arg(&ds).arg(&dv).arg(&sk).arg(&skp_i).arg(&scale);
+    b.arg(&ds).arg(&dv).arg(&sk).arg(&skp_i);
+    match &rows {
+        Some(r) => b.arg(r),
+        None => b.arg(&scale),
+    };
     if let Some((lo, hi)) = &win {
         b.arg(lo).arg(hi);
     }
     b.arg(&mut o).arg(&mut lse);
-    // SAFETY: attend_bc*(const float* S[16][skp], const __half* V[skp][64], int sk, int skp, float scale,
-    // [const int* lo[16], const int* hi[16],] float* O[16][64], float* lse[16]), one warp.
+    // SAFETY: attend_*(const float* S[16][skp], const __half* V[skp][64], int sk, int skp, float scale or const
+    // float* row_scale[16], [const int* lo[16], const int* hi[16],] float* O[16][64], float* lse[16]), one warp.
     unsafe { b.launch(cfg)? };
     let out = Out {
         o: st.clone_dtoh(&o)?,
@@ -171,7 +184,20 @@ fn attend_in(
 /// The tolerance rule: error against the f64 reference at most twice the f32 emulation's plus a noise floor,
 /// and within the stated bound; LSE likewise; rows with no finite score exactly O = 0, LSE = −inf.
 fn check(what: &str, p: &Problem, bc: usize, dev: &Out<f32>, verbose: bool) -> Result<()> {
-    let (reference, mirror) = (one_shot(p), mirror_f32(p, bc));
+    check_against(what, p, bc, dev, verbose, &one_shot(p), &mirror_f32(p, bc))
+}
+
+/// `check` against a given f64 reference and f32 emulation of `p` (a model of another form of the problem:
+/// `with_row_scales`).
+fn check_against(
+    what: &str,
+    p: &Problem,
+    bc: usize,
+    dev: &Out<f32>,
+    verbose: bool,
+    reference: &Out<f64>,
+    mirror: &Out<f32>,
+) -> Result<()> {
     let floor = 2f64.powi(-20) * p.max_abs_v();
     let (e_dev, e_mir) = (
         max_abs_diff(&dev.o, &reference.o),
@@ -223,6 +249,26 @@ fn check(what: &str, p: &Problem, bc: usize, dev: &Out<f32>, verbose: bool) -> R
 fn run_all(gpu: &Gpu, spec: &KernelSpec, bc: usize) -> Result<()> {
     for (what, p) in scenarios() {
         check(&what, &p, bc, &attend(gpu, spec, bc, &p)?, true)?;
+    }
+    Ok(())
+}
+
+/// A scale for each of the 16 rows, from a third to three times the problem's, no two alike (a lane's two rows, r and
+/// r + 8, differ): rows of different query heads in one tile.
+fn row_scales(p: &Problem) -> Vec<f32> {
+    (0..ROWS)
+        .map(|r| p.scale * 2f32.powf((r as f32 - 7.5) / 5.0))
+        .collect()
+}
+
+/// Every scenario through `spec` (an `attend_rows_*` kernel) at `row_scales`, against the model row by row.
+fn rows_pass(gpu: &Gpu, spec: &KernelSpec, verbose: bool) -> Result<()> {
+    for (what, p) in scenarios() {
+        let scales = row_scales(&p);
+        let dev = attend_in(gpu, spec, 16, &p, Extra::Rows(&scales))?;
+        let reference = with_row_scales(&p, &scales, one_shot);
+        let mirror = with_row_scales(&p, &scales, |q| mirror_f32(q, 16));
+        check_against(&what, &p, 16, &dev, verbose, &reference, &mirror)?;
     }
     Ok(())
 }
@@ -291,7 +337,7 @@ fn main() {
     });
     t.gpu("window_matches_the_model", |gpu| {
         for (what, p, lo, hi) in window_scenarios() {
-            let dev = attend_in(gpu, &ATTEND_WINDOW_BC16, 16, &p, Some((&lo, &hi)))?;
+            let dev = attend_in(gpu, &ATTEND_WINDOW_BC16, 16, &p, Extra::Window(&lo, &hi))?;
             check(&what, &window_problem(&p, &lo, &hi), 16, &dev, true)?;
         }
         Ok(())
@@ -304,7 +350,7 @@ fn main() {
             "+ L::col(lane, i) < lo[frag::acc_half(i)] - 1) s[f].x[i] = wr::neg_inf();",
         )?;
         for (what, p, lo, hi) in window_scenarios() {
-            let dev = attend_in(gpu, &bad, 16, &p, Some((&lo, &hi)))?;
+            let dev = attend_in(gpu, &bad, 16, &p, Extra::Window(&lo, &hi))?;
             if let Err(e) = check(&what, &window_problem(&p, &lo, &hi), 16, &dev, false) {
                 eprintln!("mutant `window left edge off by one` caught: {e}");
                 return Ok(());
@@ -312,11 +358,71 @@ fn main() {
         }
         bail!("the window's left edge off by one passed every scenario")
     });
+    for (name, spec) in [
+        ("row_scales_match_the_model", ATTEND_ROWS_BC16),
+        (
+            "row_scales_in_pieces_match_the_model",
+            ATTEND_ROWS_PIECES_BC16,
+        ),
+    ] {
+        t.gpu(name, move |gpu| rows_pass(gpu, &spec, true));
+    }
+    t.gpu("row_scales_all_equal_are_the_one_scale_s_bits", |gpu| {
+        // The same scale on every row: bit for bit the kernel with the one float (its arithmetic, row by row).
+        for (what, p) in scenarios() {
+            let (a, b) = (
+                attend(gpu, &ATTEND_BC16, 16, &p)?,
+                attend_in(
+                    gpu,
+                    &ATTEND_ROWS_BC16,
+                    16,
+                    &p,
+                    Extra::Rows(&[p.scale; ROWS]),
+                )?,
+            );
+            let same =
+                |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
+            ensure!(
+                same(&a.o, &b.o) && same(&a.lse, &b.lse),
+                "{what}: equal row scales give other bits than the one scale"
+            );
+        }
+        Ok(())
+    });
+    for (what, spec, from, to) in [
+        (
+            "row scales: every row at row 0 scale",
+            ATTEND_ROWS_BC16,
+            "return c.c[h]; }",
+            "return c.c[0]; }",
+        ),
+        (
+            "row scales: pieces exponentials at row 0 scale",
+            ATTEND_ROWS_PIECES_BC16,
+            "fmaf(x[i], row_c(c, frag::acc_half(i)),",
+            "fmaf(x[i], row_c(c, 0),",
+        ),
+    ] {
+        t.gpu(
+            &format!(
+                "mutant_caught::{}",
+                what.replace(": ", "_").replace(' ', "_")
+            ),
+            move |gpu| {
+                let bad = spec.mutated("online_softmax.cuh", from, to)?;
+                if rows_pass(gpu, &bad, false).is_err() {
+                    eprintln!("mutant `{what}` caught");
+                    return Ok(());
+                }
+                bail!("mutant `{what}` passed every scenario: the suite cannot see it")
+            },
+        );
+    }
     let piece_mutants: [(&str, &str, &str); 3] = [
         (
             "pieces: exponentials with row 0's bias",
-            "x[i] = exp2_ftz(fmaf(x[i], c, bias[frag::acc_half(i)]));",
-            "x[i] = exp2_ftz(fmaf(x[i], c, bias[0]));",
+            "bias[frag::acc_half(i)]));",
+            "bias[0]));",
         ),
         (
             "pieces: partial tile not masked",
