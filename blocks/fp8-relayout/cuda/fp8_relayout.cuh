@@ -15,7 +15,8 @@
 //    time by ldmatrix.x4.trans (16-bit pairs of channels), four byte permutes and stmatrix.x4: ~8 instructions a
 //    512-byte unit a warp, against TransposeLean's ~100 an 8x8-byte block a thread (FlashAttention-3's Transpose_V).
 // 3. store_rows: an f32 accumulator (frag::wgmma_d) times `scale` to bf16, f16 or f32 rows in global memory, rows past
-//    `valid_rows` skipped.
+//    `valid_rows` skipped; rows evenly spaced (RowPitch) or in groups (GroupedRows: packed grouped-query heads, row r
+//    the head r % group of token r / group).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -399,16 +400,37 @@ __device__ __forceinline__ void transpose_tile(const unsigned char* src, unsigne
 // Stores of O go through fp8-codec's conversion (fp8::store2: a pair rounded to nearest even, one store).
 using fp8::store2;
 
-// out[row][col] = T(acc * scale) for the 64 x N tile at out (ld elements per row); rows >= valid_rows untouched.
-template <class T, int N>
-__device__ __forceinline__ void store_rows(const float (&acc)[N / 2], float scale, T* out, long long ld,
-                                           int valid_rows) {
+// Where row r of a 64-row tile starts, in elements from the tile's first: r · ld.
+struct RowPitch {
+  long long ld;
+  __device__ __forceinline__ long long operator()(int r) const { return r * ld; }
+};
+// Rows in groups of `group`: row r is member r % group of group r / group, at (r / group) · ld_outer + (r % group) ·
+// ld_inner. Packed grouped-query heads (pack-gqa) in an O of [tokens, H, D]: member = query head within its K/V
+// head's group, group = token, ld_outer = H·D, ld_inner = D (the tile's first row a token's first head).
+struct GroupedRows {
+  int group;
+  long long ld_outer, ld_inner;
+  __device__ __forceinline__ long long operator()(int r) const { return (r / group) * ld_outer + (r % group) * ld_inner; }
+};
+
+// out[rows(row) + col] = T(acc * scale) for the 64 x N tile at out; rows >= valid_rows untouched.
+template <class T, int N, class Rows>
+__device__ __forceinline__ void store_rows_at(const float (&acc)[N / 2], float scale, T* out, const Rows& rows,
+                                              int valid_rows) {
   const int t = threadIdx.x & 127;
 #pragma unroll
   for (int i = 0; i < N / 2; i += 2) {
     const int row = frag::wgmma_d_row(t, i), col = frag::wgmma_d_col(t, i);
-    if (row < valid_rows) store2(out + row * ld + col, acc[i] * scale, acc[i + 1] * scale);
+    if (row < valid_rows) store2(out + rows(row) + col, acc[i] * scale, acc[i + 1] * scale);
   }
+}
+
+// out[row][col] = T(acc * scale) for the 64 x N tile at out (ld elements per row); rows >= valid_rows untouched.
+template <class T, int N>
+__device__ __forceinline__ void store_rows(const float (&acc)[N / 2], float scale, T* out, long long ld,
+                                           int valid_rows) {
+  store_rows_at<T, N>(acc, scale, out, RowPitch{ld}, valid_rows);
 }
 
 // Columns 64·P .. 64·P + 63 of 64 rows of an f32 accumulator (frag::wgmma_d, N columns: cells 32·P .. 32·P +

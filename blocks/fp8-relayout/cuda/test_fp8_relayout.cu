@@ -84,6 +84,17 @@ extern "C" __global__ void __launch_bounds__(128) store_n64_f16(const float* in,
 extern "C" __global__ void __launch_bounds__(128) store_n64_f32(const float* in, float scale, float* out, int valid_rows) {
   store<float, 64>(in, scale, out, valid_rows);
 }
+// out [ceil(64 / group)][heads][N] of f16 from in [64][N] f32 through store_rows_at with GroupedRows: row r at token
+// r / group, head r % group (heads ≥ group: the first K/V head's query heads of an O of `heads` heads).
+extern "C" __global__ void __launch_bounds__(128) store_grouped_n64_f16(const float* in, float scale, __half* out,
+                                                                        int valid_rows, int group, int heads) {
+  constexpr int N = 64;
+  const int t = threadIdx.x;
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = in[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)];
+  relayout::store_rows_at<__half, N>(acc, scale, out, relayout::GroupedRows{group, (long long)heads * N, N}, valid_rows);
+}
 
 // out: the 8 KiB shared-memory panel P of in [64][N] f32 (through frag::wgmma_d) as stage_panel writes it, bytes
 // as they sit in shared memory (the image a TMA store with a 128-byte swizzle reads); rows 8..15 of every 16 at

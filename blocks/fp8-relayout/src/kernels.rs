@@ -176,6 +176,8 @@ pub const TRANSPOSES_LDSM: [(crate::LdsmTile, u32, KernelSpec); 5] = {
 pub const STORE_BF16: KernelSpec = k("store_n128_bf16", &[]);
 pub const STORE_F16: KernelSpec = k("store_n64_f16", &[]);
 pub const STORE_F32: KernelSpec = k("store_n64_f32", &[]);
+/// store_rows_at with GroupedRows (packed grouped-query heads: row r at token r / group, head r % group), f16.
+pub const STORE_GROUPED_F16: KernelSpec = k("store_grouped_n64_f16", &[]);
 /// (n, panel, kernel): relayout::stage_panel's shared-memory image of panel `panel` of a 64 × n accumulator.
 pub const STAGE_PANEL: [(usize, usize, KernelSpec); 2] = [
     (128, 1, staged("stage_n128_p1_bf16")),
@@ -203,7 +205,7 @@ pub fn all() -> Vec<KernelSpec> {
     v.push(TRANSPOSE_LOCAL.4);
     v.extend(TRANSPOSES_LEAN.iter().map(|x| x.4));
     v.extend(TRANSPOSES_LDSM.iter().map(|x| x.2));
-    v.extend([STORE_BF16, STORE_F16, STORE_F32]);
+    v.extend([STORE_BF16, STORE_F16, STORE_F32, STORE_GROUPED_F16]);
     v.extend(STAGE_PANEL.iter().map(|x| x.2));
     v.extend(PV.iter().map(|x| x.2));
     v

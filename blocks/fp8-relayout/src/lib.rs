@@ -10,7 +10,7 @@ mod model;
 
 pub use kernels::{
     ACC_TO_A, ACC_TO_A_LOCAL, HEADERS, PV, SOURCE, STAGE_PANEL, STORE_BF16, STORE_F16, STORE_F32,
-    TRANSPOSE_LOCAL, TRANSPOSES, TRANSPOSES_LDSM, TRANSPOSES_LEAN,
+    STORE_GROUPED_F16, TRANSPOSE_LOCAL, TRANSPOSES, TRANSPOSES_LDSM, TRANSPOSES_LEAN,
 };
 pub use ldsm::{LdsmTile, byte_perm, ldsm_expected, ldsm_selectors};
 pub use model::{

@@ -256,6 +256,50 @@ fn store_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, valid: i32, seed: u64) -> 
     Ok(wrong)
 }
 
+/// Elements of `spec`'s (store_grouped_n64_f16) output [⌈64 / group⌉][heads][64] f16 that differ from the model: row
+/// r (< valid) of the 64 × 64 input times the scale at token r / group, head r % group; every other element keeps
+/// the all-ones fill.
+fn grouped_diff(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    group: usize,
+    heads: usize,
+    valid: i32,
+    seed: u64,
+) -> Result<usize> {
+    const N: usize = 64;
+    let mut inp = Inputs::seeded(seed);
+    let x = inp.normal(64 * N, 0.0, 3.0);
+    let scale = 0.37f32;
+    let tokens = 64usize.div_ceil(group);
+    let s = &gpu.stream;
+    let k = gpu.load(spec)?;
+    let dx = s.clone_htod(&x)?;
+    let mut o = s.clone_htod(&vec![0xFFFFu16; tokens * heads * N])?;
+    let (g, h) = (group as i32, heads as i32);
+    // SAFETY: store_grouped_n64_f16(const float* in[64][64], float scale, __half* out[tokens][heads][64], int
+    // valid_rows, int group, int heads): rows reach token ⌈64 / group⌉ − 1, head group − 1 < heads.
+    unsafe {
+        s.launch_builder(&k.func)
+            .arg(&dx)
+            .arg(&scale)
+            .arg(&mut o)
+            .arg(&valid)
+            .arg(&g)
+            .arg(&h)
+            .launch(WG)?
+    };
+    let got = s.clone_dtoh(&o)?;
+    let mut want = vec![0xFFFFu16; tokens * heads * N];
+    for r in 0..(valid.max(0) as usize).min(64) {
+        let at = ((r / group) * heads + r % group) * N;
+        for c in 0..N {
+            want[at + c] = f16::from_f32(x[r * N + c] * scale).to_bits();
+        }
+    }
+    Ok(got.iter().zip(&want).filter(|(a, b)| a != b).count())
+}
+
 /// Bytes of `spec`'s staged panel (stage_panel through `stage`) that differ from staged_panel's.
 fn stage_diff(gpu: &Gpu, spec: &KernelSpec, n: usize, panel: usize, seed: u64) -> Result<usize> {
     let mut inp = Inputs::seeded(seed);
@@ -416,6 +460,31 @@ fn main() {
                 "f16, {valid} rows"
             );
         }
+        Ok(())
+    });
+    t.gpu("store_rows::grouped_rows_of_packed_heads", |gpu| {
+        // Groups of 1 (plain rows, ld = heads·64), 4 and 8 query heads a K/V head, in an O of as many heads as a
+        // group or four times more, with tails.
+        for (group, heads) in [(1, 1), (1, 3), (4, 4), (4, 16), (8, 32)] {
+            for valid in [64, 63, 17, 1] {
+                let bad = grouped_diff(gpu, &STORE_GROUPED_F16, group, heads, valid, 9)?;
+                ensure!(
+                    bad == 0,
+                    "group {group}, {heads} heads, {valid} rows: {bad} elements wrong"
+                );
+            }
+        }
+        Ok(())
+    });
+    t.gpu("mutant::grouped_rows_member_and_group_swapped", |gpu| {
+        let bad = STORE_GROUPED_F16.mutated(
+            "fp8_relayout.cuh",
+            "(r / group) * ld_outer + (r % group) * ld_inner",
+            "(r % group) * ld_outer + (r / group) * ld_inner",
+        )?;
+        let n = grouped_diff(gpu, &bad, 4, 16, 64, 9)?;
+        ensure!(n > 0, "rows with member and group swapped went unnoticed");
+        eprintln!("member and group swapped: {n} elements wrong");
         Ok(())
     });
     for (keys, d, spec) in PV {
