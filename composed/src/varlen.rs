@@ -141,6 +141,7 @@ impl Varlen {
             right: s.window.right,
             total_q: s.total_q,
             total_k: s.total_k,
+            group: 1,
         };
         let plan = match self.plan.take() {
             Some(p) if p.geometry == g => p,

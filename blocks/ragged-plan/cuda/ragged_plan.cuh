@@ -12,6 +12,10 @@
 // of the units' key tiles (atomics; every head of a query tile alike), offsets that put longer units first (one
 // block's scan), and a scatter (one atomic a unit into its key-tile count's run). Units of one length land in any
 // order within their run: the order of atomics is the device's; each unit's result does not depend on it.
+//
+// Packed grouped-query heads (`group` > 1, pack-gqa): a unit is one (sequence, K/V head, tile of `tile_rows` packed
+// rows), packed row r being query head r % group of token r / group, so a sequence of Sq tokens has Sq · group rows;
+// `heads` then counts K/V heads, and a unit's key tiles run from its first row's token's to its last row's.
 #pragma once
 
 namespace ragged {
@@ -62,6 +66,23 @@ __device__ __forceinline__ Coord coord(const int* cu_q, const int* cu_k, Unit u,
   const int left = sq - u.q0;
   return Coord{q + u.q0, left < tile_rows ? left : tile_rows, k, sq, sk};
 }
+// As coord, for a plan of `group` packed heads: q_row0 is the token of the unit's first row (u.q0 / group), rows its
+// valid packed rows (of sq · group).
+__device__ __forceinline__ Coord coord_packed(const int* cu_q, const int* cu_k, Unit u, int tile_rows, int group) {
+  const int q = cu_q[u.seq], k = cu_k[u.seq];
+  const int sq = cu_q[u.seq + 1] - q, sk = cu_k[u.seq + 1] - k;
+  const int left = sq * group - u.q0;
+  return Coord{q + u.q0 / group, left < tile_rows ? left : tile_rows, k, sq, sk};
+}
+
+// Key tiles of the unit at packed row q0 (rows rows, `group` heads a token) of a sequence of sq tokens and sk keys: its
+// tokens' key_tiles, or under a window (a side ≥ 0) key_range's count.
+__host__ __device__ __forceinline__ int unit_key_tiles(int sq, int sk, int q0, int rows, int bc, bool causal, int left,
+                                                       int right, int group) {
+  const int t0 = q0 / group, tokens = (q0 + rows - 1) / group - t0 + 1;
+  return left < 0 && right < 0 ? key_tiles(sq, sk, t0, tokens, bc, causal)
+                               : key_range(sq, sk, t0, tokens, bc, causal, left, right).y;
+}
 
 // The table: the unit count, then (after 4 words) unit i at int4 i.
 __device__ __forceinline__ int count(const int* table) { return table[0]; }
@@ -71,14 +92,13 @@ __device__ __forceinline__ Unit unit(const int* table, int i) {
 }
 
 // Plan step 1, block `seq` of a grid of B: counts[t] += heads for each of its query tiles reading t key tiles.
-// Under a window (left, right ≥ 0 on a side) a unit's count is key_range's.
+// Under a window (left, right ≥ 0 on a side) a unit's count is key_range's; `group` heads packed a token.
 __device__ __forceinline__ void histogram(const int* cu_q, const int* cu_k, int seq, int heads, int tile_rows, int bc,
-                                          bool causal, int* counts, int left = -1, int right = -1) {
-  const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq];
-  for (int qt = threadIdx.x; qt * tile_rows < sq; qt += blockDim.x) {
-    const int q0 = qt * tile_rows, rows = sq - q0 < tile_rows ? sq - q0 : tile_rows;
-    const int kt = left < 0 && right < 0 ? key_tiles(sq, sk, q0, rows, bc, causal)
-                                         : key_range(sq, sk, q0, rows, bc, causal, left, right).y;
+                                          bool causal, int* counts, int left = -1, int right = -1, int group = 1) {
+  const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq], all = sq * group;
+  for (int qt = threadIdx.x; qt * tile_rows < all; qt += blockDim.x) {
+    const int q0 = qt * tile_rows, rows = all - q0 < tile_rows ? all - q0 : tile_rows;
+    const int kt = unit_key_tiles(sq, sk, q0, rows, bc, causal, left, right, group);
     atomicAdd(&counts[kt], heads);
   }
 }
@@ -123,14 +143,14 @@ __device__ __forceinline__ void offsets(int* counts, int bins, int* table) {
 
 // Plan step 3, block `seq`: each of its units to the next free slot of its key-tile count's run.
 __device__ __forceinline__ void scatter(const int* cu_q, const int* cu_k, int seq, int heads, int tile_rows, int bc,
-                                        bool causal, int* cursors, int* table, int left = -1, int right = -1) {
-  const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq];
-  const int tiles_q = (sq + tile_rows - 1) / tile_rows;
+                                        bool causal, int* cursors, int* table, int left = -1, int right = -1,
+                                        int group = 1) {
+  const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq], all = sq * group;
+  const int tiles_q = (all + tile_rows - 1) / tile_rows;
   for (int i = threadIdx.x; i < tiles_q * heads; i += blockDim.x) {
     const int qt = i / heads, head = i % heads;
-    const int q0 = qt * tile_rows, rows = sq - q0 < tile_rows ? sq - q0 : tile_rows;
-    const int kt = left < 0 && right < 0 ? key_tiles(sq, sk, q0, rows, bc, causal)
-                                         : key_range(sq, sk, q0, rows, bc, causal, left, right).y;
+    const int q0 = qt * tile_rows, rows = all - q0 < tile_rows ? all - q0 : tile_rows;
+    const int kt = unit_key_tiles(sq, sk, q0, rows, bc, causal, left, right, group);
     const int slot = atomicAdd(&cursors[kt], 1);
     reinterpret_cast<int4*>(table + 4)[slot] = make_int4(seq, head, q0, kt);
   }

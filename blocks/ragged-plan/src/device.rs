@@ -93,6 +93,13 @@ impl Planner {
         // A window's sides (−1: unbounded).
         let side = |x: Option<usize>| x.map_or(-1, |n| n.min(i32::MAX as usize) as i32);
         let (left, right) = (side(g.left), side(g.right));
+        ensure!(
+            g.group >= 1 && g.total_q.saturating_mul(g.group) <= i32::MAX as usize,
+            "{} tokens of {} packed heads: more than 2^31 − 1 rows",
+            g.total_q,
+            g.group
+        );
+        let group = g.group as i32;
         let per_seq = LaunchConfig {
             grid_dim: (g.batch.max(1) as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -118,6 +125,7 @@ impl Planner {
                     .arg(&mut plan.counts)
                     .arg(&left)
                     .arg(&right)
+                    .arg(&group)
                     .launch(per_seq)?;
             }
             st.launch_builder(&offs.func)
@@ -141,6 +149,7 @@ impl Planner {
                     .arg(&mut plan.table)
                     .arg(&left)
                     .arg(&right)
+                    .arg(&group)
                     .launch(per_seq)?;
             }
         }
@@ -167,7 +176,8 @@ impl DevicePlan {
                     seq: w[0] as u32,
                     head: w[1] as u32,
                     q0: w[2] as u32,
-                    rows: (sq - w[2] as u32).min(self.geometry.tile_rows as u32),
+                    rows: (sq * self.geometry.group as u32 - w[2] as u32)
+                        .min(self.geometry.tile_rows as u32),
                     key_tiles: w[3] as u32,
                 }
             })

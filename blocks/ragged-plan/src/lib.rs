@@ -5,7 +5,9 @@
 //! unit's rows in the packed tensors. `cuda/ragged_plan.cuh` is the same on the device: [`Planner`] builds the plan
 //! there from boundaries already on the device (a histogram, a scan and a scatter: no host copy), and an attention
 //! kernel decodes its units with `ragged::unit` and `ragged::coord`. [`same_plan`] compares a device table with the
-//! model up to the order of units of equal length.
+//! model up to the order of units of equal length. Packed grouped-query heads ([`ragged_plan_packed`], `group` > 1):
+//! a unit is a (sequence, K/V head, tile of packed rows), row r the query head r % group of token r / group
+//! ([`coord_packed`]), for decode, where a token's heads of one K/V head then share one pass over its keys.
 mod device;
 mod kernels;
 mod model;
@@ -13,8 +15,8 @@ mod model;
 pub use device::{DevicePlan, Planner};
 pub use kernels::{DECODE, HEADERS, HISTOGRAM, KERNELS, OFFSETS, SCATTER, SOURCE, TEST_SOURCE};
 pub use model::{
-    Coord, Geometry, RaggedUnit, coord, key_range, key_tiles, ragged_plan, ragged_plan_windowed,
-    same_plan, validate_cu_seqlens,
+    Coord, Geometry, RaggedUnit, coord, coord_packed, key_range, key_tiles, packed_key_tiles,
+    ragged_plan, ragged_plan_packed, ragged_plan_windowed, same_plan, validate_cu_seqlens,
 };
 
 /// Every kernel of this block, for `cargo xtask ptxas`.

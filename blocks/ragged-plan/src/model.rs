@@ -71,19 +71,41 @@ pub fn ragged_plan_windowed(
     left: Option<usize>,
     right: Option<usize>,
 ) -> Vec<RaggedUnit> {
+    ragged_plan_packed(cu_q, cu_k, heads, tile_rows, bc, causal, left, right, 1)
+}
+
+/// [`ragged_plan_windowed`] with `group` query heads packed into a unit's rows (pack-gqa; 1: none): a unit is one
+/// (sequence, K/V head, tile of `tile_rows` packed rows), packed row r being query head r % group of token r / group,
+/// so a sequence of Sq tokens has Sq · group rows and `heads` counts K/V heads. `q0` and `rows` are packed rows; a
+/// unit's key tiles are those of its tokens, from its first row's to its last row's ([`packed_key_tiles`]).
+#[allow(clippy::too_many_arguments)]
+pub fn ragged_plan_packed(
+    cu_q: &[i32],
+    cu_k: &[i32],
+    heads: usize,
+    tile_rows: usize,
+    bc: usize,
+    causal: bool,
+    left: Option<usize>,
+    right: Option<usize>,
+    group: usize,
+) -> Vec<RaggedUnit> {
+    assert!(group >= 1, "a group of {group} heads");
     let mut units = Vec::new();
     for seq in 0..cu_q.len().saturating_sub(1) {
         let sq = (cu_q[seq + 1] - cu_q[seq]).max(0) as usize;
         let sk = (cu_k[seq + 1] - cu_k[seq]).max(0) as usize;
+        let all = sq * group;
         for head in 0..heads {
-            for q0 in (0..sq).step_by(tile_rows) {
-                let rows = tile_rows.min(sq - q0);
+            for q0 in (0..all).step_by(tile_rows) {
+                let rows = tile_rows.min(all - q0);
                 units.push(RaggedUnit {
                     seq: seq as u32,
                     head: head as u32,
                     q0: q0 as u32,
                     rows: rows as u32,
-                    key_tiles: key_range(sq, sk, q0, rows, bc, causal, left, right).1 as u32,
+                    key_tiles: packed_key_tiles(sq, sk, q0, rows, bc, causal, left, right, group)
+                        as u32,
                 });
             }
         }
@@ -127,9 +149,29 @@ pub fn key_range(
     (first, end.div_ceil(bc).saturating_sub(first).max(1))
 }
 
+/// Key tiles of the unit at packed row `q0` (`rows` rows, `group` heads a token) of a sequence of `sq` tokens and
+/// `sk` keys: [`key_range`]'s count over its tokens q0 / group ..= (q0 + rows − 1) / group (mirrors
+/// `ragged::unit_key_tiles`). With `group` 1, the unit's own rows.
+#[allow(clippy::too_many_arguments)]
+pub fn packed_key_tiles(
+    sq: usize,
+    sk: usize,
+    q0: usize,
+    rows: usize,
+    bc: usize,
+    causal: bool,
+    left: Option<usize>,
+    right: Option<usize>,
+    group: usize,
+) -> usize {
+    let t0 = q0 / group;
+    let tokens = (q0 + rows - 1) / group - t0 + 1;
+    key_range(sq, sk, t0, tokens, bc, causal, left, right).1
+}
+
 /// What the device plan needs sized before it runs, from sizes the host knows without reading the boundaries: at
-/// most heads · (⌈total_q / tile_rows⌉ + B) units (each sequence adds at most one partial tile) and key-tile counts
-/// up to ⌈total_k / bc⌉ (at least 1).
+/// most heads · (⌈total_q · group / tile_rows⌉ + B) units (each sequence adds at most one partial tile) and key-tile
+/// counts up to ⌈total_k / bc⌉ (at least 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     pub batch: usize,
@@ -142,12 +184,14 @@ pub struct Geometry {
     pub right: Option<usize>,
     pub total_q: usize,
     pub total_k: usize,
+    /// Query heads packed a token (1: none; then `heads` counts K/V heads): [`ragged_plan_packed`].
+    pub group: usize,
 }
 
 impl Geometry {
     /// Units the table has room for.
     pub fn max_units(&self) -> usize {
-        self.heads * (self.total_q.div_ceil(self.tile_rows) + self.batch)
+        self.heads * ((self.total_q * self.group).div_ceil(self.tile_rows) + self.batch)
     }
     /// Key-tile counts 0 ..= ⌈total_k / bc⌉ (0 unused), the histogram's bins.
     pub fn bins(&self) -> usize {
@@ -172,12 +216,24 @@ pub struct Coord {
 
 /// Unit `u`'s coordinates in a batch of boundaries `cu_q`, `cu_k` and query tiles of `tile_rows`.
 pub fn coord(cu_q: &[i32], cu_k: &[i32], u: &RaggedUnit, tile_rows: usize) -> Coord {
+    coord_packed(cu_q, cu_k, u, tile_rows, 1)
+}
+
+/// [`coord`] in a plan of `group` packed heads (mirrors `ragged::coord_packed`): `q_row0` is the token of the unit's
+/// first row, `rows` its valid packed rows.
+pub fn coord_packed(
+    cu_q: &[i32],
+    cu_k: &[i32],
+    u: &RaggedUnit,
+    tile_rows: usize,
+    group: usize,
+) -> Coord {
     let s = u.seq as usize;
     let (q, k) = (cu_q[s] as usize, cu_k[s] as usize);
     let (sq, sk) = (cu_q[s + 1] as usize - q, cu_k[s + 1] as usize - k);
     Coord {
-        q_row0: q + u.q0 as usize,
-        rows: tile_rows.min(sq - u.q0 as usize),
+        q_row0: q + u.q0 as usize / group,
+        rows: tile_rows.min(sq * group - u.q0 as usize),
         k_row0: k,
         sq,
         sk,
@@ -315,6 +371,7 @@ mod tests {
                 right: None,
                 total_q: *cq.last().unwrap() as usize,
                 total_k: *ck.last().unwrap() as usize,
+                group: 1,
             };
             let plan = ragged_plan(&cq, &ck, heads, tile_rows, bc, causal);
             assert!(
@@ -329,6 +386,66 @@ mod tests {
                 assert_eq!(c.rows, u.rows as usize);
                 assert_eq!(c.q_row0, cq[u.seq as usize] as usize + u.q0 as usize);
             }
+        }
+    }
+
+    #[test]
+    fn a_packed_plan_covers_every_packed_row_once_with_its_tokens_keys() {
+        let (cq, ck) = ([0i32, 1, 17, 17, 300], [0i32, 900, 2000, 2100, 2400]);
+        for (group, causal, left) in [
+            (1, true, None),
+            (4, true, None),
+            (8, false, None),
+            (4, true, Some(100)),
+        ] {
+            let plan = ragged_plan_packed(&cq, &ck, 2, 128, 64, causal, left, None, group);
+            if group == 1 {
+                assert_eq!(
+                    plan,
+                    ragged_plan_windowed(&cq, &ck, 2, 128, 64, causal, left, None)
+                );
+            }
+            for seq in 0..4 {
+                let (sq, sk) = (
+                    (cq[seq + 1] - cq[seq]) as usize,
+                    (ck[seq + 1] - ck[seq]) as usize,
+                );
+                for head in 0..2u32 {
+                    let mut rows: Vec<usize> = plan
+                        .iter()
+                        .filter(|u| u.seq as usize == seq && u.head == head)
+                        .flat_map(|u| u.q0 as usize..(u.q0 + u.rows) as usize)
+                        .collect();
+                    rows.sort();
+                    assert_eq!(
+                        rows,
+                        (0..sq * group).collect::<Vec<_>>(),
+                        "seq {seq} head {head}"
+                    );
+                }
+                for u in plan.iter().filter(|u| u.seq as usize == seq) {
+                    // The unit's tiles are its tokens' (key_range over them), as the kernel masks them.
+                    let (t0, t1) = (u.q0 as usize / group, (u.q0 + u.rows - 1) as usize / group);
+                    let want = key_range(sq, sk, t0, t1 - t0 + 1, 64, causal, left, None).1;
+                    assert_eq!(u.key_tiles as usize, want);
+                    let c = coord_packed(&cq, &ck, u, 128, group);
+                    assert_eq!(c.q_row0, cq[seq] as usize + t0);
+                    assert_eq!(c.rows, u.rows as usize);
+                }
+            }
+            let g = Geometry {
+                batch: 4,
+                heads: 2,
+                tile_rows: 128,
+                bc: 64,
+                causal,
+                left,
+                right: None,
+                total_q: 300,
+                total_k: 2400,
+                group,
+            };
+            assert!(plan.len() <= g.max_units());
         }
     }
 

@@ -15,6 +15,8 @@ struct Batch {
     causal: bool,
     left: Option<usize>,
     right: Option<usize>,
+    /// Query heads packed a token (1: none; `heads` then counts K/V heads).
+    group: usize,
 }
 
 impl Batch {
@@ -38,6 +40,7 @@ impl Batch {
             right: self.right,
             total_q: *q.last().unwrap() as usize,
             total_k: *k.last().unwrap() as usize,
+            group: self.group,
         }
     }
 }
@@ -89,6 +92,7 @@ fn batches() -> Vec<(String, Batch)> {
             causal,
             left: None,
             right: None,
+            group: 1,
         };
         out.push((
             format!(
@@ -114,6 +118,23 @@ fn batches() -> Vec<(String, Batch)> {
                     side(right)
                 ),
                 w,
+            ));
+        }
+        // Packed grouped-query heads: 4 and 8 query heads a K/V head (tiles of 32 and 16 tokens), with the batch's
+        // mask, and under a left window.
+        for (group, left) in [(4, None), (8, None), (4, Some(300))] {
+            let p = Batch {
+                group,
+                left,
+                ..b.clone()
+            };
+            out.push((
+                format!(
+                    "b{i}_{n}seqs_{heads}heads_bc{bc}{}_packed{group}{}",
+                    if causal { "_causal" } else { "" },
+                    left.map_or(String::new(), |l| format!("_window{l}_-1"))
+                ),
+                p,
             ));
         }
     }
@@ -144,7 +165,7 @@ fn addr(
 
 fn model(b: &Batch) -> Vec<RaggedUnit> {
     let (cq, ck) = b.cu();
-    ragged_plan_windowed(
+    ragged_plan_packed(
         &cq,
         &ck,
         b.heads,
@@ -153,6 +174,7 @@ fn model(b: &Batch) -> Vec<RaggedUnit> {
         b.causal,
         b.left,
         b.right,
+        b.group,
     )
 }
 
@@ -194,20 +216,22 @@ fn main() {
             let n = units.len();
             let mut out = st.alloc_zeros::<i32>(9 * n.max(1))?;
             let k = gpu.load(&DECODE)?;
-            let rows = b.tile_rows as i32;
-            // SAFETY: ragged_decode(table, cu_q, cu_k, tile_rows, out[9 · count]); threads past the count return.
+            let (rows, group) = (b.tile_rows as i32, b.group as i32);
+            // SAFETY: ragged_decode(table, cu_q, cu_k, tile_rows, group, out[9 · count]); threads past the count
+            // return.
             unsafe {
                 st.launch_builder(&k.func)
                     .arg(&plan.table)
                     .arg(&dq)
                     .arg(&dk)
                     .arg(&rows)
+                    .arg(&group)
                     .arg(&mut out)
                     .launch(LaunchConfig::for_num_elems(n.max(1) as u32))?
             };
             let got = st.clone_dtoh(&out)?;
             for (i, u) in units.iter().enumerate() {
-                let c = coord(&cq, &ck, u, b.tile_rows);
+                let c = coord_packed(&cq, &ck, u, b.tile_rows, b.group);
                 let want = [
                     u.seq as i32,
                     u.head as i32,
@@ -246,6 +270,19 @@ fn main() {
             "window_left_ignored",
             "long long first_key = left < 0 ? 0 : (long long)q0 + sk - sq - left;",
             "long long first_key = 0;",
+        ),
+        // Packed heads: the histogram counting a sequence's tokens instead of its packed rows (its runs too short:
+        // units overwrite each other or land past the count).
+        (
+            "packed_histogram_counts_tokens",
+            "const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq], all = sq * group;",
+            "const int sq = cu_q[seq + 1] - cu_q[seq], sk = cu_k[seq + 1] - cu_k[seq], all = sq;",
+        ),
+        // Packed heads: a unit's tokens one short (its last token's keys left out under a causal mask).
+        (
+            "packed_unit_one_token_short",
+            "tokens = (q0 + rows - 1) / group - t0 + 1;",
+            "tokens = (q0 + rows - 1) / group - t0 + (group > 1 ? 0 : 1);",
         ),
         // The scan's carry across warps dropped: runs of bins past the first warp's start at zero.
         (
