@@ -74,10 +74,12 @@ __device__ __forceinline__ UnitView dense_view(const Params& p, int w, int kt, c
   }
   return UnitView{u.bh, u.bh / p.group, q0, kt < 0 ? key_tiles<BC>(p, q0) : kt, p.sq, p.sk, 0, 0, 0};
 }
-template <bool VARLEN, int BC, bool WIN = false>
+template <bool VARLEN, int BC, bool WIN = false, bool PACK = false>
 __device__ __forceinline__ UnitView unit_view(const Params& p, const RaggedArgs& rg, int w, int kt,
                                               const Window& win = kNoWindow) {
-  if constexpr (VARLEN) {
+  if constexpr (PACK) {
+    return packed_view(p, rg, w);
+  } else if constexpr (VARLEN) {
     return ragged_view(p, rg, w);
   } else {
     return dense_view<BC, WIN>(p, w, kt, win);
@@ -159,15 +161,21 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
 // of the unit's sequence and head, then its key tiles from the sequence's first key row (maps over the packed tensors:
 // (D, total, heads, 1)), or from its pages of a paged cache (maps over the pool); V into `vst`'s slots.
 // WIN: the unit's key tiles start at its window's first (their count is the plan's).
-template <bool WIN = false, class Block, class Staging>
+// PACK: a plan of packed heads (its unit's head a K/V head; Q's map (D, group, tokens, K/V heads): produce_q_grouped).
+template <bool WIN = false, bool PACK = false, class Block, class Staging>
 __device__ __forceinline__ int produce_ragged_unit(const Params& p, const RaggedArgs& rg, const PagedArgs& pg,
                                                    const Block& blk, const tma::Map* mq, const tma::Map* mk,
                                                    const tma::Map* mv, int u, int n, int r0, const Staging& vst,
                                                    const Window& win = kNoWindow) {
   const ragged::Unit ru = ragged::unit(rg.table, u);
-  const ragged::Coord rc = ragged::coord(rg.cu_q, rg.cu_k, ru, kUnitRows);
-  blk.produce_q(mq, n, ru.head, rc.q_row0, u);
-  const int kv = ru.head / p.group;
+  const ragged::Coord rc = PACK ? ragged::coord_packed(rg.cu_q, rg.cu_k, ru, kUnitRows, p.group)
+                                : ragged::coord(rg.cu_q, rg.cu_k, ru, kUnitRows);
+  if constexpr (PACK) {
+    blk.produce_q_grouped(mq, n, ru.head, rc.q_row0, p.group, u);
+  } else {
+    blk.produce_q(mq, n, ru.head, rc.q_row0, u);
+  }
+  const int kv = PACK ? ru.head : ru.head / p.group;
   int k0 = 0;
   if constexpr (WIN) k0 = win.tiles<Block::kBc>(ru.q0, rc.sq, rc.sk, p.causal != 0).x;
   if (pg.pages.pages != nullptr) {
@@ -251,7 +259,10 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
 // O and the LSE by direct stores into the packed outputs (no split tail).
 // WIN: the unit's key tiles start at its window's first (k0), each row's keys cut on both sides (osm::mask_below for
 // the left edge, the limit for the right).
-template <int D, int BC, bool VARLEN = false, bool WIN = false, class Block, class Next>
+// PACK (VARLEN, no window): a plan of packed heads (packed_view): row r of the unit is query head r % group of token r /
+// group, each with its own Q scale (osm::RowScale), its causal limit its token's, its O and LSE stored at its head and
+// token (relayout::GroupedRows, store_lse_grouped); group divides 64.
+template <int D, int BC, bool VARLEN = false, bool WIN = false, bool PACK = false, class Block, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n,
                                              tma::Cursor<Block::kStages>& at,
                                              Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so, int k0,
@@ -265,14 +276,17 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   using OL = frag::WgmmaD<D>;
   // kt >= 0: a split tail's part, key tiles k0 .. k0 + kt − 1, its limits moved instead of its columns (never causal).
   // bh and kv: the scales' heads (VARLEN: sequence · heads + head, sequence · K/V heads + K/V head).
-  const UnitView u = unit_view<VARLEN, BC, WIN>(p, rg, w, kt, win);
+  static_assert(!PACK || (VARLEN && !WIN), "packed heads: a packed batch without a window");
+  const UnitView u = unit_view<VARLEN, BC, WIN, PACK>(p, rg, w, kt, win);
   const int bh = u.bh, kv = u.kv, q0 = u.q0, tiles = u.tiles;
-  const float scale = p.softmax_scale * p.q_scale[bh] * p.k_scale[kv], c = scale * kLog2e;
+  const typename UnitScale<PACK>::T scale = UnitScale<PACK>::of(p, u, wg);
+  const auto c = times(scale, kLog2e);
   int limit[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = q0 + 64 * wg + frag::wgmma_d_row(roles::thread_in_group(), 2 * h);
-    limit[h] = p.causal ? min(u.sk, max(0, row + u.sk - u.sq + 1)) : u.sk - k0 * BC;
+    const int tok = PACK ? row / p.group : row;  // packed heads: the row's token
+    limit[h] = p.causal ? min(u.sk, max(0, tok + u.sk - u.sq + 1)) : u.sk - k0 * BC;
   }
   // WIN: both edges of each row's window, relative to the unit's first key tile.
   int lo[2];
@@ -382,7 +396,19 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   osm::finish_rows<kFp8POffset>(st, scale, inv, lse);
   // A split tail's part writes its O and LSE, as a unit would, to virtual unit dst past the real ones (in O's and the
   // LSE's buffers and O's map), for the merge kernel; dst read back from shared memory, not kept in a register.
-  if constexpr (VARLEN) {
+  if constexpr (PACK) {
+    // The unit's packed rows in the packed outputs: this consumer's row r is head head0 + r % group of token token0 +
+    // r / group (its first row a token's first head: group divides 64).
+    const int head0 = bh - u.seq * rg.heads, token0 = u.q_row0 + 64 * wg / p.group, valid = u.rows - 64 * wg;
+    store_lse_grouped(p.lse + (long long)head0 * rg.total_q + token0, lse, valid, p.group, rg.total_q);
+    const float vs = p.v_scale[kv];
+    wgmma::wait<0>();
+    wgmma::fence_operand(o[0].x);
+    __syncwarp();
+    if (roles::lane() == 0) at.release();
+    epilogue_rows<D>(p, o, inv, vs, ((long long)token0 * rg.heads + head0) * D,
+                     relayout::GroupedRows{p.group, (long long)rg.heads * D, D}, valid, wg);
+  } else if constexpr (VARLEN) {
     // The unit's rows in the packed outputs: O [total_q, heads, D], the LSE [heads, total_q].
     const int head = bh - u.seq * rg.heads, row0 = u.q_row0 + 64 * wg, valid = u.rows - 64 * wg;
     store_lse_rows(p.lse + (long long)head * rg.total_q + row0, lse, valid);
@@ -391,7 +417,8 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::fence_operand(o[0].x);
     __syncwarp();
     if (roles::lane() == 0) at.release();
-    epilogue_rows<D>(p, o, inv, vs, ((long long)row0 * rg.heads + head) * D, (long long)rg.heads * D, valid, wg);
+    epilogue_rows<D>(p, o, inv, vs, ((long long)row0 * rg.heads + head) * D, relayout::RowPitch{(long long)rg.heads * D},
+                     valid, wg);
   } else {
     const int dst = blk.qb->dest[wg];
     const int obh = dst < 0 ? bh : dst / p.q_tiles, orow = (dst < 0 ? q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
@@ -431,7 +458,9 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
 // there; no split tail.
 // WIN (stage 8's windowed kernels): every unit's key tiles and masks are `win`'s (the host plans no split tail for
 // dense ones; a packed batch's plan counts each unit's tiles under the window).
-template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN = false>
+// PACK (stage 8 varlen with packed heads): the plan's units are (sequence, K/V head, 128 packed rows), a token's
+// p.group query heads in consecutive rows (consume_unit, produce_q_grouped).
+template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN = false, bool PACK = false>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
                                    const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs(),
                                    const PagedArgs* pg = nullptr, const Window win = kNoWindow) {
@@ -463,7 +492,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
       for (int w = blockIdx.x; w < split || w < end; ++n) {
         if constexpr (VARLEN) {
-          r0 += produce_ragged_unit<WIN>(p, rg, *pg, blk, mq, mk, mvt, w, n, r0, vst, win);
+          r0 += produce_ragged_unit<WIN, PACK>(p, rg, *pg, blk, mq, mk, mvt, w, n, r0, vst, win);
         } else {
           const int4 g = w < split ? make_int4(w, 0, -1, -1) : tab.part(w - split);
           r0 += produce_unit<Block, BC, typename StagingOf<Block, VS>::type, WIN>(
@@ -504,7 +533,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     const auto units = [&] { return VARLEN ? work : p.work; };
     for (int w = blockIdx.x, n = 0; w < units(); w = tickets ? blk.unit(++n) : units()) {
       // A block's first unit is whole (the host splits only past a first wave); later ones say so in their slot.
-      consume_unit<D, BC, VARLEN, WIN>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); }, mark, mo,
+      consume_unit<D, BC, VARLEN, WIN, PACK>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); }, mark, mo,
                                   so, n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1, rg, win);
       at.advance();
     }

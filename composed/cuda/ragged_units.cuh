@@ -63,6 +63,44 @@ __device__ __forceinline__ UnitView ragged_view(const Params& p, const RaggedArg
                   ru.seq, rc.q_row0, rc.rows};
 }
 
+// Unit w of a plan of packed heads (ragged-plan's group = p.group, its head a K/V head; pack-gqa): packed row r is query
+// head r % group of token r / group. bh: the group's first query head (sequence · heads + K/V head · group; row r's is
+// bh + r % group); kv: its K/V head; q0 and rows: packed rows; q_row0: the token of the unit's first row.
+__device__ __forceinline__ UnitView packed_view(const Params& p, const RaggedArgs& rg, int w) {
+  const ragged::Unit ru = ragged::unit(rg.table, w);
+  const ragged::Coord rc = ragged::coord_packed(rg.cu_q, rg.cu_k, ru, 128, p.group);
+  const int hkv = rg.heads / p.group;
+  return UnitView{ru.seq * rg.heads + ru.head * p.group, ru.seq * hkv + ru.head, ru.q0, ru.key_tiles, rc.sq, rc.sk,
+                  ru.seq, rc.q_row0, rc.rows};
+}
+
+// The softmax scale of a unit's rows (the problem's, Q's and K's scales): one float, or with packed heads one a row of
+// this thread's two (osm::RowScale), each its query head's.
+template <bool PACK>
+struct UnitScale {
+  using T = float;
+  __device__ static float of(const Params& p, const UnitView& u, int) {
+    return p.softmax_scale * p.q_scale[u.bh] * p.k_scale[u.kv];
+  }
+};
+template <>
+struct UnitScale<true> {
+  using T = osm::RowScale;
+  __device__ static osm::RowScale of(const Params& p, const UnitView& u, int wg) {
+    osm::RowScale s;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = u.q0 + 64 * wg + frag::wgmma_d_row(int(threadIdx.x) % 128, 2 * h);
+      s.c[h] = p.softmax_scale * p.q_scale[u.bh + row % p.group] * p.k_scale[u.kv];
+    }
+    return s;
+  }
+};
+__device__ __forceinline__ float times(float x, float f) { return x * f; }
+__device__ __forceinline__ osm::RowScale times(const osm::RowScale& x, float f) {
+  return osm::RowScale{{x.c[0] * f, x.c[1] * f}};
+}
+
 // The LSE of a consumer's 64 rows at `at` (consecutive rows), rows < valid.
 __device__ __forceinline__ void store_lse_rows(float* at, const float (&lse)[2], int valid) {
   const int t = threadIdx.x % 128;
@@ -74,17 +112,32 @@ __device__ __forceinline__ void store_lse_rows(float* at, const float (&lse)[2],
     }
 }
 
-// relayout::store_rows of a warpgroup's O with a row pitch of `ld` elements, in the type with_o_type names.
-template <int D>
-struct StoreRowsLd {
+// The LSE of a consumer's 64 packed rows (row r: head r % group, token r / group) at `at` (its first row's head and
+// token in an LSE of [heads, tokens]: heads `head_stride` apart), rows < valid.
+__device__ __forceinline__ void store_lse_grouped(float* at, const float (&lse)[2], int valid, int group,
+                                                  long long head_stride) {
+  const int t = threadIdx.x % 128;
+  if ((t & 3) == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = frag::wgmma_d_row(t, 2 * h);
+      if (r < valid) at[(r % group) * head_stride + r / group] = lse[h];
+    }
+}
+
+// relayout::store_rows_at of a warpgroup's O with its rows placed by `rows` (relayout::RowPitch, GroupedRows), in the
+// type with_o_type names.
+template <int D, class Rows>
+struct StoreRowsAt {
   const float (&acc)[D / 2];
   float scale;
   void* o;
-  long long o0, ld;
+  long long o0;
+  Rows rows;
   int valid_rows;
   template <class T>
   __device__ __forceinline__ void operator()(T) const {
-    relayout::store_rows<T, D>(acc, scale, static_cast<T*>(o) + o0, ld, valid_rows);
+    relayout::store_rows_at<T, D>(acc, scale, static_cast<T*>(o) + o0, rows, valid_rows);
   }
 };
 
@@ -93,18 +146,19 @@ struct StoreRowsLd {
 // box would). Rounded as the dense epilogue rounds (epilogue_staged): 16-bit O times inv · vs in one product, f32 O
 // times inv, then vs. Every warp of the warpgroup has read the unit's slots before the next unit's first thread
 // writes them.
-template <int D>
+// `rows`: where each of the 64 rows starts from o0 (relayout::RowPitch{ld}: rows ld apart; GroupedRows: packed heads).
+template <int D, class Rows>
 __device__ __forceinline__ void epilogue_rows(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
-                                              const float (&inv)[2], float vs, long long o0, long long ld, int valid,
-                                              int wg) {
+                                              const float (&inv)[2], float vs, long long o0, const Rows& rows,
+                                              int valid, int wg) {
   roles::sync(3 + wg, 128);
   if (p.o_dtype == kF32) {
     osm::rescale<frag::WgmmaD<D>>(o, inv);
-    with_o_type(p.o_dtype, StoreRowsLd<D>{o[0].x, vs, p.o, o0, ld, valid});
+    with_o_type(p.o_dtype, StoreRowsAt<D, Rows>{o[0].x, vs, p.o, o0, rows, valid});
   } else {
     const float f[2] = {inv[0] * vs, inv[1] * vs};
     osm::rescale<frag::WgmmaD<D>>(o, f);
-    with_o_type(p.o_dtype, StoreRowsLd<D>{o[0].x, 1.0f, p.o, o0, ld, valid});
+    with_o_type(p.o_dtype, StoreRowsAt<D, Rows>{o[0].x, 1.0f, p.o, o0, rows, valid});
   }
 }
 

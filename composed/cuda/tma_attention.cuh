@@ -143,6 +143,27 @@ struct TmaBlock {
       for (int c = 0; c < kQkPanels; ++c)
         tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, bat);
   }
+  // As produce_q for a unit of packed heads (pack-gqa) of K/V head `kv` from token `token0`, through a map of Q as
+  // (D, group, tokens, K/V heads) in boxes of one panel × group heads × 64 / group tokens: consumer c's 64 rows are
+  // tokens token0 + c · 64 / group …, each token's group heads in order (row r: head r % group of token r / group).
+  __device__ void produce_q_grouped(const tma::Map* mq, int n, int kv, int token0, int group, int w) const {
+    const int b = n % QBUFS;
+    if (QBUFS > 1) {
+      tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
+      if (n > 0) {
+        qb->unit[b] = w;
+        qb->k0[b] = 0;
+        qb->kt[b] = -1;
+        qb->dst[b] = -1;
+      }
+    }
+    tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
+    for (int c = 0; c < consumers; ++c)
+#pragma unroll
+      for (int p = 0; p < kQkPanels; ++p)
+        tma::load_4d(mq, &qb->full[b], sq + b * kQ + c * 64 * D + p * 64 * kQkPanel, p * kQkPanel, 0,
+                     token0 + c * (64 / group), kv);
+  }
   // A persistent block's n-th unit is none (w >= Params::work): its slot says so, its full barrier completes on the
   // arrival alone, and the consumers' loop ends when they read it.
   __device__ void end_units(int n, int w) const {

@@ -69,10 +69,10 @@ __device__ __forceinline__ void softmax_pv_steps(frag::Regs<frag::WgmmaD<BC>> (&
 
 // osm::step_rows on a whole tile, less l's update: the row sums and α stay in `sum` and `alpha` for
 // osm::step_end, which the caller runs after its next wgmma issue (the quad shuffles' latency then sits under
-// that GEMM). The same P, m and l as step_rows.
-template <int BC>
+// that GEMM). The same P, m and l as step_rows. `c`: one float, or one a row (osm::RowScale: packed heads).
+template <int BC, class C>
 __device__ __forceinline__ void softmax_defer_l(frag::Regs<frag::WgmmaD<BC>> (&s)[1], int col0, const int (&limit)[2],
-                                                float c, osm::RowState& st, float (&alpha)[2], osm::RowSum& sum) {
+                                                C c, osm::RowState& st, float (&alpha)[2], osm::RowSum& sum) {
   using SL = frag::WgmmaD<BC>;
   float bias[2];
   osm::step_max_rows<SL, kFp8POffset>(s, col0, limit, c, st, alpha, bias);

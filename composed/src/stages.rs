@@ -73,6 +73,7 @@ pub const STAGE6: Source = source!("stage6.cu");
 pub const STAGE7: Source = source!("stage7.cu");
 pub const STAGE8: Source = source!("stage8.cu");
 pub const STAGE8_VARLEN: Source = source!("stage8_varlen.cu");
+pub const STAGE8_VARLEN_PACK: Source = source!("stage8_varlen_pack.cu");
 pub const STAGE8_WINDOW: Source = source!("stage8_window.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -479,6 +480,14 @@ pub const KERNELS: &[KernelSpec] = &[
         ..k90a_tma8("stage8_varlen_d128")
     },
     KernelSpec {
+        source: &STAGE8_VARLEN_PACK,
+        ..k90a_tma8("stage8_varlen_pack_d64")
+    },
+    KernelSpec {
+        source: &STAGE8_VARLEN_PACK,
+        ..k90a_tma8("stage8_varlen_pack_d128")
+    },
+    KernelSpec {
         source: &STAGE8_WINDOW,
         ..k90a_tma8("stage8w_d64")
     },
@@ -527,6 +536,7 @@ mod tests {
             (Stage::S7, STAGE7.code, "STAGE7"),
             (Stage::S8, STAGE8.code, "STAGE8"),
             (Stage::S8, STAGE8_VARLEN.code, "STAGE8_VARLEN"),
+            (Stage::S8, STAGE8_VARLEN_PACK.code, "STAGE8_VARLEN_PACK"),
             (Stage::S8, STAGE8_WINDOW.code, "STAGE8W"),
             (Stage::S8, STAGE8_WINDOW.code, "STAGE8W_VARLEN"),
         ];
