@@ -34,7 +34,10 @@ pub use stages::{
 };
 pub use strides::Strides;
 pub use validate::{index_text, validate, validate_shape};
-pub use varlen::{PagedKv, Varlen, VarlenShape, VarlenTensors, varlen_kernel, varlen_kernel_for};
+pub use varlen::{
+    PagedKv, Varlen, VarlenShape, VarlenTensors, packs_heads, varlen_kernel, varlen_kernel_for,
+    varlen_pack_kernel,
+};
 pub use workspace::{Tensors, Workspace, stage_supports};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.

@@ -64,18 +64,31 @@ pub struct PagedKv {
 }
 
 /// What a packed batch's launches keep: the device plan (its table sized for the last geometry) and the schedule's
-/// counter.
+/// counter; whether grouped-query heads are packed (`pack_heads`).
 #[derive(Debug, Default)]
 pub struct Varlen {
     planner: Planner,
     plan: Option<DevicePlan>,
     sched: Option<CudaSlice<i32>>,
     kernel: Option<KernelSpec>,
+    pack: bool,
 }
 
 /// Stage 8's kernel over packed batches at head dimension `d`.
 pub fn varlen_kernel(d: usize) -> KernelSpec {
     KernelSpec::find(KERNELS, &format!("stage8_varlen_d{d}"))
+}
+
+/// Stage 8's kernel over packed batches with packed grouped-query heads (`stage8_varlen_pack_dD`).
+pub fn varlen_pack_kernel(d: usize) -> KernelSpec {
+    KernelSpec::find(KERNELS, &format!("stage8_varlen_pack_d{d}"))
+}
+
+/// Whether a batch of `s` can pack its grouped-query heads into a unit's rows: G = H / Hkv > 1 query heads a K/V head,
+/// G dividing 64 (a consumer's 64 rows hold whole tokens), no sliding window (the packed kernel has none).
+pub fn packs_heads(s: &VarlenShape) -> bool {
+    let g = s.h / s.hkv.max(1);
+    g > 1 && 64 % g == 0 && !s.window.is_bounded()
 }
 
 /// The packed kernel a batch of `s` runs: [`varlen_kernel`], or its windowed form (`stage8w_varlen_dD`) under a
@@ -97,6 +110,14 @@ impl Varlen {
     /// `varlen_kernel`'s.
     pub fn use_kernel(&mut self, spec: Option<KernelSpec>) {
         self.kernel = spec;
+    }
+
+    /// With `on`, a batch whose heads can be packed ([`packs_heads`]) runs [`varlen_pack_kernel`]: a unit is one
+    /// (sequence, K/V head, 128 rows of its tokens' query heads, a token's heads in consecutive rows), so a K/V head's
+    /// G query heads share one pass over its keys (pack-gqa: for decode, where a token's unit would otherwise hold one
+    /// row). The same bits as unpacked, row for row. Off by default; other batches run unpacked either way.
+    pub fn pack_heads(&mut self, on: bool) {
+        self.pack = on;
     }
 
     /// Queues the plan of the batch whose boundaries are on the device at `t.cu_q`, `t.cu_k` (B + 1 entries each,
@@ -131,9 +152,11 @@ impl Varlen {
             s.total_k
         );
         let (bc, d) = (stage.bc(s.d), s.d);
+        let packed = self.pack && packs_heads(s);
+        let group = if packed { s.h / s.hkv } else { 1 };
         let g = Geometry {
             batch: s.batch,
-            heads: s.h,
+            heads: if packed { s.hkv } else { s.h },
             tile_rows: 128,
             bc,
             causal: s.causal,
@@ -141,7 +164,7 @@ impl Varlen {
             right: s.window.right,
             total_q: s.total_q,
             total_k: s.total_k,
-            group: 1,
+            group,
         };
         let plan = match self.plan.take() {
             Some(p) if p.geometry == g => p,
@@ -154,7 +177,13 @@ impl Varlen {
             None => st.alloc_zeros::<i32>(size_of::<SplitHead>() / 4)?,
         };
         let sched = self.sched.insert(sched);
-        let spec = self.kernel.unwrap_or_else(|| varlen_kernel_for(s));
+        let spec = self.kernel.unwrap_or_else(|| {
+            if packed {
+                varlen_pack_kernel(s.d)
+            } else {
+                varlen_kernel_for(s)
+            }
+        });
         let smem = stage.smem_bytes(d);
         let k = load_with_smem(gpu, &spec, smem)?;
         let (table, _g1) = plan.table.device_ptr(st);
@@ -183,6 +212,9 @@ impl Varlen {
             sched: sched_at,
         };
         let mut maps = packed_maps(s, bc, [t.q, t.k, t.v], t.strides)?;
+        if packed {
+            maps[0] = grouped_q_map(s, t.q, t.strides)?;
+        }
         let (mut table_at, mut max_pages, mut shift, mut box_rows, mut oob) =
             (0u64, 0i32, 0i32, 0i32, 0i32);
         if let Some(pk) = t.paged {
@@ -283,6 +315,38 @@ fn packed_maps(
         map("k", k, s.hkv, s.total_k, bc, strides.map(|x| x.k))?,
         map("v", v, s.hkv, s.total_k, bc, strides.map(|x| x.v))?,
     ])
+}
+
+/// Q's map for packed heads: (D, G, total_q, Hkv) over Q [total_q, H, D] (or at `strides`: a head `sh` and a token
+/// `ss` elements apart), boxes of one K panel × G heads × 64 / G tokens (a consumer's 64 rows, a token's heads in
+/// order: `produce_q_grouped`).
+fn grouped_q_map(s: &VarlenShape, q: u64, strides: Option<Strides>) -> Result<tma_ring::TensorMap> {
+    use frag_layout::Swizzle;
+    use tma_ring::{Elem, MapSpec};
+    let sw = if s.d == 64 {
+        Swizzle::B64
+    } else {
+        Swizzle::B128
+    };
+    let g = s.h / s.hkv;
+    let [ss, sh, _] = strides.map_or([s.h * s.d, s.d, 0], |x| x.q);
+    let (g64, sh64) = (g as u64, sh as u64);
+    MapSpec {
+        elem: Elem::U8,
+        dims: [s.d as u64, g64, s.total_q.max(1) as u64, s.hkv as u64],
+        strides: [sh64, ss as u64, g64 * sh64],
+        boxes: [sw.row_bytes() as u32, g as u32, (64 / g) as u32, 1],
+        swizzle: sw,
+    }
+    .encode(q)
+    .with_context(|| {
+        format!(
+            "packed q with {g} heads a K/V head: {} tokens of {} heads at strides {:?}",
+            s.total_q,
+            s.h,
+            [ss, sh]
+        )
+    })
 }
 
 /// K's and V's maps over a paged cache's pools ([num_pages · page_size rows, Hkv, D]), boxes of `box` rows.

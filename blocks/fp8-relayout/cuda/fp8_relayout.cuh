@@ -400,18 +400,30 @@ __device__ __forceinline__ void transpose_tile(const unsigned char* src, unsigne
 // Stores of O go through fp8-codec's conversion (fp8::store2: a pair rounded to nearest even, one store).
 using fp8::store2;
 
-// Where row r of a 64-row tile starts, in elements from the tile's first: r · ld.
+// Where row r of a 64-row tile starts, in elements from the tile's first: r · ld. `of_thread(t)`: the same, for the
+// rows thread t holds.
 struct RowPitch {
   long long ld;
   __device__ __forceinline__ long long operator()(int r) const { return r * ld; }
+  __device__ __forceinline__ RowPitch of_thread(int) const { return *this; }
 };
 // Rows in groups of `group`: row r is member r % group of group r / group, at (r / group) · ld_outer + (r % group) ·
 // ld_inner. Packed grouped-query heads (pack-gqa) in an O of [tokens, H, D]: member = query head within its K/V
 // head's group, group = token, ld_outer = H·D, ld_inner = D (the tile's first row a token's first head).
+// `of_thread(t)`: thread t's two rows' places, each divided out once (frag::wgmma_d: a thread holds rows g and g + 8).
 struct GroupedRows {
   int group;
   long long ld_outer, ld_inner;
   __device__ __forceinline__ long long operator()(int r) const { return (r / group) * ld_outer + (r % group) * ld_inner; }
+  struct TwoRows {
+    int r0;
+    long long at[2];
+    __device__ __forceinline__ long long operator()(int r) const { return at[r != r0]; }
+  };
+  __device__ __forceinline__ TwoRows of_thread(int t) const {
+    const int r0 = frag::wgmma_d_row(t, 0), r1 = frag::wgmma_d_row(t, 2);
+    return TwoRows{r0, {(*this)(r0), (*this)(r1)}};
+  }
 };
 
 // out[rows(row) + col] = T(acc * scale) for the 64 x N tile at out; rows >= valid_rows untouched.
@@ -419,10 +431,11 @@ template <class T, int N, class Rows>
 __device__ __forceinline__ void store_rows_at(const float (&acc)[N / 2], float scale, T* out, const Rows& rows,
                                               int valid_rows) {
   const int t = threadIdx.x & 127;
+  const auto at = rows.of_thread(t);
 #pragma unroll
   for (int i = 0; i < N / 2; i += 2) {
     const int row = frag::wgmma_d_row(t, i), col = frag::wgmma_d_col(t, i);
-    if (row < valid_rows) store2(out + rows(row) + col, acc[i] * scale, acc[i + 1] * scale);
+    if (row < valid_rows) store2(out + at(row) + col, acc[i] * scale, acc[i + 1] * scale);
   }
 }
 

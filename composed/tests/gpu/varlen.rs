@@ -70,6 +70,17 @@ fn cases() -> Vec<Case> {
             false,
             Window::NONE,
         ),
+        // Decode with 8 query heads a K/V head (packed 8 ways: 16 tokens a unit), causal, a sequence of one key and one
+        // with no queries.
+        (
+            "decode_gqa8_causal_d128",
+            vec![(1, 8192), (3, 5000), (16, 300), (1, 1), (0, 50), (9, 129)],
+            16,
+            2,
+            128,
+            true,
+            Window::NONE,
+        ),
         // Under sliding windows, per sequence: a left window with causal grouped heads, and both sides over a cached
         // prefix (units start past key tile 0; a sequence with no queries).
         (
@@ -247,38 +258,152 @@ pub fn add(t: &mut Suite) {
             let shape = VarlenShape { batch, h, hkv, d, total_q: tq, total_k: tk, causal, window: win };
             let mut vl = Varlen::new();
             let scale = 1.0 / (d as f32).sqrt();
-            for launch in 0..2 {
-                vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &tensors)?;
-                let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
-                each_as_alone(&format!("{name}, launch {launch}"), &lens, &cu_q, &alone, h, d, &o_h, &l_h)?;
+            // Grouped heads packed into a unit's rows where they can be (composed::packs_heads): the same bits.
+            let packings: &[bool] = if composed::packs_heads(&shape) { &[false, true] } else { &[false] };
+            for &pack in packings {
+                vl.pack_heads(pack);
+                let how = if pack { ", heads packed" } else { "" };
+                for launch in 0..2 {
+                    st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
+                    st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut lse)?;
+                    vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &tensors)?;
+                    let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
+                    each_as_alone(&format!("{name}{how}, launch {launch}"), &lens, &cu_q, &alone, h, d, &o_h, &l_h)?;
+                }
+                // The same keys in a paged cache (shuffled pages of 16, 64 and 256 rows): the same bits.
+                for page in [16usize, 64, 256] {
+                    let (pools, table, max_pages, num_pages) = page_out([&k, &v], &cu_k, hkv * d, page, page as u64);
+                    let (pk, pv) = (st.clone_htod(&pools[0])?, st.clone_htod(&pools[1])?);
+                    let dt = st.clone_htod(&table)?;
+                    let paged_t = VarlenTensors {
+                        k: addr(pk.device_ptr(&st)),
+                        v: addr(pv.device_ptr(&st)),
+                        paged: Some(PagedKv {
+                            block_table: addr(dt.device_ptr(&st)),
+                            max_pages,
+                            page_size: page,
+                            num_pages,
+                        }),
+                        ..tensors
+                    };
+                    // Poisoned again: every element must come from the paged launch.
+                    st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
+                    st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut lse)?;
+                    vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &paged_t)?;
+                    let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
+                    each_as_alone(&format!("{name}{how}, pages of {page}"), &lens, &cu_q, &alone, h, d, &o_h, &l_h)?;
+                }
             }
-            // The same keys in a paged cache (shuffled pages of 16, 64 and 256 rows): the same bits.
-            for page in [16usize, 64, 256] {
-                let (pools, table, max_pages, num_pages) = page_out([&k, &v], &cu_k, hkv * d, page, page as u64);
-                let (pk, pv) = (st.clone_htod(&pools[0])?, st.clone_htod(&pools[1])?);
-                let dt = st.clone_htod(&table)?;
-                let paged_t = VarlenTensors {
-                    k: addr(pk.device_ptr(&st)),
-                    v: addr(pv.device_ptr(&st)),
-                    paged: Some(PagedKv {
-                        block_table: addr(dt.device_ptr(&st)),
-                        max_pages,
-                        page_size: page,
-                        num_pages,
-                    }),
-                    ..tensors
-                };
-                // Poisoned again: every element must come from the paged launch.
-                st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
-                st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut lse)?;
-                vl.launch(gpu, &st, &shape, scale, OutDtype::F16, &paged_t)?;
-                let (o_h, l_h) = (st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?);
-                each_as_alone(&format!("{name}, pages of {page}"), &lens, &cu_q, &alone, h, d, &o_h, &l_h)?;
-            }
-            eprintln!("varlen {name}: {batch} sequences, every O and LSE bit as each sequence alone, twice, and from pages of 16, 64 and 256");
+            eprintln!(
+                "varlen {name}: {batch} sequences, every O and LSE bit as each sequence alone, twice, and from pages of \
+                 16, 64 and 256{}",
+                if packings.len() > 1 { "; the same with the heads packed" } else { "" }
+            );
             Ok(())
         });
     }
+    t.gpu(
+        "varlen::stage8::mutants_of_packed_heads_are_caught",
+        |gpu| {
+            // Decode-like causal batch, 4 query heads a K/V head, each query head its own scale: the packed launch gives the
+            // unpacked one's bits, and each mutant of the packing other bits.
+            let (h, hkv, d) = (8, 2, 64);
+            let lens = [(1usize, 3000usize), (16, 777), (5, 200)];
+            let st = gpu.stream.clone();
+            let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
+            for &(a, b) in &lens {
+                cu_q.push(cu_q.last().unwrap() + a as i32);
+                cu_k.push(cu_k.last().unwrap() + b as i32);
+            }
+            let (tq, tk) = (
+                *cu_q.last().unwrap() as usize,
+                *cu_k.last().unwrap() as usize,
+            );
+            let qz = quantize_per_head(&normal(Shape::cross(1, h, tq, tk, d), 9));
+            let qs: Vec<f32> = (0..3 * h).map(|i| 0.01 * (1.0 + 0.1 * i as f32)).collect();
+            let ks = vec![0.012f32; 3 * hkv];
+            let (dq, dk, dv) = (
+                st.clone_htod(&qz.q)?,
+                st.clone_htod(&qz.k)?,
+                st.clone_htod(&qz.v)?,
+            );
+            let (dqs, dks) = (st.clone_htod(&qs)?, st.clone_htod(&ks)?);
+            let mut o = st.clone_htod(&lab::numerics::poisoned::<f16>(tq * h * d))?;
+            let mut lse = st.clone_htod(&lab::numerics::poisoned::<f32>(h * tq))?;
+            let (dcq, dck) = (st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?);
+            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+            let t = VarlenTensors {
+                q: addr(dq.device_ptr(&st)),
+                k: addr(dk.device_ptr(&st)),
+                v: addr(dv.device_ptr(&st)),
+                q_scale: addr(dqs.device_ptr(&st)),
+                k_scale: addr(dks.device_ptr(&st)),
+                v_scale: addr(dks.device_ptr(&st)),
+                o: addr(o.device_ptr(&st)),
+                lse: addr(lse.device_ptr(&st)),
+                cu_q: addr(dcq.device_ptr(&st)),
+                cu_k: addr(dck.device_ptr(&st)),
+                strides: None,
+                paged: None,
+            };
+            let vs = VarlenShape {
+                batch: 3,
+                h,
+                hkv,
+                d,
+                total_q: tq,
+                total_k: tk,
+                causal: true,
+                window: fixtures::Window::NONE,
+            };
+            let mut vl = Varlen::new();
+            let mut run = |vl: &mut Varlen| -> Result<(Vec<f16>, Vec<f32>)> {
+                st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
+                st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut lse)?;
+                vl.launch(gpu, &st, &vs, 0.125, OutDtype::F16, &t)?;
+                Ok((st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?))
+            };
+            let good = run(&mut vl)?;
+            vl.pack_heads(true);
+            let same = |a: &(Vec<f16>, Vec<f32>), b: &(Vec<f16>, Vec<f32>)| {
+                a.0.iter()
+                    .zip(&b.0)
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+                    && a.1
+                        .iter()
+                        .zip(&b.1)
+                        .all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            ensure!(
+                same(&run(&mut vl)?, &good),
+                "packed heads give other bits than unpacked"
+            );
+            for (what, header, from, to) in [
+                (
+                    "each row's causal limit from its head, not its token",
+                    "pingpong_attention.cuh",
+                    "const int tok = PACK ? row / p.group : row;",
+                    "const int tok = PACK ? row % p.group : row;",
+                ),
+                (
+                    "a token's heads all at its group's first head's Q scale",
+                    "ragged_units.cuh",
+                    "p.q_scale[u.bh + row % p.group]",
+                    "p.q_scale[u.bh]",
+                ),
+            ] {
+                vl.use_kernel(Some(
+                    composed::varlen_pack_kernel(d).mutated(header, from, to)?,
+                ));
+                ensure!(
+                    !same(&run(&mut vl)?, &good),
+                    "mutant `{what}` went unnoticed"
+                );
+                eprintln!("mutant `{what}` caught");
+            }
+            Ok(())
+        },
+    );
     t.gpu(
         "varlen::stage8::mutant_paged_boxes_into_one_place_is_caught",
         |gpu| {
