@@ -335,7 +335,7 @@ fn grouped_q_map(s: &VarlenShape, q: u64, strides: Option<Strides>) -> Result<tm
         elem: Elem::U8,
         dims: [s.d as u64, g64, s.total_q.max(1) as u64, s.hkv as u64],
         strides: [sh64, ss as u64, g64 * sh64],
-        boxes: [sw.row_bytes() as u32, g as u32, (64 / g) as u32, 1],
+        boxes: [sw.row_bytes(), g as u32, (64 / g) as u32, 1],
         swizzle: sw,
     }
     .encode(q)
