@@ -296,6 +296,14 @@ impl Attention {
         self.ws.use_split_tail(on);
     }
 
+    /// With `on`, packed batches ([`Attention::forward_varlen`], [`Attention::forward_paged`]) whose grouped-query
+    /// heads can be packed (G = H / Hkv > 1 dividing 64, no sliding window) put a token's G query heads in consecutive
+    /// rows of one unit, so they share one pass over their K/V head's keys (FlashAttention-3's PackGQA; for decode,
+    /// where a unit would otherwise hold a token's one row). Row for row the same bits. Off by default.
+    pub fn set_pack_heads(&mut self, on: bool) {
+        self.varlen.pack_heads(on);
+    }
+
     /// The op's configuration.
     pub fn config(&self) -> Config {
         self.cfg

@@ -123,12 +123,15 @@ pub fn bench_varlen(
     };
     let mut vl = Varlen::new();
     let scale = 1.0 / (d as f32).sqrt();
-    let mut time = |t: &VarlenTensors| -> Result<f64> {
+    // Timed unpacked, then (where the grouped heads can be packed into a unit's rows: composed::packs_heads) packed.
+    let packs = composed::packs_heads(&shape);
+    let mut time = |t: &VarlenTensors, pack: bool| -> Result<f64> {
+        vl.pack_heads(pack);
         median_us(&st, iters, || {
             vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)
         })
     };
-    let packed_us = time(&t)?;
+    let packed_us = time(&t, false)?;
     let tf = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
     println!(
         "varlen on stage8: {b} sequences, {tq} query and {tk} key tokens, H = {h}, Hkv = {hkv}, D = {d}{}: {packed_us:.1} µs \
@@ -138,6 +141,17 @@ pub fn bench_varlen(
     );
     // Decode (at most 16 new tokens a sequence): the bytes a call must move, against a device-to-device copy's rate.
     let mut decode_us = vec![("packed keys", packed_us, 0usize)];
+    if packs {
+        let us = time(&t, true)?;
+        decode_us.push(("packed keys, heads packed", us, 0));
+        println!(
+            "  with each K/V head's {} query heads packed into a unit's rows (pack-gqa): {us:.1} µs ({:.1} TFLOP/s), \
+             {:.3}× unpacked",
+            h / hkv,
+            tf(flops, us),
+            us / packed_us
+        );
+    }
     if let Some(page) = page {
         // The same keys in a paged cache: each sequence's keys in pages of `page` rows, the pages in reverse order.
         let row = hkv * d;
@@ -176,7 +190,7 @@ pub fn bench_varlen(
             }),
             ..t
         };
-        let paged_us = time(&paged)?;
+        let paged_us = time(&paged, false)?;
         decode_us.push(("paged cache", paged_us, table.len() * 4));
         println!(
             "  from a paged cache of {page}-row pages: {paged_us:.1} µs ({:.1} TFLOP/s), {:.3}× the packed keys' time \
@@ -184,6 +198,14 @@ pub fn bench_varlen(
             tf(flops, paged_us),
             paged_us / packed_us
         );
+        if packs {
+            let us = time(&paged, true)?;
+            decode_us.push(("paged cache, heads packed", us, table.len() * 4));
+            println!(
+                "  the paged cache with the heads packed: {us:.1} µs ({:.1} TFLOP/s)",
+                tf(flops, us)
+            );
+        }
     }
     if s.sq <= 16 && prefix > 0 {
         // K and V codes, Q codes, O (bf16), the LSE, the scales and the cumulative lengths; the table where paged.

@@ -338,6 +338,22 @@ pub fn add(t: &mut Suite) {
         let out2 = op.forward_paged(gpu, &st, &b, &cache, f(&dq, &dqs), f(&dpk, &dks), f(&dpv, &dvs))?;
         let OutBuf::F16(o2) = &out2.o else { anyhow::bail!("O is not f16") };
         ensure!(st.clone_dtoh(o2)? == o && st.clone_dtoh(&out2.lse)? == lse, "the paged cache gives other bits");
+        // The grouped heads packed into a unit's rows (4 query heads a K/V head): the same bits, from the packed keys
+        // and from the pages.
+        op.set_pack_heads(true);
+        let bits = |o: &OutBuf, l: &lab::cudarc::driver::CudaSlice<f32>| -> anyhow::Result<(Vec<u16>, Vec<u32>)> {
+            let OutBuf::F16(o) = o else { anyhow::bail!("O is not f16") };
+            Ok((
+                st.clone_dtoh(o)?.iter().map(|x| x.to_bits()).collect(),
+                st.clone_dtoh(l)?.iter().map(|x| x.to_bits()).collect(),
+            ))
+        };
+        let want = (o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        let out3 = op.forward_varlen(gpu, &st, &b, f(&dq, &dqs), f(&dk, &dks), f(&dv, &dvs))?;
+        ensure!(bits(&out3.o, &out3.lse)? == want, "packed heads give other bits");
+        let out4 = op.forward_paged(gpu, &st, &b, &cache, f(&dq, &dqs), f(&dpk, &dks), f(&dpv, &dvs))?;
+        ensure!(bits(&out4.o, &out4.lse)? == want, "packed heads over the paged cache give other bits");
+        op.set_pack_heads(false);
         // A table entry outside the pool: named, nothing launched.
         let mut bad_table = table.clone();
         bad_table[0] = num_pages as i32;
@@ -353,7 +369,11 @@ pub fn add(t: &mut Suite) {
             .unwrap_err()
             .to_string();
         ensure!(e.contains("`cu_seqlens_q`") && e.contains("decreases"), "{e}");
-        eprintln!("forward_varlen: {} sequences bit for bit as each alone; decreasing boundaries named", lens.len());
+        eprintln!(
+            "forward_varlen: {} sequences bit for bit as each alone, paged and with the heads packed; decreasing \
+             boundaries named",
+            lens.len()
+        );
         Ok(())
     });
     t.gpu("stage8::forward_varlen_real::the_codes_of_quantize_per_head", |gpu| {
