@@ -139,6 +139,13 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::window::stage8::1x2q2kv_500x500x128_w191_-1_causal",
         &["memcheck", "racecheck"],
     ),
+    (
+        // Packed batches, D = 64, grouped heads: unpacked, then packed heads (stage8_varlen_pack_d64: Q by a 4-D map of
+        // a token's heads, O and the LSE at each row's head and token), from packed keys and from pages.
+        "composed--gpu",
+        "gpu::varlen::stage8::decode_like_d64::bits_of_each_sequence_alone",
+        &["memcheck", "racecheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.
