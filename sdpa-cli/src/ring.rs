@@ -74,58 +74,22 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             }),
             lens,
         };
-        let (mut out, mut steps, mut host) = (vec![], vec![], HostTimes::default());
-        for it in 0..=iters {
-            let t0 = Instant::now();
-            let o = ring_attention_rank(
-                gpu,
-                comm,
-                s,
-                shard(0),
-                shard(1),
-                shard(2),
-                std::time::Duration::from_secs(300),
-            )?;
-            if it > 0 {
-                out.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
-            steps = o.steps;
-            host = o.host;
-        }
-        // The same calls on a state kept across them (RingRank: buffers and ops made once).
+        let limit = std::time::Duration::from_secs(300);
+        // Each call with its own state (ring_attention_rank); its last call's step and host times.
+        let (out, last) = timed_calls(iters, || {
+            ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)
+        })?;
+        let (steps, host) = (last.steps, last.host);
+        // The same calls on a state kept across them (RingRank: buffers and ops made once); then, as an A/B, with
+        // each step's launches dealing a split tail ahead.
         let mut kept = RingRank::new(gpu, comm, s)?;
-        let mut out_kept = vec![];
-        for it in 0..=iters {
-            let t0 = Instant::now();
-            kept.run(
-                gpu,
-                comm,
-                shard(0),
-                shard(1),
-                shard(2),
-                std::time::Duration::from_secs(300),
-            )?;
-            if it > 0 {
-                out_kept.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
-        }
-        // A/B: the same kept state with the split tail dealt ahead (the steps' launches as a lone call's).
+        let (out_kept, _) = timed_calls(iters, || {
+            kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
+        })?;
         kept.set_split_tail(true);
-        let mut out_split = vec![];
-        for it in 0..=iters {
-            let t0 = Instant::now();
-            kept.run(
-                gpu,
-                comm,
-                shard(0),
-                shard(1),
-                shard(2),
-                std::time::Duration::from_secs(300),
-            )?;
-            if it > 0 {
-                out_split.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
-        }
+        let (out_split, _) = timed_calls(iters, || {
+            kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
+        })?;
         Ok((out, out_kept, out_split, steps, host))
     })?;
     let (mut rank0, mut kept0, mut split0, mut steps0, mut host0) =
@@ -254,4 +218,19 @@ fn stage7_ms(gpu: &'static lab::Gpu, s: Shape) -> Result<f64> {
     }
     ms.sort_by(f64::total_cmp);
     Ok(ms[2])
+}
+
+/// `iters` calls of `call` after one warm-up: each one's wall ms, and the last call's output.
+fn timed_calls(
+    iters: usize,
+    mut call: impl FnMut() -> fp8_attention::Result<fp8_attention::RankOutput>,
+) -> Result<(Vec<f64>, fp8_attention::RankOutput)> {
+    let mut ms = vec![];
+    let mut last = call()?;
+    for _ in 0..iters {
+        let t0 = Instant::now();
+        last = call()?;
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((ms, last))
 }

@@ -308,74 +308,22 @@ pub fn add(t: &mut Suite) {
             // Decode-like causal batch, 4 query heads a K/V head, each query head its own scale: the packed launch gives the
             // unpacked one's bits, and each mutant of the packing other bits.
             let (h, hkv, d) = (8, 2, 64);
-            let lens = [(1usize, 3000usize), (16, 777), (5, 200)];
-            let st = gpu.stream.clone();
-            let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
-            for &(a, b) in &lens {
-                cu_q.push(cu_q.last().unwrap() + a as i32);
-                cu_k.push(cu_k.last().unwrap() + b as i32);
-            }
-            let (tq, tk) = (
-                *cu_q.last().unwrap() as usize,
-                *cu_k.last().unwrap() as usize,
-            );
-            let qz = quantize_per_head(&normal(Shape::cross(1, h, tq, tk, d), 9));
             let qs: Vec<f32> = (0..3 * h).map(|i| 0.01 * (1.0 + 0.1 * i as f32)).collect();
-            let ks = vec![0.012f32; 3 * hkv];
-            let (dq, dk, dv) = (
-                st.clone_htod(&qz.q)?,
-                st.clone_htod(&qz.k)?,
-                st.clone_htod(&qz.v)?,
-            );
-            let (dqs, dks) = (st.clone_htod(&qs)?, st.clone_htod(&ks)?);
-            let mut o = st.clone_htod(&lab::numerics::poisoned::<f16>(tq * h * d))?;
-            let mut lse = st.clone_htod(&lab::numerics::poisoned::<f32>(h * tq))?;
-            let (dcq, dck) = (st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?);
-            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
-            let t = VarlenTensors {
-                q: addr(dq.device_ptr(&st)),
-                k: addr(dk.device_ptr(&st)),
-                v: addr(dv.device_ptr(&st)),
-                q_scale: addr(dqs.device_ptr(&st)),
-                k_scale: addr(dks.device_ptr(&st)),
-                v_scale: addr(dks.device_ptr(&st)),
-                o: addr(o.device_ptr(&st)),
-                lse: addr(lse.device_ptr(&st)),
-                cu_q: addr(dcq.device_ptr(&st)),
-                cu_k: addr(dck.device_ptr(&st)),
-                strides: None,
-                paged: None,
-            };
-            let vs = VarlenShape {
-                batch: 3,
-                h,
-                hkv,
-                d,
-                total_q: tq,
-                total_k: tk,
-                causal: true,
-                window: fixtures::Window::NONE,
-            };
+            let mut c = Codes::new(
+                gpu,
+                &[(1, 3000), (16, 777), (5, 200)],
+                [h, hkv, d],
+                9,
+                qs,
+                0.012,
+            )?;
+            let vs = c.shape(true);
+            let t = c.tensors(&gpu.stream);
             let mut vl = Varlen::new();
-            let mut run = |vl: &mut Varlen| -> Result<(Vec<f16>, Vec<f32>)> {
-                st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
-                st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut lse)?;
-                vl.launch(gpu, &st, &vs, 0.125, OutDtype::F16, &t)?;
-                Ok((st.clone_dtoh(&o)?, st.clone_dtoh(&lse)?))
-            };
-            let good = run(&mut vl)?;
+            let good = c.run(gpu, &mut vl, &vs, &t)?;
             vl.pack_heads(true);
-            let same = |a: &(Vec<f16>, Vec<f32>), b: &(Vec<f16>, Vec<f32>)| {
-                a.0.iter()
-                    .zip(&b.0)
-                    .all(|(x, y)| x.to_bits() == y.to_bits())
-                    && a.1
-                        .iter()
-                        .zip(&b.1)
-                        .all(|(x, y)| x.to_bits() == y.to_bits())
-            };
             ensure!(
-                same(&run(&mut vl)?, &good),
+                c.run(gpu, &mut vl, &vs, &t)? == good,
                 "packed heads give other bits than unpacked"
             );
             for (what, header, from, to) in [
@@ -396,7 +344,7 @@ pub fn add(t: &mut Suite) {
                     composed::varlen_pack_kernel(d).mutated(header, from, to)?,
                 ));
                 ensure!(
-                    !same(&run(&mut vl)?, &good),
+                    c.run(gpu, &mut vl, &vs, &t)? != good,
                     "mutant `{what}` went unnoticed"
                 );
                 eprintln!("mutant `{what}` caught");
@@ -410,61 +358,27 @@ pub fn add(t: &mut Suite) {
             // Every box of a paged key tile written over its first rows (the box's place in the tile dropped): the tile's
             // other rows keep what was there, and O must differ from the packed launch's.
             let (h, hkv, d) = (4, 4, 128);
-            let lens = [(300usize, 700usize), (129, 300)];
             let st = gpu.stream.clone();
-            let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
-            for &(a, b) in &lens {
-                cu_q.push(cu_q.last().unwrap() + a as i32);
-                cu_k.push(cu_k.last().unwrap() + b as i32);
-            }
-            let (tq, tk) = (
-                *cu_q.last().unwrap() as usize,
-                *cu_k.last().unwrap() as usize,
-            );
-            let shape = Shape::cross(1, h, tq, tk, d);
-            let qz = quantize_per_head(&normal(shape, 7));
-            // Random codes used as packed tensors directly (any E4M3 codes do; scales one per (sequence, head)).
-            let (q, k, v) = (&qz.q, &qz.k, &qz.v);
-            let ones = |n: usize| vec![0.01f32; n];
-            let (dq, dk, dv) = (st.clone_htod(q)?, st.clone_htod(k)?, st.clone_htod(v)?);
-            let (dqs, dks) = (st.clone_htod(&ones(2 * h))?, st.clone_htod(&ones(2 * hkv))?);
-            let mut o = st.clone_htod(&lab::numerics::poisoned::<f16>(tq * h * d))?;
-            let lse = st.clone_htod(&lab::numerics::poisoned::<f32>(h * tq))?;
-            let (dcq, dck) = (st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?);
-            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
-            let t = VarlenTensors {
-                q: addr(dq.device_ptr(&st)),
-                k: addr(dk.device_ptr(&st)),
-                v: addr(dv.device_ptr(&st)),
-                q_scale: addr(dqs.device_ptr(&st)),
-                k_scale: addr(dks.device_ptr(&st)),
-                v_scale: addr(dks.device_ptr(&st)),
-                o: addr(o.device_ptr(&st)),
-                lse: addr(lse.device_ptr(&st)),
-                cu_q: addr(dcq.device_ptr(&st)),
-                cu_k: addr(dck.device_ptr(&st)),
-                strides: None,
-                paged: None,
-            };
-            let vs = VarlenShape {
-                batch: 2,
-                h,
-                hkv,
-                d,
-                total_q: tq,
-                total_k: tk,
-                causal: false,
-                window: fixtures::Window::NONE,
-            };
+            let mut c = Codes::new(
+                gpu,
+                &[(300, 700), (129, 300)],
+                [h, hkv, d],
+                7,
+                vec![0.01; 2 * h],
+                0.01,
+            )?;
+            let vs = c.shape(false);
+            let t = c.tensors(&st);
             let mut vl = Varlen::new();
-            vl.launch(gpu, &st, &vs, 0.1, OutDtype::F16, &t)?;
-            let good = st.clone_dtoh(&o)?;
-            let (pools, table, max_pages, num_pages) = page_out([k, v], &cu_k, hkv * d, 64, 5);
+            let good = c.run(gpu, &mut vl, &vs, &t)?;
+            let (pools, table, max_pages, num_pages) =
+                page_out([&c.qz.k, &c.qz.v], &c.cu_k, hkv * d, 64, 5);
             let (pk, pv, dt) = (
                 st.clone_htod(&pools[0])?,
                 st.clone_htod(&pools[1])?,
                 st.clone_htod(&table)?,
             );
+            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
             let pt = VarlenTensors {
                 k: addr(pk.device_ptr(&st)),
                 v: addr(pv.device_ptr(&st)),
@@ -476,14 +390,8 @@ pub fn add(t: &mut Suite) {
                 }),
                 ..t
             };
-            st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
-            vl.launch(gpu, &st, &vs, 0.1, OutDtype::F16, &pt)?;
-            let paged_ok = st.clone_dtoh(&o)?;
             ensure!(
-                paged_ok
-                    .iter()
-                    .zip(&good)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                c.run(gpu, &mut vl, &vs, &pt)? == good,
                 "the paged launch differs from the packed one"
             );
             vl.use_kernel(Some(composed::varlen_kernel(d).mutated(
@@ -491,16 +399,133 @@ pub fn add(t: &mut Suite) {
                 "dst + c * BC * PANEL + j * box * PANEL",
                 "dst + c * BC * PANEL",
             )?));
-            st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut o)?;
-            vl.launch(gpu, &st, &vs, 0.1, OutDtype::F16, &pt)?;
-            let bad = st.clone_dtoh(&o)?;
             ensure!(
-                bad.iter()
-                    .zip(&good)
-                    .any(|(a, b)| a.to_bits() != b.to_bits()),
+                c.run(gpu, &mut vl, &vs, &pt)? != good,
                 "boxes written into one place went unnoticed"
             );
             Ok(())
         },
     );
+}
+
+/// A packed batch of random E4M3 codes on the device for the mutant tests: the boundaries of `lens` ((Sq, Sk) a
+/// sequence), Q, K and V the codes of one [1, H, total, D] problem used as packed tensors (any codes do), Q's scales
+/// `qs` (B · H) and one scale for every K and V head; O and the LSE poisoned before each launch.
+struct Codes {
+    cu_q: Vec<i32>,
+    cu_k: Vec<i32>,
+    dims: [usize; 3],
+    qz: fixtures::Quantized,
+    bufs: [lab::cudarc::driver::CudaSlice<u8>; 3],
+    scales: [lab::cudarc::driver::CudaSlice<f32>; 2],
+    cu: [lab::cudarc::driver::CudaSlice<i32>; 2],
+    o: lab::cudarc::driver::CudaSlice<f16>,
+    lse: lab::cudarc::driver::CudaSlice<f32>,
+}
+
+impl Codes {
+    fn new(
+        gpu: &Gpu,
+        lens: &[(usize, usize)],
+        [h, hkv, d]: [usize; 3],
+        seed: u64,
+        qs: Vec<f32>,
+        ks: f32,
+    ) -> Result<Codes> {
+        let st = &gpu.stream;
+        let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
+        for &(a, b) in lens {
+            cu_q.push(cu_q.last().unwrap() + a as i32);
+            cu_k.push(cu_k.last().unwrap() + b as i32);
+        }
+        let (tq, tk) = (
+            *cu_q.last().unwrap() as usize,
+            *cu_k.last().unwrap() as usize,
+        );
+        let qz = quantize_per_head(&normal(Shape::cross(1, h, tq, tk, d), seed));
+        Ok(Codes {
+            bufs: [
+                st.clone_htod(&qz.q)?,
+                st.clone_htod(&qz.k)?,
+                st.clone_htod(&qz.v)?,
+            ],
+            scales: [
+                st.clone_htod(&qs)?,
+                st.clone_htod(&vec![ks; lens.len() * hkv])?,
+            ],
+            cu: [st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?],
+            o: st.alloc_zeros::<f16>(tq * h * d)?,
+            lse: st.alloc_zeros::<f32>(h * tq)?,
+            cu_q,
+            cu_k,
+            dims: [h, hkv, d],
+            qz,
+        })
+    }
+
+    fn totals(&self) -> (usize, usize) {
+        (
+            *self.cu_q.last().unwrap() as usize,
+            *self.cu_k.last().unwrap() as usize,
+        )
+    }
+
+    fn shape(&self, causal: bool) -> VarlenShape {
+        let ([h, hkv, d], (tq, tk)) = (self.dims, self.totals());
+        VarlenShape {
+            batch: self.cu_q.len() - 1,
+            h,
+            hkv,
+            d,
+            total_q: tq,
+            total_k: tk,
+            causal,
+            window: fixtures::Window::NONE,
+        }
+    }
+
+    fn tensors(&self, st: &std::sync::Arc<lab::cudarc::driver::CudaStream>) -> VarlenTensors {
+        let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+        VarlenTensors {
+            q: addr(self.bufs[0].device_ptr(st)),
+            k: addr(self.bufs[1].device_ptr(st)),
+            v: addr(self.bufs[2].device_ptr(st)),
+            q_scale: addr(self.scales[0].device_ptr(st)),
+            k_scale: addr(self.scales[1].device_ptr(st)),
+            v_scale: addr(self.scales[1].device_ptr(st)),
+            o: addr(self.o.device_ptr(st)),
+            lse: addr(self.lse.device_ptr(st)),
+            cu_q: addr(self.cu[0].device_ptr(st)),
+            cu_k: addr(self.cu[1].device_ptr(st)),
+            strides: None,
+            paged: None,
+        }
+    }
+
+    /// One launch by `vl` of `s` over `t` (this batch's tensors, or its keys from elsewhere): O's and the LSE's bits.
+    fn run(
+        &mut self,
+        gpu: &Gpu,
+        vl: &mut Varlen,
+        s: &VarlenShape,
+        t: &VarlenTensors,
+    ) -> Result<(Vec<u16>, Vec<u32>)> {
+        let st = &gpu.stream;
+        st.memcpy_htod(&lab::numerics::poisoned::<f16>(self.o.len()), &mut self.o)?;
+        st.memcpy_htod(
+            &lab::numerics::poisoned::<f32>(self.lse.len()),
+            &mut self.lse,
+        )?;
+        vl.launch(gpu, st, s, 0.125, OutDtype::F16, t)?;
+        Ok((
+            st.clone_dtoh(&self.o)?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect(),
+            st.clone_dtoh(&self.lse)?
+                .iter()
+                .map(|x| x.to_bits())
+                .collect(),
+        ))
+    }
 }
