@@ -120,6 +120,11 @@ impl Varlen {
         self.pack = on;
     }
 
+    /// Whether [`Varlen::pack_heads`] is on.
+    pub fn heads_packed(&self) -> bool {
+        self.pack
+    }
+
     /// Queues the plan of the batch whose boundaries are on the device at `t.cu_q`, `t.cu_k` (B + 1 entries each,
     /// i32; valid: the caller checks a host copy with `ragged::validate_cu_seqlens`, the device trusts them), then
     /// stage 8's packed kernel over it, on `st`. `softmax_scale`: the problem's; `out`: O's dtype.

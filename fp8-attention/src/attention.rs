@@ -373,6 +373,10 @@ impl Attention {
                 gpu.load(&spec)?;
             }
         }
+        // An op that packs grouped heads runs the packed-heads kernel for packed batches.
+        if self.varlen.heads_packed() && Stage::S8.dims().contains(&d) {
+            gpu.load(&composed::varlen_pack_kernel(d))?;
+        }
         // An op with a sliding window runs stage 8's windowed kernels (dense and packed).
         if self.cfg.window.is_bounded() && Stage::S8.dims().contains(&d) {
             let s = Shape::new(1, 1, 1, d).with_window(self.cfg.window);

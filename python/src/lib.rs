@@ -333,9 +333,10 @@ fn varlens() -> &'static Mutex<HashMap<usize, Varlen>> {
 /// Queues a packed (variable-length) batch on stage 8's packed kernel on the CUDA stream `stream`: E4M3 q [total_q,
 /// H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales per (sequence,
 /// head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device, checked by the
-/// caller: the device trusts them). Sizes and strides are checked before anything is queued.
+/// caller: the device trusts them). Sizes and strides are checked before anything is queued. `pack_heads`: a K/V head's
+/// query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`).
 #[pyfunction]
-#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1)))]
+#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1), pack_heads=false))]
 #[allow(clippy::too_many_arguments)]
 fn launch_varlen(
     tensors: [u64; 8],
@@ -353,6 +354,7 @@ fn launch_varlen(
     stream: usize,
     paged: Option<(u64, usize, usize, usize)>,
     window: (i64, i64),
+    pack_heads: bool,
 ) -> PyResult<()> {
     let window = window_of(window)?;
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
@@ -418,9 +420,10 @@ fn launch_varlen(
     let mut vs = varlens()
         .lock()
         .map_err(|_| PyRuntimeError::new_err("fp8_attention: varlen lock poisoned"))?;
-    vs.entry(stream)
-        .or_default()
-        .launch(gpu, &st, &shape, softmax_scale, out, &t)
+    let vl = vs.entry(stream).or_default();
+    // Grouped heads packed into a unit's rows where the batch allows it (composed::packs_heads); the same bits.
+    vl.pack_heads(pack_heads);
+    vl.launch(gpu, &st, &shape, softmax_scale, out, &t)
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
 

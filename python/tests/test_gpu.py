@@ -283,6 +283,12 @@ def test_paged_cache_gives_the_packed_keys_bits():
     seq_lens = torch.tensor([sk for _, sk in lens], dtype=torch.int32, device="cuda")
     got, gl = fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True, **sc)
     assert torch.equal(got, want) and torch.equal(gl, wl)
+    # Each K/V head's 4 query heads packed into one unit's rows: the same bits, packed keys and paged.
+    for call in (lambda: fa.sdpa_varlen(q, k, v, cq, ck, causal=True, return_lse=True, pack_heads=True, **sc),
+                 lambda: fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True,
+                                       pack_heads=True, **sc)):
+        got, gl = call()
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(gl, wl)
 
 
 def test_warm_leaves_the_first_call_nothing_to_compile():
