@@ -12,6 +12,9 @@ pub const GPU: &str = "gpu::";
 /// Set in the child process of [`Suite::gpu_isolated`] to the one test it runs.
 const ISOLATED: &str = "LAB_ISOLATED_TEST";
 
+/// Held by each multi-GPU test while it runs ([`Suite::gpus`]).
+static MULTI_GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A block's test binary (`tests/gpu.rs`, `harness = false`). Build it, add tests, then [`Suite::run`].
 #[derive(Debug)]
 pub struct Suite {
@@ -147,12 +150,18 @@ impl Suite {
         };
         let skip = matches!(g, Gate::Skip(_));
         let trial = Trial::test(format!("{GPU}{name}"), move || match g {
-            Gate::Run => to_failed(
-                (0..n)
-                    .map(Gpu::device)
-                    .collect::<Result<Vec<_>>>()
-                    .and_then(|gpus| f(&gpus)),
-            ),
+            Gate::Run => {
+                // One multi-GPU test at a time: libtest runs trials on parallel threads, and two tests' NCCL
+                // communicators over the same GPUs, each rank's kernels queued behind the other test's, can wait on
+                // each other for ever.
+                let _alone = MULTI_GPU.lock().unwrap_or_else(|p| p.into_inner());
+                to_failed(
+                    (0..n)
+                        .map(Gpu::device)
+                        .collect::<Result<Vec<_>>>()
+                        .and_then(|gpus| f(&gpus)),
+                )
+            }
             Gate::Skip(why) | Gate::Fail(why) => Err(Failed::from(why)),
         });
         self.trials.push(trial.with_ignored_flag(skip));
