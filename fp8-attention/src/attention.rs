@@ -568,7 +568,7 @@ impl Attention {
     /// As [`Attention::launch`], into `out` once its dtype and sizes are checked; `strides`: the inputs' (None:
     /// contiguous).
     #[allow(clippy::too_many_arguments)]
-    fn launch_into(
+    pub(crate) fn launch_into(
         &mut self,
         gpu: &Gpu,
         stream: &Arc<CudaStream>,

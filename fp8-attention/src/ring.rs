@@ -6,7 +6,7 @@ use fixtures::{OutDtype, Shape};
 use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
-use crate::attention::{Attention, Config, Fp8, Lengths, OutBuf};
+use crate::attention::{Attention, Config, Fp8, Lengths, OutBuf, Output};
 use crate::error::{Error, Result};
 
 /// The token range of zigzag half `half` (0: first, 1: second) of rank `rank` of `world`, in a sequence of `s`.
@@ -170,6 +170,9 @@ pub(crate) struct RankSteps {
     full: Attention,
     diag: Attention,
     merger: Merger,
+    /// Every block's f32 part (O and LSE, rows for the longer Q half), made at the first step and kept: each block
+    /// writes it and its merge reads it in stream order before the next block overwrites it.
+    part: Option<Output>,
     /// The running result of the call in progress (None between calls).
     o: Option<[CudaSlice<f32>; 2]>,
     lse: Option<[CudaSlice<f32>; 2]>,
@@ -211,6 +214,7 @@ impl RankSteps {
             full: op(false)?,
             diag: op(true)?,
             merger: Merger::default(),
+            part: None,
             o: None,
             lse: None,
             lse_empty: [lse(0)?, lse(1)?],
@@ -309,7 +313,28 @@ impl RankSteps {
                     &mut self.full
                 };
                 let (s, scale, stage) = op.checked(gpu, s, &need, None)?;
-                let part = op.launch(gpu, stream, s, scale, stage, q.halves[qh], k[kh], v[kh])?;
+                let part = match &mut self.part {
+                    Some(p) => p,
+                    None => {
+                        let longest = Shape {
+                            sq: self.q_lens[0].max(self.q_lens[1]),
+                            ..s
+                        };
+                        self.part.insert(op.alloc_output(gpu, stream, &longest)?)
+                    }
+                };
+                op.launch_into(
+                    gpu,
+                    stream,
+                    s,
+                    scale,
+                    stage,
+                    q.halves[qh],
+                    k[kh],
+                    v[kh],
+                    None,
+                    part,
+                )?;
                 let OutBuf::F32(po) = &part.o else {
                     unreachable!("the ring's ops write f32 O")
                 };
@@ -323,8 +348,8 @@ impl RankSteps {
                 let (bo, _g2) = po.device_ptr(stream);
                 let (bl, _g3) = part.lse.device_ptr(stream);
                 // SAFETY: the accumulator holds B·H·Lq rows of O and LSE; the part's first B·H·Lq rows are the
-                // block's result (Attention::output_rows ≥ B·H·Lq); separate allocations, alive until the stream has
-                // run the merge (the part is dropped after it is queued: freed in stream order).
+                // block's result (Attention::output_rows ≥ B·H·Lq); separate allocations, the part kept by RankSteps
+                // and rewritten only by a later launch on this stream, after this merge.
                 unsafe {
                     self.merger.accumulate(
                         gpu,
