@@ -127,6 +127,26 @@ struct TmaBlock {
   // other stages' are (D, S, B·H, 1): bh = b·H + h, bat = 0).
   __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0, int w = 0, int k0 = 0, int kt = -1,
                             int dst = -1, int bat = 0) const {
+    const int b = arm_q(n, w, k0, kt, dst);
+    for (int w = 0; w < consumers; ++w)
+#pragma unroll
+      for (int c = 0; c < kQkPanels; ++c)
+        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, bat);
+  }
+  // As produce_q for a unit of packed heads (pack-gqa) of K/V head `kv` from token `token0`, through a map of Q as
+  // (D, group, tokens, K/V heads) in boxes of one panel × group heads × 64 / group tokens: consumer c's 64 rows are
+  // tokens token0 + c · 64 / group …, each token's group heads in order (row r: head r % group of token r / group).
+  __device__ void produce_q_grouped(const tma::Map* mq, int n, int kv, int token0, int group, int w) const {
+    const int b = arm_q(n, w, 0, -1, -1);
+    for (int c = 0; c < consumers; ++c)
+#pragma unroll
+      for (int p = 0; p < kQkPanels; ++p)
+        tma::load_4d(mq, &qb->full[b], sq + b * kQ + c * 64 * D + p * 64 * kQkPanel, p * kQkPanel, 0,
+                     token0 + c * (64 / group), kv);
+  }
+  // The n-th unit's Q buffer (returned): its empty barrier waited for, its slot written (unit w, key tiles k0, kt,
+  // destination dst; from the second unit on), its full barrier armed for consumers · 64 rows of D bytes.
+  __device__ int arm_q(int n, int w, int k0, int kt, int dst) const {
     const int b = n % QBUFS;
     if (QBUFS > 1) {
       tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
@@ -138,31 +158,7 @@ struct TmaBlock {
       }
     }
     tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
-    for (int w = 0; w < consumers; ++w)
-#pragma unroll
-      for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, bat);
-  }
-  // As produce_q for a unit of packed heads (pack-gqa) of K/V head `kv` from token `token0`, through a map of Q as
-  // (D, group, tokens, K/V heads) in boxes of one panel × group heads × 64 / group tokens: consumer c's 64 rows are
-  // tokens token0 + c · 64 / group …, each token's group heads in order (row r: head r % group of token r / group).
-  __device__ void produce_q_grouped(const tma::Map* mq, int n, int kv, int token0, int group, int w) const {
-    const int b = n % QBUFS;
-    if (QBUFS > 1) {
-      tma::wait(&qb->empty[b], (unsigned(n / QBUFS) & 1u) ^ 1u);
-      if (n > 0) {
-        qb->unit[b] = w;
-        qb->k0[b] = 0;
-        qb->kt[b] = -1;
-        qb->dst[b] = -1;
-      }
-    }
-    tma::arrive_expect_tx(&qb->full[b], consumers * 64 * D);
-    for (int c = 0; c < consumers; ++c)
-#pragma unroll
-      for (int p = 0; p < kQkPanels; ++p)
-        tma::load_4d(mq, &qb->full[b], sq + b * kQ + c * 64 * D + p * 64 * kQkPanel, p * kQkPanel, 0,
-                     token0 + c * (64 / group), kv);
+    return b;
   }
   // A persistent block's n-th unit is none (w >= Params::work): its slot says so, its full barrier completes on the
   // arrival alone, and the consumers' loop ends when they read it.

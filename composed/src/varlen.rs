@@ -297,13 +297,8 @@ fn packed_maps(
     [q, k, v]: [u64; 3],
     strides: Option<Strides>,
 ) -> Result<[tma_ring::TensorMap; 3]> {
-    use frag_layout::Swizzle;
     use tma_ring::{Elem, MapSpec};
-    let sw = if s.d == 64 {
-        Swizzle::B64
-    } else {
-        Swizzle::B128
-    };
+    let sw = swizzle_of(s.d);
     let d = s.d as u64;
     let map =
         |name: &str, at: u64, heads: usize, total: usize, rows: usize, st: Option<[usize; 3]>| {
@@ -326,13 +321,8 @@ fn packed_maps(
 /// `ss` elements apart), boxes of one K panel × G heads × 64 / G tokens (a consumer's 64 rows, a token's heads in
 /// order: `produce_q_grouped`).
 fn grouped_q_map(s: &VarlenShape, q: u64, strides: Option<Strides>) -> Result<tma_ring::TensorMap> {
-    use frag_layout::Swizzle;
     use tma_ring::{Elem, MapSpec};
-    let sw = if s.d == 64 {
-        Swizzle::B64
-    } else {
-        Swizzle::B128
-    };
+    let sw = swizzle_of(s.d);
     let g = s.h / s.hkv;
     let [ss, sh, _] = strides.map_or([s.h * s.d, s.d, 0], |x| x.q);
     let (g64, sh64) = (g as u64, sh as u64);
@@ -361,13 +351,8 @@ fn pool_maps(
     [k, v]: [u64; 2],
     rows: usize,
 ) -> Result<[tma_ring::TensorMap; 2]> {
-    use frag_layout::Swizzle;
     use tma_ring::{Elem, MapSpec};
-    let sw = if s.d == 64 {
-        Swizzle::B64
-    } else {
-        Swizzle::B128
-    };
+    let sw = swizzle_of(s.d);
     let (h, d, n) = (s.hkv as u64, s.d as u64, rows as u64);
     let map = |name: &str, at: u64| {
         MapSpec::strided(
@@ -386,6 +371,15 @@ fn pool_maps(
         })
     };
     Ok([map("k", k)?, map("v", v)?])
+}
+
+/// The swizzle of a row of `d` E4M3 codes in stage 8's tiles: 64 bytes at D = 64, else 128.
+fn swizzle_of(d: usize) -> frag_layout::Swizzle {
+    if d == 64 {
+        frag_layout::Swizzle::B64
+    } else {
+        frag_layout::Swizzle::B128
+    }
 }
 
 fn gcd(a: usize, b: usize) -> usize {

@@ -301,22 +301,24 @@ fn run_one(b: &TestBinary, env: &[(&str, &str)]) -> Result<(Vec<TestResult>, Str
     }
     let parsed = parse_libtest(&stdout);
     let failed_in_parse = parsed.iter().any(|p| p.1 == Outcome::Failed);
+    // The binary itself failed (killed, or a failing exit with no failed test): one record for it.
+    let binary_failed = |message: String| TestResult {
+        package: b.package.clone(),
+        binary: b.target.clone(),
+        name: "<binary>".into(),
+        outcome: Outcome::Failed,
+        message,
+    };
     if out.timed_out {
         let missing = unreported(&b.path, env, &parsed);
-        all.push(TestResult {
-            package: b.package.clone(),
-            binary: b.target.clone(),
-            name: "<binary>".into(),
-            outcome: Outcome::Failed,
-            message: format!(
-                "{} did not finish in {} s and was killed; {} of its tests never reported (a hung one is among \
-                 them): {}",
-                b.target,
-                limit.map_or(0, |l| l.as_secs()),
-                missing.len(),
-                missing.join(", ")
-            ),
-        });
+        all.push(binary_failed(format!(
+            "{} did not finish in {} s and was killed; {} of its tests never reported (a hung one is among them): \
+             {}",
+            b.target,
+            limit.map_or(0, |l| l.as_secs()),
+            missing.len(),
+            missing.join(", ")
+        )));
     }
     for (name, outcome, message) in parsed {
         all.push(TestResult {
@@ -328,16 +330,10 @@ fn run_one(b: &TestBinary, env: &[(&str, &str)]) -> Result<(Vec<TestResult>, Str
         });
     }
     if !out.status.success() && !failed_in_parse && !out.timed_out {
-        all.push(TestResult {
-            package: b.package.clone(),
-            binary: b.target.clone(),
-            name: "<binary>".into(),
-            outcome: Outcome::Failed,
-            message: format!(
-                "{} exited with {} without reporting a failed test:\n{stderr}",
-                b.target, out.status
-            ),
-        });
+        all.push(binary_failed(format!(
+            "{} exited with {} without reporting a failed test:\n{stderr}",
+            b.target, out.status
+        )));
     }
     Ok((all, log))
 }

@@ -60,19 +60,16 @@ struct Unit {
 struct Coord {
   int q_row0, rows, k_row0, sq, sk;
 };
-__device__ __forceinline__ Coord coord(const int* cu_q, const int* cu_k, Unit u, int tile_rows) {
-  const int q = cu_q[u.seq], k = cu_k[u.seq];
-  const int sq = cu_q[u.seq + 1] - q, sk = cu_k[u.seq + 1] - k;
-  const int left = sq - u.q0;
-  return Coord{q + u.q0, left < tile_rows ? left : tile_rows, k, sq, sk};
-}
-// As coord, for a plan of `group` packed heads: q_row0 is the token of the unit's first row (u.q0 / group), rows its
-// valid packed rows (of sq · group).
+// With `group` packed heads (a plan of packed grouped-query heads): q_row0 is the token of the unit's first row (u.q0 /
+// group), rows its valid packed rows (of sq · group).
 __device__ __forceinline__ Coord coord_packed(const int* cu_q, const int* cu_k, Unit u, int tile_rows, int group) {
   const int q = cu_q[u.seq], k = cu_k[u.seq];
   const int sq = cu_q[u.seq + 1] - q, sk = cu_k[u.seq + 1] - k;
   const int left = sq * group - u.q0;
   return Coord{q + u.q0 / group, left < tile_rows ? left : tile_rows, k, sq, sk};
+}
+__device__ __forceinline__ Coord coord(const int* cu_q, const int* cu_k, Unit u, int tile_rows) {
+  return coord_packed(cu_q, cu_k, u, tile_rows, 1);
 }
 
 // Key tiles of the unit at packed row q0 (rows rows, `group` heads a token) of a sequence of sq tokens and sk keys: its
