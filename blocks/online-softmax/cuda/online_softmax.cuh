@@ -10,6 +10,8 @@
 // score ends with O = 0 and LSE = -inf, never NaN.
 // Every c and scale below is one float for all rows, or a RowScale: one a row (rows of different query heads in one
 // tile, each with its own Q scale: packed grouped-query heads). The arithmetic of a row is the same either way.
+// Every a·b + c of these updates is an explicit fmaf: left to contraction, ptxas fuses it in one kernel and rounds a·b
+// first in another, and kernels that must agree bit for bit (packed heads and unpacked) differ by an ulp.
 #pragma once
 #include <mma.h>
 #include "frag_layout.cuh"
@@ -93,13 +95,13 @@ __device__ __forceinline__ void step(Frag (&s)[NF], int col0, const int (&limit)
       if constexpr (P_OFFSET == 0) {
         s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], ch, -m_use[h] * ch)) : 0.0f;
       } else {
-        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], ch, float(P_OFFSET) - m_use[h] * ch)) : 0.0f;
+        s[f].x[i] = valid ? exp2_ftz(fmaf(s[f].x[i], ch, fmaf(-m_use[h], ch, float(P_OFFSET)))) : 0.0f;
       }
     }
   float ps[2];
   wr::rows_limited<L, wr::SumOp, false>(s, col0, limit, wr::SumOp{}, ps);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) st.l[h] = alpha[h] * st.l[h] + ps[h];
+  for (int h = 0; h < 2; ++h) st.l[h] = fmaf(alpha[h], st.l[h], ps[h]);
 }
 }  // namespace detail
 
@@ -157,7 +159,7 @@ __device__ __forceinline__ void step_max_rows(Frag (&s)[1], int col0, const int 
   float m_use[2];
   detail::update_max<L>(s, col0, limit, c, st, alpha, m_use);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) bias[h] = float(P_OFFSET) - m_use[h] * row_c(c, h);
+  for (int h = 0; h < 2; ++h) bias[h] = fmaf(-m_use[h], row_c(c, h), float(P_OFFSET));
 }
 // Both rows with the same limit: columns >= kv_valid are masked.
 template <class L, int P_OFFSET = 0, class Frag, class C>
@@ -214,7 +216,7 @@ __device__ __forceinline__ void step_end(const RowSum& r, const float (&alpha)[2
     float v = r.v[h][0];
 #pragma unroll
     for (int k = 1; k < wr::SumOp::kChains; ++k) v = v + r.v[h][k];
-    st.l[h] = alpha[h] * st.l[h] + wr::quad(v, wr::SumOp{});
+    st.l[h] = fmaf(alpha[h], st.l[h], wr::quad(v, wr::SumOp{}));
   }
 }
 
@@ -235,10 +237,11 @@ __device__ __forceinline__ void finish_rows(const RowState& st, C scale, float (
   for (int h = 0; h < 2; ++h) {
     inv[h] = st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f;
     if constexpr (P_OFFSET == 0) {
-      lse[h] = st.l[h] > 0.0f ? st.m[h] * row_c(scale, h) + logf(st.l[h]) : wr::neg_inf();
+      lse[h] = st.l[h] > 0.0f ? fmaf(st.m[h], row_c(scale, h), logf(st.l[h])) : wr::neg_inf();
     } else {
-      lse[h] = st.l[h] > 0.0f ? st.m[h] * row_c(scale, h) + (logf(st.l[h]) - float(P_OFFSET) * 0.6931471805599453f)
-                              : wr::neg_inf();
+      lse[h] = st.l[h] > 0.0f
+                   ? fmaf(st.m[h], row_c(scale, h), logf(st.l[h]) - float(P_OFFSET) * 0.6931471805599453f)
+                   : wr::neg_inf();
     }
   }
 }
