@@ -431,7 +431,7 @@ fn main() {
         ),
         (
             "pieces: l not rescaled",
-            "st.l[h] = alpha[h] * st.l[h] + wr::quad(v, wr::SumOp{});",
+            "st.l[h] = fmaf(alpha[h], st.l[h], wr::quad(v, wr::SumOp{}));",
             "st.l[h] = st.l[h] + wr::quad(v, wr::SumOp{});",
         ),
     ];
@@ -466,7 +466,7 @@ fn main() {
         (
             "l not rescaled",
             "online_softmax.cuh",
-            "st.l[h] = alpha[h] * st.l[h] + ps[h];",
+            "st.l[h] = fmaf(alpha[h], st.l[h], ps[h]);",
             "st.l[h] = st.l[h] + ps[h];",
         ),
         (
