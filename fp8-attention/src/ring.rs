@@ -170,8 +170,9 @@ pub(crate) struct RankSteps {
     full: Attention,
     diag: Attention,
     merger: Merger,
-    /// Every block's f32 part (O and LSE, rows for the longer Q half), made at the first step and kept: each block
-    /// writes it and its merge reads it in stream order before the next block overwrites it.
+    /// Every block's f32 part (O and LSE: rows for the longer Q half and any split tail's parts), made at the first
+    /// step, grown when a block needs more rows, and kept: each block writes it and its merge reads it in stream
+    /// order before the next block overwrites it (a replaced part is freed in stream order, after those reads).
     part: Option<Output>,
     /// The running result of the call in progress (None between calls).
     o: Option<[CudaSlice<f32>; 2]>,
@@ -313,14 +314,23 @@ impl RankSteps {
                     &mut self.full
                 };
                 let (s, scale, stage) = op.checked(gpu, s, &need, None)?;
+                // The kept part grows to the most rows any block has needed: the longer Q half, and the split
+                // tail's virtual units past the real rows, which depend on the op (never for causal) and on Sk.
+                let longest = Shape {
+                    sq: self.q_lens[0].max(self.q_lens[1]),
+                    ..s
+                };
+                let (rows_longest, rows_now) =
+                    (op.output_rows(gpu, &longest)?, op.output_rows(gpu, &s)?);
                 let part = match &mut self.part {
-                    Some(p) => p,
-                    None => {
-                        let longest = Shape {
-                            sq: self.q_lens[0].max(self.q_lens[1]),
-                            ..s
+                    Some(p) if p.lse.len() >= rows_longest.max(rows_now) => p,
+                    _ => {
+                        let of = if rows_longest >= rows_now {
+                            &longest
+                        } else {
+                            &s
                         };
-                        self.part.insert(op.alloc_output(gpu, stream, &longest)?)
+                        self.part.insert(op.alloc_output(gpu, stream, of)?)
                     }
                 };
                 op.launch_into(

@@ -281,8 +281,31 @@ pub fn add(t: &mut Suite) {
             Shape::new(1, 2, 5, 64).with_causal(true),
             &[4][..],
         ),
+        // 43 heads × 8 query tiles a half = 344 units a full block: more than two waves on 114 to 170 SMs and not a
+        // whole number of them, so stage 7 splits the tail and a block's part needs rows past its real ones.
+        (
+            "1x43x4096x64_split_tail",
+            Shape::new(1, 43, 4096, 64),
+            &[2][..],
+        ),
+        (
+            "1x43x4096x64_causal_split_tail",
+            Shape::new(1, 43, 4096, 64).with_causal(true),
+            &[2][..],
+        ),
     ] {
         t.gpu(&format!("ring::on_one_device::{name}"), move |gpu| {
+            if name.ends_with("split_tail") {
+                // A full block of the ring (a Q half against a K half) must split its tail on this GPU.
+                let half = shape.sq / 4;
+                let block = Shape::new(shape.b, shape.h, half, shape.d);
+                let plan = composed::SplitPlan::of(composed::Stage::S7, &block, 128, gpu.sms);
+                ensure!(
+                    plan.pieces > 0,
+                    "{name}: a block of {block:?} does not split its tail on {} SMs ({plan:?})",
+                    gpu.sms
+                );
+            }
             for &w in worlds {
                 check_ring(gpu, shape, w)?;
             }
