@@ -65,7 +65,7 @@ pub struct PagedKv {
 
 /// What a packed batch's launches keep: the device plan (its table sized for the last geometry) and the schedule's
 /// counter; whether grouped-query heads are packed (`pack_heads`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Varlen {
     planner: Planner,
     plan: Option<DevicePlan>,
@@ -101,7 +101,20 @@ pub fn varlen_kernel_for(s: &VarlenShape) -> KernelSpec {
     }
 }
 
+impl Default for Varlen {
+    fn default() -> Varlen {
+        Varlen {
+            planner: Planner::default(),
+            plan: None,
+            sched: None,
+            kernel: None,
+            pack: true,
+        }
+    }
+}
+
 impl Varlen {
+    /// Grouped-query heads packed where a batch allows it ([`Varlen::pack_heads`]).
     pub fn new() -> Varlen {
         Varlen::default()
     }
@@ -115,7 +128,8 @@ impl Varlen {
     /// With `on`, a batch whose heads can be packed ([`packs_heads`]) runs [`varlen_pack_kernel`]: a unit is one
     /// (sequence, K/V head, 128 rows of its tokens' query heads, a token's heads in consecutive rows), so a K/V head's
     /// G query heads share one pass over its keys (pack-gqa: for decode, where a token's unit would otherwise hold one
-    /// row). The same bits as unpacked, row for row. Off by default; other batches run unpacked either way.
+    /// row). The same bits as unpacked, row for row. On by default (decode at B = 64, Hq = 32, Hkv = 8 ran in a third of
+    /// the time, prefill level or faster); other batches run unpacked either way.
     pub fn pack_heads(&mut self, on: bool) {
         self.pack = on;
     }

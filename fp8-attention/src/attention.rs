@@ -299,7 +299,7 @@ impl Attention {
     /// With `on`, packed batches ([`Attention::forward_varlen`], [`Attention::forward_paged`]) whose grouped-query
     /// heads can be packed (G = H / Hkv > 1 dividing 64, no sliding window) put a token's G query heads in consecutive
     /// rows of one unit, so they share one pass over their K/V head's keys (FlashAttention-3's PackGQA; for decode,
-    /// where a unit would otherwise hold a token's one row). Row for row the same bits. Off by default.
+    /// where a unit would otherwise hold a token's one row). Row for row the same bits. On by default.
     pub fn set_pack_heads(&mut self, on: bool) {
         self.varlen.pack_heads(on);
     }

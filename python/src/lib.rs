@@ -336,7 +336,7 @@ fn varlens() -> &'static Mutex<HashMap<usize, Varlen>> {
 /// caller: the device trusts them). Sizes and strides are checked before anything is queued. `pack_heads`: a K/V head's
 /// query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`).
 #[pyfunction]
-#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1), pack_heads=false))]
+#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1), pack_heads=true))]
 #[allow(clippy::too_many_arguments)]
 fn launch_varlen(
     tensors: [u64; 8],

@@ -265,7 +265,7 @@ def test_paged_cache_gives_the_packed_keys_bits():
     cq, ck, q, k, v, _, _, _ = packed_codes(lens, h, hkv, d, g)
     sc = dict(q_scale=torch.full((1,), 0.02, device="cuda"), k_scale=torch.full((1,), 0.02, device="cuda"),
               v_scale=torch.full((1,), 0.02, device="cuda"))
-    want, wl = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, return_lse=True, **sc)
+    want, wl = fa.sdpa_varlen(q, k, v, cq, ck, causal=True, return_lse=True, pack_heads=False, **sc)
     pages = [(sk + page - 1) // page for _, sk in lens]
     n, mp = sum(pages), max(pages)
     kc = torch.zeros(n, page, hkv, d, dtype=torch.float8_e4m3fn, device="cuda")
@@ -281,12 +281,11 @@ def test_paged_cache_gives_the_packed_keys_bits():
             kc[nxt, :rows] = k[a: a + rows]
             vc[nxt, :rows] = v[a: a + rows]
     seq_lens = torch.tensor([sk for _, sk in lens], dtype=torch.int32, device="cuda")
-    got, gl = fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True, **sc)
+    got, gl = fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True, pack_heads=False, **sc)
     assert torch.equal(got, want) and torch.equal(gl, wl)
-    # Each K/V head's 4 query heads packed into one unit's rows: the same bits, packed keys and paged.
-    for call in (lambda: fa.sdpa_varlen(q, k, v, cq, ck, causal=True, return_lse=True, pack_heads=True, **sc),
-                 lambda: fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True,
-                                       pack_heads=True, **sc)):
+    # Each K/V head's 4 query heads packed into one unit's rows (the default): the same bits, packed keys and paged.
+    for call in (lambda: fa.sdpa_varlen(q, k, v, cq, ck, causal=True, return_lse=True, **sc),
+                 lambda: fa.sdpa_paged(q, kc, vc, table.cuda(), seq_lens, cq, causal=True, return_lse=True, **sc)):
         got, gl = call()
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(gl, wl)
 
