@@ -10,9 +10,11 @@
 pub mod bench;
 mod device;
 mod launch;
+mod packed;
 pub mod plan;
 mod prep;
 pub use ragged_plan as ragged;
+pub mod split_kv;
 mod stages;
 mod strides;
 pub mod tables;
@@ -23,6 +25,7 @@ mod workspace;
 
 pub use device::OnDevice;
 pub use fixtures::OutDtype;
+pub use packed::{PagedKv, VarlenShape, VarlenTensors};
 pub use plan::{SECTION_KV_BYTES, SplitPlan, grid, schedule_section};
 pub use prep::{
     LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,
@@ -34,10 +37,7 @@ pub use stages::{
 };
 pub use strides::Strides;
 pub use validate::{index_text, validate, validate_shape};
-pub use varlen::{
-    PagedKv, Varlen, VarlenShape, VarlenTensors, packs_heads, varlen_kernel, varlen_kernel_for,
-    varlen_pack_kernel,
-};
+pub use varlen::{Varlen, packs_heads, varlen_kernel, varlen_kernel_for, varlen_pack_kernel};
 pub use workspace::{Tensors, Workspace, stage_supports};
 
 /// Every kernel of the composed stages, for `cargo xtask ptxas`.

@@ -75,6 +75,7 @@ pub const STAGE8: Source = source!("stage8.cu");
 pub const STAGE8_VARLEN: Source = source!("stage8_varlen.cu");
 pub const STAGE8_VARLEN_PACK: Source = source!("stage8_varlen_pack.cu");
 pub const STAGE8_WINDOW: Source = source!("stage8_window.cu");
+pub const SPLIT_KV: Source = source!("split_kv.cu");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
@@ -502,6 +503,30 @@ pub const KERNELS: &[KernelSpec] = &[
     KernelSpec {
         source: &STAGE8_WINDOW,
         ..k90a_tma8("stage8w_varlen_d128")
+    },
+    KernelSpec {
+        block: "composed",
+        name: "split_kv_prep",
+        source: &SPLIT_KV,
+        budget: Budget::new(64, 0),
+        archs: &[Arch::Sm90a],
+        sass: &[],
+    },
+    KernelSpec {
+        block: "composed",
+        name: "split_kv_merge_d64",
+        source: &SPLIT_KV,
+        budget: Budget::new(200, 0),
+        archs: &[Arch::Sm90a],
+        sass: &[],
+    },
+    KernelSpec {
+        block: "composed",
+        name: "split_kv_merge_d128",
+        source: &SPLIT_KV,
+        budget: Budget::new(200, 0),
+        archs: &[Arch::Sm90a],
+        sass: &[],
     },
     k90a_merge("stage7_merge_d64"),
     k90a_merge("stage7_merge_d128"),

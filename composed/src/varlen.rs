@@ -9,59 +9,11 @@ use crate::strides::Strides;
 use lab::{Gpu, KernelSpec};
 use ragged_plan::{DevicePlan, Geometry, Planner};
 
+use crate::packed::{VarlenShape, VarlenTensors};
+use crate::split_kv;
 use crate::stages::{KERNELS, Stage};
 use crate::tables::{Params, SplitHead, out_dtype_code};
 use crate::workspace::load_with_smem;
-
-/// A packed batch's sizes: B sequences, H query heads and Hkv key/value heads of D, `total_q` query and `total_k` key
-/// tokens in all; causal masks and sliding windows bottom-right aligned per sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VarlenShape {
-    pub batch: usize,
-    pub h: usize,
-    pub hkv: usize,
-    pub d: usize,
-    pub total_q: usize,
-    pub total_k: usize,
-    pub causal: bool,
-    /// A sliding window (`Window::NONE`: none), per sequence.
-    pub window: fixtures::Window,
-}
-
-/// Device addresses of a packed batch: E4M3 Q [total_q, H, D], K and V [total_k, Hkv, D] (packed, or at `strides`);
-/// f32 scales per (sequence, head) ([B, H] and [B, Hkv]); O [total_q, H, D] in the launch's dtype and the LSE [H,
-/// total_q] (f32); the boundaries `cu_q`, `cu_k` (B + 1 i32 each). Borrowed: the caller keeps them alive until the
-/// launch has run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct VarlenTensors {
-    pub q: u64,
-    pub k: u64,
-    pub v: u64,
-    pub q_scale: u64,
-    pub k_scale: u64,
-    pub v_scale: u64,
-    pub o: u64,
-    pub lse: u64,
-    pub cu_q: u64,
-    pub cu_k: u64,
-    /// Element strides of Q's, K's and V's token, head and (unused: one batch) batch dimensions; None: packed
-    /// [total, heads, D]. Quantized codes in [1, H, total, D] are (D, total·D, ·).
-    pub strides: Option<Strides>,
-    /// K and V as a paged cache's pool instead of packed: `k` and `v` are then pools [num_pages, page_size, Hkv, D],
-    /// and `cu_k` the prefix sums of the sequences' lengths in keys.
-    pub paged: Option<PagedKv>,
-}
-
-/// A paged KV cache as a launch reads it: the block table's device address ([B][max_pages] i32 page indices, checked by
-/// the caller with `paged_kv::validate`: every entry a sequence's length reaches is in the pool), pages of
-/// `page_size` rows (a power of two, 16 to 256), `num_pages` of them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PagedKv {
-    pub block_table: u64,
-    pub max_pages: usize,
-    pub page_size: usize,
-    pub num_pages: usize,
-}
 
 /// What a packed batch's launches keep: the device plan (its table sized for the last geometry) and the schedule's
 /// counter; whether grouped-query heads are packed (`pack_heads`).
@@ -72,6 +24,9 @@ pub struct Varlen {
     sched: Option<CudaSlice<i32>>,
     kernel: Option<KernelSpec>,
     pack: bool,
+    split: bool,
+    last_parts: usize,
+    scratch: split_kv::Scratch,
 }
 
 /// Stage 8's kernel over packed batches at head dimension `d`.
@@ -109,6 +64,9 @@ impl Default for Varlen {
             sched: None,
             kernel: None,
             pack: true,
+            split: true,
+            last_parts: 1,
+            scratch: split_kv::Scratch::default(),
         }
     }
 }
@@ -137,6 +95,25 @@ impl Varlen {
     /// Whether [`Varlen::pack_heads`] is on.
     pub fn heads_packed(&self) -> bool {
         self.pack
+    }
+
+    /// With `on` (the default), a batch whose units would leave more than half the SMs idle (decode of a few long
+    /// sequences) runs split-KV: each sequence's keys in up to [`split_kv::MAX_SPLIT`] chunks as virtual sequences,
+    /// their f32 parts merged (`split_kv`). Not bit for bit the unsplit result (each chunk's P is quantized against
+    /// its own running max); as close to the f64 reference.
+    pub fn split_kv(&mut self, on: bool) {
+        self.split = on;
+    }
+
+    /// Chunks a sequence's keys were cut into at the last launch (1: no split).
+    pub fn last_split(&self) -> usize {
+        self.last_parts
+    }
+
+    /// Launch `prep` and `merge` (variants of `split_kv_prep` and `split_kv_merge_dD`: same names and parameters) from
+    /// now on; `None` goes back to the lab's.
+    pub fn use_split_kernels(&mut self, prep: Option<KernelSpec>, merge: Option<KernelSpec>) {
+        self.scratch.kernels = [prep, merge];
     }
 
     /// Queues the plan of the batch whose boundaries are on the device at `t.cu_q`, `t.cu_k` (B + 1 entries each,
@@ -170,6 +147,37 @@ impl Varlen {
             s.total_q,
             s.total_k
         );
+        let packed = self.pack && packs_heads(s);
+        let parts = if self.split {
+            split_kv::split_parts(gpu.sms, s, packed, stage.bc(s.d))
+        } else {
+            1
+        };
+        self.last_parts = parts;
+        if parts > 1 {
+            ensure!(
+                parts * s.total_q <= i32::MAX as usize,
+                "{} query tokens in {parts} chunks: more than 2^31 − 1 rows",
+                s.total_q
+            );
+            let (s2, t2) = self.scratch.prepare(gpu, st, s, t, parts, stage.bc(s.d))?;
+            self.launch_batch(gpu, st, &s2, softmax_scale, OutDtype::F32, &t2)?;
+            return self.scratch.merge(gpu, st, s, t, parts, out);
+        }
+        self.launch_batch(gpu, st, s, softmax_scale, out, t)
+    }
+
+    /// The plan of batch `s` and stage 8's packed kernel over it, on `st` (launch's checks made).
+    fn launch_batch(
+        &mut self,
+        gpu: &Gpu,
+        st: &Arc<CudaStream>,
+        s: &VarlenShape,
+        softmax_scale: f32,
+        out: OutDtype,
+        t: &VarlenTensors,
+    ) -> Result<()> {
+        let stage = Stage::S8;
         let (bc, d) = (stage.bc(s.d), s.d);
         let packed = self.pack && packs_heads(s);
         let group = if packed { s.h / s.hkv } else { 1 };

@@ -304,6 +304,12 @@ impl Attention {
         self.varlen.pack_heads(on);
     }
 
+    /// With `on` (the default), packed batches whose units would leave more than half the SMs idle (decode over a few
+    /// long sequences) run split-KV: each sequence's keys in chunks, their parts merged (`composed::split_kv`).
+    pub fn set_split_kv(&mut self, on: bool) {
+        self.varlen.split_kv(on);
+    }
+
     /// The op's configuration.
     pub fn config(&self) -> Config {
         self.cfg

@@ -125,11 +125,23 @@ pub fn bench_varlen(
     let scale = 1.0 / (d as f32).sqrt();
     // Timed unpacked, then (where the grouped heads can be packed into a unit's rows: composed::packs_heads) packed.
     let packs = composed::packs_heads(&shape);
-    let mut time = |t: &VarlenTensors, pack: bool| -> Result<f64> {
+    // Split-KV as the library plans it (Varlen::split_kv), or off; the chunks the last timing used.
+    let mut time_split = |t: &VarlenTensors, pack: bool, split: bool| -> Result<(f64, usize)> {
         vl.pack_heads(pack);
-        median_us(&st, iters, || {
+        vl.split_kv(split);
+        let us = median_us(&st, iters, || {
             vl.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)
-        })
+        })?;
+        Ok((us, vl.last_split()))
+    };
+    let mut splits = vec![];
+    let mut time = |t: &VarlenTensors, pack: bool| -> Result<f64> {
+        let (us, parts) = time_split(t, pack, true)?;
+        if parts > 1 {
+            let (off, _) = time_split(t, pack, false)?;
+            splits.push((pack, parts, us, off));
+        }
+        Ok(us)
     };
     let packed_us = time(&t, false)?;
     let tf = |f: f64, us: f64| f / (us * 1e-6) / 1e12;
@@ -206,6 +218,13 @@ pub fn bench_varlen(
                 tf(flops, us)
             );
         }
+    }
+    for (pack, parts, us, off) in splits {
+        println!(
+            "  split-KV ({parts} chunks a sequence{}): {us:.1} µs against {off:.1} µs unsplit ({:.2}×)",
+            if pack { ", heads packed" } else { "" },
+            off / us
+        );
     }
     if s.sq <= 16 && prefix > 0 {
         // K and V codes, Q codes, O (bf16), the LSE, the scales and the cumulative lengths; the table where paged.

@@ -146,6 +146,13 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         "gpu::varlen::stage8::decode_like_d64::bits_of_each_sequence_alone",
         &["memcheck", "racecheck"],
     ),
+    (
+        // Split-KV (split_kv_prep's tables and Q copies, the packed kernel on the virtual batch, split_kv_merge_d64),
+        // unpacked heads, a sequence with no queries and one with one key.
+        "composed--gpu",
+        "gpu::varlen::split_kv::decode_mixed_d64",
+        &["memcheck"],
+    ),
 ];
 
 /// One sanitizer run's verdict.

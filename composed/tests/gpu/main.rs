@@ -4,6 +4,7 @@ mod checks;
 mod matrix;
 mod models;
 mod prep;
+mod split_kv;
 mod stage7;
 mod stage8;
 mod tables;
@@ -40,6 +41,7 @@ fn main() {
     stage7::add(&mut t);
     stage8::add(&mut t);
     varlen::add(&mut t);
+    split_kv::add(&mut t);
     window::add(&mut t);
     tables::add(&mut t);
     t.run()

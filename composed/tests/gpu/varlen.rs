@@ -144,7 +144,7 @@ fn each_as_alone(
 }
 
 /// [1, H, S, D] (one sequence, row-major) into packed [total, H, D] rows starting at `row0`.
-fn pack(dst: &mut [u8], src: &[u8], h: usize, s: usize, d: usize, row0: usize) {
+pub(crate) fn pack(dst: &mut [u8], src: &[u8], h: usize, s: usize, d: usize, row0: usize) {
     for hi in 0..h {
         for si in 0..s {
             let from = (hi * s + si) * d;
@@ -157,7 +157,7 @@ fn pack(dst: &mut [u8], src: &[u8], h: usize, s: usize, d: usize, row0: usize) {
 /// Packed K and V rows ([total_k, Hkv·D bytes a row], sequence i's from cu_k[i]) in a paged cache: each sequence's keys
 /// cut into pages of `page` rows (the last zero-padded), the pages shuffled through a pool with spare pages, the block
 /// table [B][max_pages] (−1 past a sequence's pages). (the two pools, the table, max_pages, num_pages).
-fn page_out(
+pub(crate) fn page_out(
     tensors: [&[u8]; 2],
     cu_k: &[i32],
     row_bytes: usize,

@@ -1,0 +1,144 @@
+// split_kv.cu: split-KV for packed batches: each sequence's keys cut into P chunks run as P virtual sequences, then merged.
+#include "pingpong_attention.cuh"
+
+// A packed batch of B sequences becomes one of B · P virtual sequences, virtual sequence b · P + c being sequence b's
+// queries against chunk c of its keys: keys [start, end) of chunk c are tiles c · per … of `per` key tiles of BC keys
+// (per = ⌈T / P⌉ rounded up to a multiple of `align`, T the sequence's key tiles; align makes a chunk start on a page
+// of a paged cache). Chunks are consecutive, so the virtual key boundaries are prefix sums over the same K (no copy);
+// each virtual sequence has its own copy of its sequence's query rows (Q2, [P · total_q, H, D], sequence b's P copies
+// one after another from P · cu_q[b]) and of its scales. Under a causal mask a sequence of more than one query keeps
+// its keys in chunk 0 (its rows see different keys: bottom-right alignment holds only against the whole sequence);
+// one query sees every key, so each chunk is all visible. The attention writes f32 parts (O2, LSE2 of the virtual
+// batch); split_kv_merge combines each row's P parts (attn-merge: chunks are disjoint key sets).
+namespace splitkv {
+
+// Keys [start, end) of chunk c of P of a sequence of sq queries and sk keys (mirrors composed::split_kv::chunk).
+__device__ __forceinline__ int2 chunk(int sq, int sk, int c, int parts, int bc, int align, bool causal) {
+  if (causal && sq > 1) return c == 0 ? make_int2(0, sk) : make_int2(sk, sk);
+  const int tiles = (sk + bc - 1) / bc;
+  int per = (tiles + parts - 1) / parts;
+  per = (per + align - 1) / align * align;
+  const long long s = (long long)c * per * bc, e = s + (long long)per * bc;
+  return make_int2(int(s < sk ? s : sk), int(e < sk ? e : sk));
+}
+
+// The sequence holding packed row r of a batch whose row boundaries are scale · cu[0 … B] (binary search).
+__device__ __forceinline__ int sequence_of(const int* cu, int batch, long long r, int scale) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if ((long long)cu[mid] * scale <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace splitkv
+
+// The virtual batch: boundaries cu_q2, cu_k2 (B · P + 1), scales (per virtual sequence and head), the block table
+// (paged: [B · P][max_pages], chunk c's row from its first page; else not written) and Q2. One thread a virtual
+// sequence for the tables; every thread copies 16-byte pieces of Q2 (grid-stride). Q at element strides (token ss,
+// head sh), rows of H · D bytes in Q2.
+extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
+    const int* cu_q, const int* cu_k, int batch, int parts, int bc, int align, int causal, int heads, int hkv,
+    const float* qs, const float* ks, const float* vs, const int* table, int max_pages, int page_shift,
+    const unsigned char* q, long long ss, long long sh, int d, int total_q, int* cu_q2, int* cu_k2, float* qs2,
+    float* ks2, float* vs2, int* table2, unsigned char* q2) {
+  const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, threads = (long long)gridDim.x * blockDim.x;
+  const int virt = batch * parts;
+  if (tid <= virt) {
+    const int i = int(tid);
+    if (i == virt) {
+      cu_q2[i] = parts * cu_q[batch];
+      cu_k2[i] = cu_k[batch];
+    } else {
+      const int b = i / parts, c = i % parts;
+      const int sq = cu_q[b + 1] - cu_q[b], sk = cu_k[b + 1] - cu_k[b];
+      const int2 ch = splitkv::chunk(sq, sk, c, parts, bc, align, causal != 0);
+      cu_q2[i] = parts * cu_q[b] + c * sq;
+      cu_k2[i] = cu_k[b] + ch.x;
+      for (int h = 0; h < heads; ++h) qs2[(long long)i * heads + h] = qs[(long long)b * heads + h];
+      for (int h = 0; h < hkv; ++h) {
+        ks2[(long long)i * hkv + h] = ks[(long long)b * hkv + h];
+        vs2[(long long)i * hkv + h] = vs[(long long)b * hkv + h];
+      }
+      if (table != nullptr) {
+        const int first = ch.x >> page_shift;  // a chunk starts on a page (align)
+        for (int j = 0; j < max_pages; ++j)
+          table2[(long long)i * max_pages + j] = first + j < max_pages ? table[(long long)b * max_pages + first + j] : 0;
+      }
+    }
+  }
+  // Q2: row r2 = P · cu_q[b] + c · sq + t is Q's row cu_q[b] + t; 16 bytes a piece, D / 16 pieces a head.
+  const int per_row = heads * d / 16;
+  const long long pieces = (long long)parts * total_q * per_row;
+  for (long long x = tid; x < pieces; x += threads) {
+    const long long r2 = x / per_row;
+    const int rest = int(x % per_row), h = rest / (d / 16), off = rest % (d / 16) * 16;
+    const int b = splitkv::sequence_of(cu_q, batch, r2, parts);
+    const int sq = cu_q[b + 1] - cu_q[b];
+    const long long t = (r2 - (long long)parts * cu_q[b]) % sq;
+    const uint4 v = *reinterpret_cast<const uint4*>(q + (cu_q[b] + t) * ss + h * sh + off);
+    *reinterpret_cast<uint4*>(q2 + r2 * heads * d + (long long)h * d + off) = v;
+  }
+}
+
+namespace splitkv {
+
+// Columns 8c … 8c + 7 of row (token r, head h) merged from its P parts in O2 / LSE2 (f32, the virtual batch's
+// [P · total_q, H, D] and [H, P · total_q]) into O ([total_q, H, D], type T) and, for c = 0, the LSE ([H, total_q]).
+template <class T, int D>
+__device__ __forceinline__ void merge_row(const float* o2, const float* lse2, void* o, float* lse, const int* cu_q,
+                                          int batch, int parts, int total_q, int heads, long long r, int h, int c) {
+  constexpr int kMax = 16;
+  const int b = sequence_of(cu_q, batch, r, 1);
+  const int sq = cu_q[b + 1] - cu_q[b];
+  const long long t = r - cu_q[b], base = (long long)parts * cu_q[b] + t;
+  float l[kMax], v[kMax][8];
+#pragma unroll
+  for (int j = 0; j < kMax; ++j) {
+    l[j] = amerge::neg_inf();
+    if (j < parts) {
+      const long long r2 = base + (long long)j * sq;
+      l[j] = __ldcg(lse2 + (long long)h * parts * total_q + r2);
+      sdpa::load8(o2 + (r2 * heads + h) * D + 8 * c, v[j]);
+    }
+  }
+  const amerge::Weights<kMax> w = amerge::weights(l, parts);
+  if (c == 0) lse[(long long)h * total_q + r] = w.lse;
+  float x[8];
+  amerge::merge8(w, v, parts, x);
+  sdpa::store8(static_cast<T*>(o) + (r * heads + h) * D + 8 * c, x);
+}
+
+template <int D>
+struct MergeRow {
+  const float* o2;
+  const float* lse2;
+  void* o;
+  float* lse;
+  const int* cu_q;
+  int batch, parts, total_q, heads;
+  long long r;
+  int h, c;
+  template <class T>
+  __device__ __forceinline__ void operator()(T) const {
+    merge_row<T, D>(o2, lse2, o, lse, cu_q, batch, parts, total_q, heads, r, h, c);
+  }
+};
+
+}  // namespace splitkv
+
+// Every (token, head) row of O and the LSE from its P ≤ 16 parts: a thread 8 columns, D / 8 threads a row.
+#define SPLIT_KV_MERGE(D)                                                                                        \
+  extern "C" __global__ void __launch_bounds__(128) split_kv_merge_d##D(                                       \
+      const float* o2, const float* lse2, void* o, float* lse, int o_dtype, const int* cu_q, int batch, int parts, \
+      int total_q, int heads) {                                                                                  \
+    const long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x, row = x / (D / 8);                    \
+    if (row >= (long long)total_q * heads) return;                                                             \
+    const long long r = row / heads;                                                                           \
+    const int h = int(row % heads), c = int(x % (D / 8));                                                      \
+    sdpa::with_o_type(o_dtype, splitkv::MergeRow<D>{o2, lse2, o, lse, cu_q, batch, parts, total_q, heads, r, h, c}); \
+  }
+SPLIT_KV_MERGE(64)
+SPLIT_KV_MERGE(128)

@@ -1,0 +1,393 @@
+// Split-KV for packed batches (split_kv.cu): when a batch's units cannot fill the SMs, each sequence's keys run as P chunks.
+//
+// A packed batch of B sequences becomes a virtual batch of B · P sequences, virtual sequence b · P + c being sequence
+// b's queries (a copy: Q2) against chunk c of its keys ([`chunk`]), run by the packed kernel into f32 parts, then
+// merged row by row (attn-merge). The host picks P from the batch's sizes ([`split_parts`]); the device builds the
+// virtual boundaries, scales, block table and Q2 (`split_kv_prep`), so nothing waits for the host.
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use lab::{Gpu, KernelSpec};
+
+use crate::packed::{PagedKv, VarlenShape, VarlenTensors};
+use crate::stages::KERNELS;
+use fixtures::OutDtype;
+
+/// Chunks a sequence's keys are cut into at most (the merge's parts).
+pub const MAX_SPLIT: usize = 16;
+
+/// Keys [start, end) of chunk `c` of `parts` of a sequence of `sq` queries and `sk` keys, with key tiles of `bc` and
+/// chunks of a multiple of `align` tiles (the device's `splitkv::chunk`). Under a causal mask a sequence of more than
+/// one query keeps every key in chunk 0 (its rows see different keys, and bottom-right alignment holds only against
+/// the whole sequence); one query sees every key.
+pub fn chunk(
+    sq: usize,
+    sk: usize,
+    c: usize,
+    parts: usize,
+    bc: usize,
+    align: usize,
+    causal: bool,
+) -> (usize, usize) {
+    if causal && sq > 1 {
+        return if c == 0 { (0, sk) } else { (sk, sk) };
+    }
+    let per = sk.div_ceil(bc).div_ceil(parts).div_ceil(align) * align;
+    ((c * per * bc).min(sk), ((c + 1) * per * bc).min(sk))
+}
+
+/// The virtual batch's boundaries (B · P + 1 each) for host boundaries `cu_q`, `cu_k`: what `split_kv_prep` writes.
+pub fn virtual_boundaries(
+    cu_q: &[i32],
+    cu_k: &[i32],
+    parts: usize,
+    bc: usize,
+    align: usize,
+    causal: bool,
+) -> (Vec<i32>, Vec<i32>) {
+    let b = cu_q.len() - 1;
+    let (mut q2, mut k2) = (vec![], vec![]);
+    for i in 0..b {
+        let (sq, sk) = (
+            (cu_q[i + 1] - cu_q[i]) as usize,
+            (cu_k[i + 1] - cu_k[i]) as usize,
+        );
+        for c in 0..parts {
+            q2.push(parts as i32 * cu_q[i] + (c * sq) as i32);
+            k2.push(cu_k[i] + chunk(sq, sk, c, parts, bc, align, causal).0 as i32);
+        }
+    }
+    q2.push(parts as i32 * cu_q[b]);
+    k2.push(cu_k[b]);
+    (q2, k2)
+}
+
+/// Chunks a sequence of the batch `s` is cut into on a device of `sms` SMs: 1 (no split) unless its units (each
+/// sequence's (head, 128-row tile) pairs at the average length; `packed` heads, `group` rows a token) leave more than
+/// half the SMs idle and each chunk keeps at least two key tiles of `bc`; then as many as fill the SMs, at most
+/// [`MAX_SPLIT`]. Never under a sliding window (its units read their own key ranges).
+pub fn split_parts(sms: usize, s: &VarlenShape, packed: bool, bc: usize) -> usize {
+    if s.window.is_bounded() || s.batch == 0 || s.total_q == 0 {
+        return 1;
+    }
+    let (heads, group) = if packed {
+        (s.hkv, s.h / s.hkv)
+    } else {
+        (s.h, 1)
+    };
+    let rows = (s.total_q * group).div_ceil(s.batch);
+    let units = s.batch * heads * rows.div_ceil(128);
+    if 2 * units > sms {
+        return 1;
+    }
+    let keys = s.total_k / s.batch;
+    (sms / units).min(MAX_SPLIT).min(keys / (2 * bc)).max(1)
+}
+
+/// Tiles a chunk is a multiple of: chunks start on a page of a paged cache (`page` rows; 1 for packed keys).
+pub fn align_tiles(bc: usize, page: Option<usize>) -> usize {
+    page.map_or(1, |p| {
+        let g = gcd(bc, p);
+        (bc / g * p) / bc
+    })
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// `split_kv_prep`, the virtual batch's tables and Q2.
+pub fn prep_kernel() -> KernelSpec {
+    KernelSpec::find(KERNELS, "split_kv_prep")
+}
+
+/// `split_kv_merge_dD`, the parts merged into O and the LSE.
+pub fn merge_kernel(d: usize) -> KernelSpec {
+    KernelSpec::find(KERNELS, &format!("split_kv_merge_d{d}"))
+}
+
+/// What a split launch keeps between calls: the virtual batch's buffers, grown as needed.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    cu: Option<[CudaSlice<i32>; 2]>,
+    scales: Option<[CudaSlice<f32>; 3]>,
+    table: Option<CudaSlice<i32>>,
+    q2: Option<CudaSlice<u8>>,
+    o2: Option<CudaSlice<f32>>,
+    lse2: Option<CudaSlice<f32>>,
+    /// Kernel replacements (tests' mutants): prep and merge.
+    pub(crate) kernels: [Option<KernelSpec>; 2],
+}
+
+/// `slot` holding at least `n` elements (a new one, uninitialised, if it held fewer).
+fn at_least<T: lab::cudarc::driver::DeviceRepr + lab::cudarc::driver::ValidAsZeroBits>(
+    st: &Arc<CudaStream>,
+    slot: &mut Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<()> {
+    if slot.as_ref().is_none_or(|x| x.len() < n) {
+        *slot = Some(st.alloc_zeros::<T>(n.max(1))?);
+    }
+    Ok(())
+}
+
+impl Scratch {
+    /// Queues `split_kv_prep` for the batch `s` at `t` cut into `parts` chunks (key tiles of `bc`), and returns the
+    /// virtual batch's shape and tensors (f32 O and LSE in the scratch, for `merge`).
+    pub(crate) fn prepare(
+        &mut self,
+        gpu: &Gpu,
+        st: &Arc<CudaStream>,
+        s: &VarlenShape,
+        t: &VarlenTensors,
+        parts: usize,
+        bc: usize,
+    ) -> Result<(VarlenShape, VarlenTensors)> {
+        let virt = s.batch * parts;
+        let (h, hkv, d) = (s.h, s.hkv, s.d);
+        let rows2 = parts * s.total_q;
+        if self.cu.as_ref().is_none_or(|c| c[0].len() < virt + 1) {
+            self.cu = Some([st.alloc_zeros(virt + 1)?, st.alloc_zeros(virt + 1)?]);
+        }
+        if self
+            .scales
+            .as_ref()
+            .is_none_or(|x| x[0].len() < virt * h || x[1].len() < virt * hkv)
+        {
+            self.scales = Some([
+                st.alloc_zeros(virt * h)?,
+                st.alloc_zeros(virt * hkv)?,
+                st.alloc_zeros(virt * hkv)?,
+            ]);
+        }
+        at_least(st, &mut self.q2, rows2 * h * d)?;
+        at_least(st, &mut self.o2, rows2 * h * d)?;
+        at_least(st, &mut self.lse2, rows2 * h)?;
+        let page = t.paged.map(|p| p.page_size);
+        if let Some(p) = t.paged {
+            at_least(st, &mut self.table, virt * p.max_pages)?;
+        }
+        let align = align_tiles(bc, page);
+        let (Some(cu), Some(sc), Some(q2), Some(o2), Some(lse2)) =
+            (&self.cu, &self.scales, &self.q2, &self.o2, &self.lse2)
+        else {
+            unreachable!("allocated above")
+        };
+        let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+        let (cq2, ck2) = (addr(cu[0].device_ptr(st)), addr(cu[1].device_ptr(st)));
+        let (qs2, ks2, vs2) = (
+            addr(sc[0].device_ptr(st)),
+            addr(sc[1].device_ptr(st)),
+            addr(sc[2].device_ptr(st)),
+        );
+        let q2_at = addr(q2.device_ptr(st));
+        let table2 = self.table.as_ref().map_or(0, |x| addr(x.device_ptr(st)));
+        let (table, max_pages, shift) = t.paged.map_or((0u64, 0i32, 0i32), |p| {
+            (
+                p.block_table,
+                p.max_pages as i32,
+                p.page_size.trailing_zeros() as i32,
+            )
+        });
+        // Q's token and head strides in elements (bytes: E4M3).
+        let [ss, sh, _] = t.strides.map_or([h * d, d, 0], |x| x.q);
+        let spec = self.kernels[0].unwrap_or_else(prep_kernel);
+        let k = gpu.load(&spec)?;
+        let pieces = rows2 * h * d / 16;
+        let blocks = (virt + 1)
+            .div_ceil(256)
+            .max(pieces.div_ceil(256).min(4 * gpu.sms))
+            .max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (batch, parts_i, bc_i, align_i, causal) = (
+            s.batch as i32,
+            parts as i32,
+            bc as i32,
+            align as i32,
+            i32::from(s.causal),
+        );
+        let (heads_i, hkv_i, d_i, tq) = (h as i32, hkv as i32, d as i32, s.total_q as i32);
+        let (ss, sh) = (ss as i64, sh as i64);
+        let mut b = st.launch_builder(&k.func);
+        b.arg(&t.cu_q)
+            .arg(&t.cu_k)
+            .arg(&batch)
+            .arg(&parts_i)
+            .arg(&bc_i)
+            .arg(&align_i)
+            .arg(&causal)
+            .arg(&heads_i)
+            .arg(&hkv_i)
+            .arg(&t.q_scale)
+            .arg(&t.k_scale)
+            .arg(&t.v_scale)
+            .arg(&table)
+            .arg(&max_pages)
+            .arg(&shift)
+            .arg(&t.q)
+            .arg(&ss)
+            .arg(&sh)
+            .arg(&d_i)
+            .arg(&tq)
+            .arg(&cq2)
+            .arg(&ck2)
+            .arg(&qs2)
+            .arg(&ks2)
+            .arg(&vs2)
+            .arg(&table2)
+            .arg(&q2_at);
+        // SAFETY: split_kv_prep's parameters in order; the batch's boundaries, scales, table and Q are the caller's
+        // (valid, on this stream); every output holds the virtual batch's sizes (allocated above, kept by self).
+        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
+        let s2 = VarlenShape {
+            batch: virt,
+            total_q: rows2,
+            ..*s
+        };
+        let t2 = VarlenTensors {
+            q: q2_at,
+            q_scale: qs2,
+            k_scale: ks2,
+            v_scale: vs2,
+            o: addr(o2.device_ptr(st)),
+            lse: addr(lse2.device_ptr(st)),
+            cu_q: cq2,
+            cu_k: ck2,
+            strides: t.strides.map(|x| crate::strides::Strides {
+                q: [h * d, d, rows2 * h * d],
+                ..x
+            }),
+            paged: t.paged.map(|p| PagedKv {
+                block_table: table2,
+                max_pages: p.max_pages,
+                ..p
+            }),
+            ..*t
+        };
+        Ok((s2, t2))
+    }
+
+    /// Queues `split_kv_merge_dD`: the parts the virtual batch wrote merged into `t`'s O (in `out`) and LSE.
+    pub(crate) fn merge(
+        &self,
+        gpu: &Gpu,
+        st: &Arc<CudaStream>,
+        s: &VarlenShape,
+        t: &VarlenTensors,
+        parts: usize,
+        out: OutDtype,
+    ) -> Result<()> {
+        let (Some(o2), Some(lse2)) = (&self.o2, &self.lse2) else {
+            anyhow::bail!("split-KV merge before its parts");
+        };
+        let spec = self.kernels[1].unwrap_or_else(|| merge_kernel(s.d));
+        let k = gpu.load(&spec)?;
+        let threads = s.total_q * s.h * (s.d / 8);
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(128).max(1) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+        let (o2_at, l2_at) = (addr(o2.device_ptr(st)), addr(lse2.device_ptr(st)));
+        let (dt, batch, parts_i, tq, heads) = (
+            crate::tables::out_dtype_code(out),
+            s.batch as i32,
+            parts as i32,
+            s.total_q as i32,
+            s.h as i32,
+        );
+        let mut b = st.launch_builder(&k.func);
+        b.arg(&o2_at)
+            .arg(&l2_at)
+            .arg(&t.o)
+            .arg(&t.lse)
+            .arg(&dt)
+            .arg(&t.cu_q)
+            .arg(&batch)
+            .arg(&parts_i)
+            .arg(&tq)
+            .arg(&heads);
+        // SAFETY: split_kv_merge_dD's parameters in order; the parts were written on this stream before, O and the LSE
+        // are the caller's ([total_q, H, D] in `out`, [H, total_q]).
+        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_each_sequence_once_in_order() {
+        for sk in [0, 1, 191, 192, 193, 5000, 131072] {
+            for parts in 1..=MAX_SPLIT {
+                for align in [1, 2, 4] {
+                    let mut next = 0;
+                    for c in 0..parts {
+                        let (a, b) = chunk(1, sk, c, parts, 192, align, true);
+                        assert_eq!(a, next, "sk {sk} parts {parts} chunk {c}");
+                        assert!(b >= a && b <= sk);
+                        assert!(
+                            a == sk || a % (192 * align) == 0,
+                            "a chunk starts on a page"
+                        );
+                        next = b;
+                    }
+                    assert_eq!(next, sk);
+                }
+            }
+        }
+        // Causal with several queries: every key in chunk 0.
+        assert_eq!(chunk(4, 1000, 0, 8, 128, 1, true), (0, 1000));
+        assert_eq!(chunk(4, 1000, 3, 8, 128, 1, true), (1000, 1000));
+        assert_eq!(chunk(4, 1000, 1, 8, 128, 1, false), (128, 256));
+    }
+
+    #[test]
+    fn virtual_boundaries_are_prefix_sums_of_the_chunks() {
+        let (cu_q, cu_k) = ([0, 1, 1, 5], [0, 5000, 5300, 5301]);
+        let (q2, k2) = virtual_boundaries(&cu_q, &cu_k, 4, 128, 1, true);
+        assert_eq!(q2, vec![0, 1, 2, 3, 4, 4, 4, 4, 4, 8, 12, 16, 20]);
+        // Sequence 0: 40 tiles, 10 a chunk; sequence 1: 3 tiles, 1 a chunk; sequence 2 (4 queries, causal): chunk 0.
+        assert_eq!(
+            k2,
+            vec![
+                0, 1280, 2560, 3840, 5000, 5128, 5256, 5300, 5300, 5301, 5301, 5301, 5301
+            ]
+        );
+    }
+
+    #[test]
+    fn parts_fill_the_sms_only_where_units_leave_them_idle() {
+        let s = |batch, total_q, total_k| VarlenShape {
+            batch,
+            h: 32,
+            hkv: 8,
+            d: 128,
+            total_q,
+            total_k,
+            causal: true,
+            window: fixtures::Window::NONE,
+        };
+        // One decode token over 131,072 keys, heads packed: 8 units → 16 chunks.
+        assert_eq!(split_parts(132, &s(1, 1, 131072), true, 192), 16);
+        // 64 sequences: 512 units, no split.
+        assert_eq!(split_parts(132, &s(64, 64, 64 * 8192), true, 192), 1);
+        // Unpacked: 32 units → 4 chunks.
+        assert_eq!(split_parts(132, &s(1, 1, 131072), false, 192), 4);
+        // Short keys: chunks of at least two tiles.
+        assert_eq!(split_parts(132, &s(1, 1, 1000), true, 192), 2);
+        assert_eq!(split_parts(132, &s(1, 1, 300), true, 192), 1);
+        assert_eq!(align_tiles(192, Some(64)), 1);
+        assert_eq!(align_tiles(192, Some(256)), 4);
+        assert_eq!(align_tiles(128, Some(256)), 2);
+        assert_eq!(align_tiles(128, None), 1);
+    }
+}

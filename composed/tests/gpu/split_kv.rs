@@ -1,0 +1,351 @@
+// Split-KV on packed batches: split launches as close to the f64 reference as unsplit ones, and mutants of its kernels caught.
+use crate::prelude::*;
+use crate::varlen::{pack, page_out};
+use composed::{PagedKv, Varlen, VarlenShape, VarlenTensors};
+use half::f16;
+use lab::cudarc::driver::{CudaSlice, DevicePtr};
+
+/// A decode-like batch: each sequence's (Sq, Sk), H, Hkv, D, causal, pages (None: packed keys), the chunks expected.
+type Case = (
+    &'static str,
+    Vec<(usize, usize)>,
+    usize,
+    usize,
+    usize,
+    bool,
+    Option<usize>,
+    usize,
+);
+
+fn cases() -> Vec<Case> {
+    vec![
+        // One token over 20,000 keys, 4 query heads a K/V head packed: 2 units, 16 chunks of 7 tiles.
+        (
+            "decode_gqa_d128",
+            vec![(1, 20000)],
+            8,
+            2,
+            128,
+            true,
+            None,
+            16,
+        ),
+        // Unpacked heads, a sequence with no queries, one with one key: 16 units, 8 chunks.
+        (
+            "decode_mixed_d64",
+            vec![(1, 5000), (0, 300), (1, 1), (1, 3000)],
+            4,
+            4,
+            64,
+            false,
+            None,
+            8,
+        ),
+        // A causal sequence of 4 queries keeps its keys whole beside one that splits.
+        (
+            "speculative_causal_d128",
+            vec![(4, 9000), (1, 7000)],
+            4,
+            1,
+            128,
+            true,
+            None,
+            16,
+        ),
+        // From pages of 64 rows (a chunk on any tile), and of 256 (chunks of whole pages: 4 tiles of 192 keys).
+        (
+            "decode_paged64_d128",
+            vec![(1, 20000)],
+            8,
+            2,
+            128,
+            true,
+            Some(64),
+            16,
+        ),
+        (
+            "decode_paged256_d128",
+            vec![(1, 30000), (1, 9000)],
+            8,
+            2,
+            128,
+            true,
+            Some(256),
+            16,
+        ),
+    ]
+}
+
+/// A case's batch on the device with its per-sequence f64 references.
+struct Batch {
+    shape: VarlenShape,
+    lens: Vec<(usize, usize)>,
+    cu_q: Vec<i32>,
+    want: Vec<Option<Attention<f64>>>,
+    bufs: Vec<CudaSlice<u8>>,
+    scales: Vec<CudaSlice<f32>>,
+    cu: Vec<CudaSlice<i32>>,
+    table: Option<(CudaSlice<i32>, usize, usize, usize)>,
+    o: CudaSlice<f16>,
+    lse: CudaSlice<f32>,
+}
+
+impl Batch {
+    fn new(gpu: &Gpu, case: &Case) -> Result<Batch> {
+        let (_, lens, h, hkv, d, causal, page, _) = case.clone();
+        let st = &gpu.stream;
+        let batch = lens.len();
+        let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
+        for &(a, b) in &lens {
+            cu_q.push(cu_q.last().unwrap() + a as i32);
+            cu_k.push(cu_k.last().unwrap() + b as i32);
+        }
+        let (tq, tk) = (
+            *cu_q.last().unwrap() as usize,
+            *cu_k.last().unwrap() as usize,
+        );
+        let (mut q, mut k, mut v) = (
+            vec![0u8; tq * h * d],
+            vec![0u8; tk * hkv * d],
+            vec![0u8; tk * hkv * d],
+        );
+        let (mut qs, mut ks, mut vs) = (
+            vec![1f32; batch * h],
+            vec![1f32; batch * hkv],
+            vec![1f32; batch * hkv],
+        );
+        let mut want = vec![];
+        for (i, &(sq, sk)) in lens.iter().enumerate() {
+            let shape = Shape::cross(1, h, sq.max(1), sk.max(1), d)
+                .with_kv_heads(hkv)?
+                .with_causal(causal);
+            let qz = quantize_per_head(&normal(shape, 301 + i as u64));
+            if sq == 0 {
+                want.push(None);
+                continue;
+            }
+            pack(&mut q, &qz.q, h, sq, d, cu_q[i] as usize);
+            pack(&mut k, &qz.k, hkv, sk, d, cu_k[i] as usize);
+            pack(&mut v, &qz.v, hkv, sk, d, cu_k[i] as usize);
+            qs[i * h..(i + 1) * h].copy_from_slice(&qz.q_scale);
+            ks[i * hkv..(i + 1) * hkv].copy_from_slice(&qz.k_scale);
+            vs[i * hkv..(i + 1) * hkv].copy_from_slice(&qz.v_scale);
+            want.push(Some(reference(&qz)));
+        }
+        let up8 = |x: &[u8]| st.clone_htod(if x.is_empty() { &[0u8][..] } else { x });
+        let table = match page {
+            Some(p) => {
+                let (pools, table, max_pages, num_pages) =
+                    page_out([&k, &v], &cu_k, hkv * d, p, 11);
+                k = pools[0].clone();
+                v = pools[1].clone();
+                Some((st.clone_htod(&table)?, max_pages, p, num_pages))
+            }
+            None => None,
+        };
+        Ok(Batch {
+            shape: VarlenShape {
+                batch,
+                h,
+                hkv,
+                d,
+                total_q: tq,
+                total_k: tk,
+                causal,
+                window: fixtures::Window::NONE,
+            },
+            bufs: vec![up8(&q)?, up8(&k)?, up8(&v)?],
+            scales: vec![
+                st.clone_htod(&qs)?,
+                st.clone_htod(&ks)?,
+                st.clone_htod(&vs)?,
+            ],
+            cu: vec![st.clone_htod(&cu_q)?, st.clone_htod(&cu_k)?],
+            table,
+            o: st.alloc_zeros::<f16>((tq * h * d).max(1))?,
+            lse: st.alloc_zeros::<f32>((h * tq).max(1))?,
+            lens,
+            cu_q,
+            want,
+        })
+    }
+
+    /// One launch through `vl`: every row's O and LSE against the reference (O's stats over the batch, the LSE's
+    /// largest error).
+    fn run(&mut self, gpu: &Gpu, vl: &mut Varlen) -> Result<(lab::numerics::ErrorStats, f64)> {
+        let st = gpu.stream.clone();
+        let s = self.shape;
+        let (h, d, tq) = (s.h, s.d, s.total_q);
+        st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut self.o)?;
+        st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut self.lse)?;
+        {
+            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+            let t = VarlenTensors {
+                q: addr(self.bufs[0].device_ptr(&st)),
+                k: addr(self.bufs[1].device_ptr(&st)),
+                v: addr(self.bufs[2].device_ptr(&st)),
+                q_scale: addr(self.scales[0].device_ptr(&st)),
+                k_scale: addr(self.scales[1].device_ptr(&st)),
+                v_scale: addr(self.scales[2].device_ptr(&st)),
+                o: addr(self.o.device_ptr(&st)),
+                lse: addr(self.lse.device_ptr(&st)),
+                cu_q: addr(self.cu[0].device_ptr(&st)),
+                cu_k: addr(self.cu[1].device_ptr(&st)),
+                strides: None,
+                paged: self
+                    .table
+                    .as_ref()
+                    .map(|(t, max_pages, page_size, num_pages)| PagedKv {
+                        block_table: addr(t.device_ptr(&st)),
+                        max_pages: *max_pages,
+                        page_size: *page_size,
+                        num_pages: *num_pages,
+                    }),
+            };
+            vl.launch(gpu, &st, &s, 1.0 / (d as f32).sqrt(), OutDtype::F16, &t)?;
+        }
+        let (o, lse) = (st.clone_dtoh(&self.o)?, st.clone_dtoh(&self.lse)?);
+        // The batch's rows in the references' order, [sequence][head][row][D].
+        let (mut got, mut want, mut lse_err) = (vec![], vec![], 0.0f64);
+        for (i, w) in self.want.iter().enumerate() {
+            let Some(w) = w else { continue };
+            let sq = self.lens[i].0;
+            for hi in 0..h {
+                for r in 0..sq {
+                    let row = self.cu_q[i] as usize + r;
+                    let at = (row * h + hi) * d;
+                    got.extend(o[at..at + d].iter().map(|x| x.to_f32()));
+                    want.extend_from_slice(&w.o[(hi * sq + r) * d..(hi * sq + r + 1) * d]);
+                    let e = (f64::from(lse[hi * tq + row]) - w.lse[hi * sq + r]).abs();
+                    lse_err = lse_err.max(if e.is_nan() { f64::INFINITY } else { e });
+                }
+            }
+        }
+        Ok((
+            error_stats(
+                &got,
+                &want,
+                Tolerance {
+                    atol: 0.0,
+                    rtol: 0.0,
+                },
+            ),
+            lse_err,
+        ))
+    }
+}
+
+/// A case unsplit, then split (into `parts` chunks): the split O within 10% + 1e-3 of the unsplit rel-L2 against the
+/// reference, its LSE within the unsplit error + 1e-4.
+fn check(gpu: &Gpu, case: &Case, vl: &mut Varlen) -> Result<()> {
+    let mut b = Batch::new(gpu, case)?;
+    vl.split_kv(false);
+    let (plain, plain_l) = b.run(gpu, vl)?;
+    ensure!(vl.last_split() == 1, "{}: split with split-KV off", case.0);
+    vl.split_kv(true);
+    let (split, split_l) = b.run(gpu, vl)?;
+    eprintln!(
+        "split-KV {} ({} chunks): O vs f64 max_abs={:.3e} mean_abs={:.3e} rel_l2={:.3e} (unsplit rel_l2={:.3e}); LSE max abs {split_l:.3e} (unsplit {plain_l:.3e})",
+        case.0,
+        vl.last_split(),
+        split.max_abs,
+        split.mean_abs,
+        split.rel_l2,
+        plain.rel_l2
+    );
+    // The chunks planned on an H100 or H200 (132 SMs; split_kv's unit tests hold the rule); elsewhere at least two.
+    let planned = if gpu.sms == 132 {
+        vl.last_split() == case.7
+    } else {
+        vl.last_split() >= 2
+    };
+    ensure!(
+        planned,
+        "{}: {} chunks where {} were planned (on 132 SMs)",
+        case.0,
+        vl.last_split(),
+        case.7
+    );
+    ensure!(
+        split.nan == 0 && split.inf == 0,
+        "{}: NaN or Inf in the split O",
+        case.0
+    );
+    ensure!(
+        split.rel_l2 <= 1.1 * plain.rel_l2 + 1e-3,
+        "{}: split rel-L2 {:.3e} against unsplit {:.3e}",
+        case.0,
+        split.rel_l2,
+        plain.rel_l2
+    );
+    ensure!(
+        split_l <= plain_l + 1e-4,
+        "{}: split LSE error {split_l:.3e} against unsplit {plain_l:.3e}",
+        case.0
+    );
+    Ok(())
+}
+
+pub fn add(t: &mut Suite) {
+    for case in cases() {
+        t.gpu(&format!("varlen::split_kv::{}", case.0), move |gpu| {
+            check(gpu, &case, &mut Varlen::new())
+        });
+    }
+    t.gpu("varlen::split_kv::mutants_are_caught", |gpu| {
+        let cases = cases();
+        for (what, prep, from, to) in [
+            (
+                "every part read at chunk 0's row",
+                false,
+                "const long long r2 = base + (long long)j * sq;",
+                "const long long r2 = base;",
+            ),
+            (
+                "a part's weight from the first part's LSE",
+                false,
+                "l[j] = __ldcg(lse2 + (long long)h * parts * total_q + r2);",
+                "l[j] = __ldcg(lse2 + (long long)h * parts * total_q + base);",
+            ),
+            (
+                "chunks starting one tile late",
+                true,
+                "cu_k2[i] = cu_k[b] + ch.x;",
+                "cu_k2[i] = cu_k[b] + (ch.x + bc < ch.y ? ch.x + bc : ch.x);",
+            ),
+            (
+                "each copy of Q its sequence's first row",
+                true,
+                "% sq;",
+                "% 1;",
+            ),
+            (
+                "one virtual sequence's scales for all",
+                true,
+                "qs2[(long long)i * heads + h] = qs[(long long)b * heads + h];",
+                "qs2[(long long)i * heads + h] = qs[h];",
+            ),
+        ] {
+            let spec = if prep {
+                composed::split_kv::prep_kernel()
+            } else {
+                composed::split_kv::merge_kernel(128)
+            };
+            let m = spec.mutated("split_kv.cu", from, to)?;
+            let mut vl = Varlen::new();
+            if prep {
+                vl.use_split_kernels(Some(m), None);
+            } else {
+                vl.use_split_kernels(None, Some(m));
+            }
+            // Any case that the mutant would make wrong: the first three read a long sequence; Q's rows and scales
+            // differ between sequences and rows in the speculative case.
+            let caught = [&cases[0], &cases[2], &cases[4]]
+                .into_iter()
+                .any(|c| check(gpu, c, &mut vl).is_err());
+            ensure!(caught, "mutant `{what}` went unnoticed");
+            eprintln!("mutant `{what}` caught");
+        }
+        Ok(())
+    });
+}
