@@ -119,7 +119,10 @@ impl Batch {
             let shape = Shape::cross(1, h, sq.max(1), sk.max(1), d)
                 .with_kv_heads(hkv)?
                 .with_causal(causal);
-            let qz = quantize_per_head(&normal(shape, 301 + i as u64));
+            // Q of sequence i at (1 + i)× unit normals: its scales far from the others' (a mutant mixing them shows).
+            let mut raw = normal(shape, 301 + i as u64);
+            raw.q.iter_mut().for_each(|x| *x *= 1.0 + i as f32);
+            let qz = quantize_per_head(&raw);
             if sq == 0 {
                 want.push(None);
                 continue;
@@ -331,7 +334,7 @@ pub fn add(t: &mut Suite) {
             } else {
                 composed::split_kv::merge_kernel(128)
             };
-            let m = spec.mutated("split_kv.cu", from, to)?;
+            let m = spec.mutated_source(from, to)?;
             let mut vl = Varlen::new();
             if prep {
                 vl.use_split_kernels(Some(m), None);
@@ -340,11 +343,19 @@ pub fn add(t: &mut Suite) {
             }
             // Any case that the mutant would make wrong: the first three read a long sequence; Q's rows and scales
             // differ between sequences and rows in the speculative case.
-            let caught = [&cases[0], &cases[2], &cases[4]]
+            let verdicts: Vec<String> = [&cases[0], &cases[2], &cases[4]]
                 .into_iter()
-                .any(|c| check(gpu, c, &mut vl).is_err());
-            ensure!(caught, "mutant `{what}` went unnoticed");
-            eprintln!("mutant `{what}` caught");
+                .map(|c| {
+                    check(gpu, c, &mut vl)
+                        .err()
+                        .map_or("unnoticed".into(), |e| format!("{e:#}"))
+                })
+                .collect();
+            ensure!(
+                verdicts.iter().any(|v| v != "unnoticed"),
+                "mutant `{what}` went unnoticed"
+            );
+            eprintln!("mutant `{what}` caught: {}", verdicts.join(" | "));
         }
         Ok(())
     });

@@ -257,6 +257,8 @@ pub fn add(t: &mut Suite) {
             };
             let shape = VarlenShape { batch, h, hkv, d, total_q: tq, total_k: tk, causal, window: win };
             let mut vl = Varlen::new();
+            // Bit for bit each sequence alone: no split-KV (its parts merge to other bits; tests/gpu/split_kv.rs).
+            vl.split_kv(false);
             let scale = 1.0 / (d as f32).sqrt();
             // Grouped heads packed into a unit's rows where they can be (composed::packs_heads): the same bits.
             let packings: &[bool] = if composed::packs_heads(&shape) { &[false, true] } else { &[false] };

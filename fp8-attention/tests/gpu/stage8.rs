@@ -261,8 +261,10 @@ pub fn add(t: &mut Suite) {
         let st = gpu.stream.clone();
         let cfg = Config { causal: true, out_dtype: OutDtype::F16, softmax_scale: None, window: fp8_attention::Window::NONE };
         let mut op = Attention::with_stage(gpu, cfg, Stage::S8)?;
-        // Unpacked first (each sequence alone's bits), packed heads (the default) further down.
+        // Unpacked first (each sequence alone's bits), packed heads (the default) further down; never split-KV (its
+        // merged parts are other bits).
         op.set_pack_heads(false);
+        op.set_split_kv(false);
         let (mut q, mut k, mut v) = (vec![0u8; tq * h * d], vec![0u8; tk * hkv * d], vec![0u8; tk * hkv * d]);
         let (mut qs, mut ks, mut vs) = (vec![1f32; 4 * h], vec![1f32; 4 * hkv], vec![1f32; 4 * hkv]);
         let mut alone = vec![];
