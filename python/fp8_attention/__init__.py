@@ -303,7 +303,8 @@ def _check_boundaries(name, cu, total):
 
 
 def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None, out_dtype=None, return_lse=False,
-                q_scale=None, k_scale=None, v_scale=None, validate=True, window=None, pack_heads=True):
+                q_scale=None, k_scale=None, v_scale=None, validate=True, window=None, pack_heads=True,
+                split_kv=True):
     """softmax(scale · q·kᵀ) · v over a packed (variable-length) batch, on E4M3 tensor cores (stage 8, sm_90).
 
     q [total_q, H, D], k and v [total_k, Hkv, D] (H a multiple of Hkv; D = 64 or 128; any token and head strides that
@@ -313,8 +314,10 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
     (left, right: sdpa's, per sequence). `validate`
     copies the boundaries to the host to check them (a sync: pass False inside a CUDA graph; the device then trusts
     them). `pack_heads` (on by default) puts each K/V head's query heads (H / Hkv of them, dividing 64; no window) in one
-    unit's rows, so that they share one pass over its keys (decode runs in a third of the time); the same bits. Returns O [total_q, H, D], and with
-    `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
+    unit's rows, so that they share one pass over its keys (decode runs in a third of the time); the same bits.
+    `split_kv` (on by default) cuts a few long sequences' keys into chunks merged after, where the batch's units would
+    leave SMs idle (decode of one sequence over 131,072 keys runs 9× faster); close to, not bit for bit, unsplit.
+    Returns O [total_q, H, D], and with `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
     """
     win = window_sides(window)
     q, k, v = as_tensor(q, "q"), as_tensor(k, "k"), as_tensor(v, "v")
@@ -366,7 +369,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
                          o.data_ptr(), lse.data_ptr()],
                         [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()], strides, b, h, hkv, d, tq, tk,
                         bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream,
-                        window=win, pack_heads=bool(pack_heads))
+                        window=win, pack_heads=bool(pack_heads), split_kv=bool(split_kv))
     o = o[: tq * h * d].view(tq, h, d)
     return (o, lse[: h * tq].view(h, tq)) if return_lse else o
 
@@ -419,15 +422,15 @@ def check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *
 
 def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, causal=False, scale=None, out_dtype=None,
                return_lse=False, q_scale=None, k_scale=None, v_scale=None, validate=True, window=None,
-               pack_heads=True):
+               pack_heads=True, split_kv=True):
     """A packed batch's queries over a paged FP8 KV cache, on E4M3 tensor cores (stage 8, sm_90).
 
     q [total_q, H, D] (E4M3 codes: float8_e4m3fn or uint8), sequence i's new tokens from cu_seqlens_q[i] (int32 [B +
     1]); k_cache and v_cache [num_pages, page_size, Hkv, D] E4M3 pools (pages of 16 to 256 rows); block_table int32
     [B, max_pages] and seq_lens int32 [B] (keys a sequence, its new tokens last: causal is bottom-right). Scales per
     (sequence, head) or one. `validate` copies the table and lengths to the host to check them (a sync: pass False in a
-    CUDA graph). `pack_heads`: as sdpa_varlen's (for decode). Returns O [total_q, H, D], and with `return_lse` the LSE
-    [H, total_q]. Runs on torch's current stream.
+    CUDA graph). `pack_heads`, `split_kv`: as sdpa_varlen's (for decode). Returns O [total_q, H, D], and with
+    `return_lse` the LSE [H, total_q]. Runs on torch's current stream.
     """
     win = window_sides(window)
     q, k_cache, v_cache = as_tensor(q, "q"), as_tensor(k_cache, "k_cache"), as_tensor(v_cache, "v_cache")
@@ -472,7 +475,7 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
                         [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]], b, h, hkv, d, tq, total_k,
                         bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream,
                         paged=(block_table.data_ptr(), max_pages, page, num_pages), window=win,
-                        pack_heads=bool(pack_heads))
+                        pack_heads=bool(pack_heads), split_kv=bool(split_kv))
     o = o.view(tq, h, d)
     return (o, lse.view(h, tq)) if return_lse else o
 

@@ -19,6 +19,7 @@ def sdpa_varlen(
     q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = ..., scale: Optional[float] = ...,
     out_dtype: Any = ..., return_lse: bool = ..., q_scale: Any = ..., k_scale: Any = ..., v_scale: Any = ...,
     validate: bool = ..., window: Optional[Tuple[Optional[int], Optional[int]]] = ..., pack_heads: bool = ...,
+    split_kv: bool = ...,
 ) -> Union[Any, Tuple[Any, Any]]: ...
 def check_paged_args(
     q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, cu_seqlens_q: Any, *, q_scale: Any = ...,
@@ -28,7 +29,7 @@ def sdpa_paged(
     q: Any, k_cache: Any, v_cache: Any, block_table: Any, seq_lens: Any, cu_seqlens_q: Any, *, causal: bool = ...,
     scale: Optional[float] = ..., out_dtype: Any = ..., return_lse: bool = ..., q_scale: Any = ..., k_scale: Any = ...,
     v_scale: Any = ..., validate: bool = ..., window: Optional[Tuple[Optional[int], Optional[int]]] = ...,
-    pack_heads: bool = ...,
+    pack_heads: bool = ..., split_kv: bool = ...,
 ) -> Union[Any, Tuple[Any, Any]]: ...
 def warm(head_dim: int) -> None: ...
 def window_sides(window: Optional[Tuple[Optional[int], Optional[int]]]) -> Tuple[int, int]: ...

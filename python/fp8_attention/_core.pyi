@@ -17,5 +17,6 @@ def launch_varlen(
     tensors: list[int], cu: list[int], strides: list[list[int]], batch: int, h: int, hkv: int, d: int, total_q: int,
     total_k: int, causal: bool, softmax_scale: float, out_dtype: str, stream: int,
     paged: Optional[tuple[int, int, int, int]] = ..., window: tuple[int, int] = ..., pack_heads: bool = ...,
+    split_kv: bool = ...,
 ) -> None: ...
 def warm(d: int) -> None: ...

@@ -334,9 +334,10 @@ fn varlens() -> &'static Mutex<HashMap<usize, Varlen>> {
 /// H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales per (sequence,
 /// head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device, checked by the
 /// caller: the device trusts them). Sizes and strides are checked before anything is queued. `pack_heads`: a K/V head's
-/// query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`).
+/// query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`); `split_kv`: each
+/// sequence's keys in chunks merged after, where the batch's units would leave SMs idle (`Varlen::split_kv`).
 #[pyfunction]
-#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1), pack_heads=true))]
+#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1), pack_heads=true, split_kv=true))]
 #[allow(clippy::too_many_arguments)]
 fn launch_varlen(
     tensors: [u64; 8],
@@ -355,6 +356,7 @@ fn launch_varlen(
     paged: Option<(u64, usize, usize, usize)>,
     window: (i64, i64),
     pack_heads: bool,
+    split_kv: bool,
 ) -> PyResult<()> {
     let window = window_of(window)?;
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
@@ -423,6 +425,7 @@ fn launch_varlen(
     let vl = vs.entry(stream).or_default();
     // Grouped heads packed into a unit's rows where the batch allows it (composed::packs_heads); the same bits.
     vl.pack_heads(pack_heads);
+    vl.split_kv(split_kv);
     vl.launch(gpu, &st, &shape, softmax_scale, out, &t)
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
