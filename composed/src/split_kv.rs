@@ -321,6 +321,48 @@ impl Scratch {
     }
 }
 
+/// The virtual batch `split_kv_prep` makes, read back to the host: boundaries (B · P + 1 each), Q scales (B · P · H),
+/// K scales (B · P · Hkv), Q2 ([P · total_q, H, D] codes) and, for a paged cache, the block table ([B · P][max_pages]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VirtualBatch {
+    pub cu_q: Vec<i32>,
+    pub cu_k: Vec<i32>,
+    pub q_scale: Vec<f32>,
+    pub k_scale: Vec<f32>,
+    pub q: Vec<u8>,
+    pub table: Vec<i32>,
+}
+
+/// Runs `split_kv_prep` alone for the batch `s` at `t` in `parts` chunks (key tiles of `bc`) and reads back what it
+/// made: for tests against [`virtual_boundaries`] and the host's copies.
+pub fn virtual_batch(
+    gpu: &Gpu,
+    st: &Arc<CudaStream>,
+    s: &VarlenShape,
+    t: &VarlenTensors,
+    parts: usize,
+    bc: usize,
+) -> Result<VirtualBatch> {
+    let mut sc = Scratch::default();
+    sc.prepare(gpu, st, s, t, parts, bc)?;
+    let virt = s.batch * parts;
+    let read_i = |x: &Option<CudaSlice<i32>>, n: usize| -> Result<Vec<i32>> {
+        Ok(x.as_ref().map_or(Ok(vec![]), |x| st.clone_dtoh(x))?[..n].to_vec())
+    };
+    let (Some(cu), Some(scales), Some(q2)) = (&sc.cu, &sc.scales, &sc.q2) else {
+        unreachable!("prepare allocates them")
+    };
+    let table_len = t.paged.map_or(0, |p| virt * p.max_pages);
+    Ok(VirtualBatch {
+        cu_q: st.clone_dtoh(&cu[0])?[..virt + 1].to_vec(),
+        cu_k: st.clone_dtoh(&cu[1])?[..virt + 1].to_vec(),
+        q_scale: st.clone_dtoh(&scales[0])?[..virt * s.h].to_vec(),
+        k_scale: st.clone_dtoh(&scales[1])?[..virt * s.hkv].to_vec(),
+        q: st.clone_dtoh(q2)?[..parts * s.total_q * s.h * s.d].to_vec(),
+        table: read_i(&sc.table, table_len)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,6 +76,9 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Host copies for the prep test: cu_k, Q's codes, Q's and K's scales, the block table.
+type Host = (Vec<i32>, Vec<u8>, Vec<f32>, Vec<f32>, Vec<i32>);
+
 /// A case's batch on the device with its per-sequence f64 references.
 struct Batch {
     shape: VarlenShape,
@@ -86,6 +89,7 @@ struct Batch {
     scales: Vec<CudaSlice<f32>>,
     cu: Vec<CudaSlice<i32>>,
     table: Option<(CudaSlice<i32>, usize, usize, usize)>,
+    host: Host,
     o: CudaSlice<f16>,
     lse: CudaSlice<f32>,
 }
@@ -136,12 +140,14 @@ impl Batch {
             want.push(Some(reference(&qz)));
         }
         let up8 = |x: &[u8]| st.clone_htod(if x.is_empty() { &[0u8][..] } else { x });
+        let mut host_table = vec![];
         let table = match page {
             Some(p) => {
                 let (pools, table, max_pages, num_pages) =
                     page_out([&k, &v], &cu_k, hkv * d, p, 11);
                 k = pools[0].clone();
                 v = pools[1].clone();
+                host_table = table.clone();
                 Some((st.clone_htod(&table)?, max_pages, p, num_pages))
             }
             None => None,
@@ -170,7 +176,35 @@ impl Batch {
             lens,
             cu_q,
             want,
+            host: (cu_k, q, qs, ks, host_table),
         })
+    }
+
+    /// The batch's device addresses (borrowed: the batch outlives every launch on them).
+    fn tensors(&self, st: &std::sync::Arc<lab::cudarc::driver::CudaStream>) -> VarlenTensors {
+        let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+        VarlenTensors {
+            q: addr(self.bufs[0].device_ptr(st)),
+            k: addr(self.bufs[1].device_ptr(st)),
+            v: addr(self.bufs[2].device_ptr(st)),
+            q_scale: addr(self.scales[0].device_ptr(st)),
+            k_scale: addr(self.scales[1].device_ptr(st)),
+            v_scale: addr(self.scales[2].device_ptr(st)),
+            o: addr(self.o.device_ptr(st)),
+            lse: addr(self.lse.device_ptr(st)),
+            cu_q: addr(self.cu[0].device_ptr(st)),
+            cu_k: addr(self.cu[1].device_ptr(st)),
+            strides: None,
+            paged: self
+                .table
+                .as_ref()
+                .map(|(t, max_pages, page_size, num_pages)| PagedKv {
+                    block_table: addr(t.device_ptr(st)),
+                    max_pages: *max_pages,
+                    page_size: *page_size,
+                    num_pages: *num_pages,
+                }),
+        }
     }
 
     /// One launch through `vl`: every row's O and LSE against the reference (O's stats over the batch, the LSE's
@@ -181,32 +215,8 @@ impl Batch {
         let (h, d, tq) = (s.h, s.d, s.total_q);
         st.memcpy_htod(&lab::numerics::poisoned::<f16>(tq * h * d), &mut self.o)?;
         st.memcpy_htod(&lab::numerics::poisoned::<f32>(h * tq), &mut self.lse)?;
-        {
-            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
-            let t = VarlenTensors {
-                q: addr(self.bufs[0].device_ptr(&st)),
-                k: addr(self.bufs[1].device_ptr(&st)),
-                v: addr(self.bufs[2].device_ptr(&st)),
-                q_scale: addr(self.scales[0].device_ptr(&st)),
-                k_scale: addr(self.scales[1].device_ptr(&st)),
-                v_scale: addr(self.scales[2].device_ptr(&st)),
-                o: addr(self.o.device_ptr(&st)),
-                lse: addr(self.lse.device_ptr(&st)),
-                cu_q: addr(self.cu[0].device_ptr(&st)),
-                cu_k: addr(self.cu[1].device_ptr(&st)),
-                strides: None,
-                paged: self
-                    .table
-                    .as_ref()
-                    .map(|(t, max_pages, page_size, num_pages)| PagedKv {
-                        block_table: addr(t.device_ptr(&st)),
-                        max_pages: *max_pages,
-                        page_size: *page_size,
-                        num_pages: *num_pages,
-                    }),
-            };
-            vl.launch(gpu, &st, &s, 1.0 / (d as f32).sqrt(), OutDtype::F16, &t)?;
-        }
+        let t = self.tensors(&st);
+        vl.launch(gpu, &st, &s, 1.0 / (d as f32).sqrt(), OutDtype::F16, &t)?;
         let (o, lse) = (st.clone_dtoh(&self.o)?, st.clone_dtoh(&self.lse)?);
         // The batch's rows in the references' order, [sequence][head][row][D].
         let (mut got, mut want, mut lse_err) = (vec![], vec![], 0.0f64);
@@ -289,7 +299,77 @@ fn check(gpu: &Gpu, case: &Case, vl: &mut Varlen) -> Result<()> {
     Ok(())
 }
 
+/// `split_kv_prep` alone against the host: the virtual boundaries (`split_kv::virtual_boundaries`), each virtual
+/// sequence's scales, Q2's rows (sequence b's P copies of its queries) and the virtual block table (each chunk's row
+/// from its first page) — a causal batch with a sequence of several queries, one with none, one key, pages of 64.
+fn prep_matches_the_host(gpu: &Gpu) -> Result<()> {
+    use composed::split_kv::{align_tiles, virtual_batch, virtual_boundaries};
+    let case: Case = (
+        "prep",
+        vec![(1, 5000), (0, 300), (4, 900), (2, 1), (1, 2500)],
+        4,
+        2,
+        64,
+        true,
+        Some(64),
+        4,
+    );
+    let b = Batch::new(gpu, &case)?;
+    let st = gpu.stream.clone();
+    let (s, parts, bc) = (b.shape, 4usize, 128usize);
+    let got = virtual_batch(gpu, &st, &s, &b.tensors(&st), parts, bc)?;
+    let (cu_k, q, qs, ks, table) = &b.host;
+    let align = align_tiles(bc, Some(64));
+    let (want_q, want_k) = virtual_boundaries(&b.cu_q, cu_k, parts, bc, align, s.causal);
+    ensure!(
+        got.cu_q == want_q,
+        "virtual cu_q {:?}, the model's {want_q:?}",
+        got.cu_q
+    );
+    ensure!(
+        got.cu_k == want_k,
+        "virtual cu_k {:?}, the model's {want_k:?}",
+        got.cu_k
+    );
+    let (h, hkv, d) = (s.h, s.hkv, s.d);
+    let max_pages = b.table.as_ref().map_or(0, |t| t.1);
+    for i in 0..s.batch * parts {
+        let (seq, c) = (i / parts, i % parts);
+        ensure!(
+            got.q_scale[i * h..(i + 1) * h] == qs[seq * h..(seq + 1) * h]
+                && got.k_scale[i * hkv..(i + 1) * hkv] == ks[seq * hkv..(seq + 1) * hkv],
+            "virtual sequence {i}: scales not its sequence's"
+        );
+        let sq = (b.cu_q[seq + 1] - b.cu_q[seq]) as usize;
+        for t in 0..sq {
+            let (r2, r) = (want_q[i] as usize + t, b.cu_q[seq] as usize + t);
+            ensure!(
+                got.q[r2 * h * d..(r2 + 1) * h * d] == q[r * h * d..(r + 1) * h * d],
+                "Q2 row {r2} (sequence {seq}, chunk {c}, query {t}) is not Q's row {r}"
+            );
+        }
+        let first = (want_k[i] - cu_k[seq]) as usize / 64;
+        for j in 0..max_pages {
+            let want = if first + j < max_pages {
+                table[seq * max_pages + first + j]
+            } else {
+                0
+            };
+            ensure!(
+                got.table[i * max_pages + j] == want,
+                "virtual table row {i} entry {j}: {} where the chunk's page is {want}",
+                got.table[i * max_pages + j]
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn add(t: &mut Suite) {
+    t.gpu(
+        "varlen::split_kv::prep_matches_the_host",
+        prep_matches_the_host,
+    );
     for case in cases() {
         t.gpu(&format!("varlen::split_kv::{}", case.0), move |gpu| {
             check(gpu, &case, &mut Varlen::new())
