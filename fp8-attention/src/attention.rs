@@ -685,6 +685,9 @@ fn warm_list(stage: Stage, d: usize) -> Vec<lab::KernelSpec> {
             plan.histogram,
             plan.offsets,
             plan.scatter,
+            // Split-KV (decode over a few long sequences): the virtual batch's prep and the parts' merge.
+            composed::split_kv::prep_kernel(),
+            composed::split_kv::merge_kernel(d),
         ]);
     }
     list
