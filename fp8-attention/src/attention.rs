@@ -8,6 +8,7 @@ use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::error::{Error, Result};
+use crate::warm::warm_list;
 
 /// One E4M3 tensor on the device: its codes, [B, heads, S, D] contiguous (row-major), and its f32 dequantization
 /// scales, one per (batch, head): element x ≈ decode(code) · scale.
@@ -663,72 +664,9 @@ pub fn check_strides(s: &Shape, lens: [usize; 3], strides: &Strides) -> Result<(
     Ok(())
 }
 
-/// The kernels a call of `stage` at head dimension `d` can launch (`Attention::warm` loads them).
-fn warm_list(stage: Stage, d: usize) -> Vec<lab::KernelSpec> {
-    let mut list = vec![stage.kernel(d)];
-    if stage.tma() {
-        let merge = format!("stage7_merge_d{d}");
-        list.extend(
-            composed::KERNELS
-                .iter()
-                .filter(|k| k.name == merge)
-                .copied(),
-        );
-    }
-    if stage.reads_vt() {
-        list.extend([composed::TRANSPOSE_V, composed::VT_TILES]);
-    }
-    if stage.transposes_v() {
-        let plan = composed::ragged::Planner::default();
-        list.extend([
-            composed::varlen_kernel(d),
-            plan.histogram,
-            plan.offsets,
-            plan.scatter,
-            // Split-KV (decode over a few long sequences): the virtual batch's prep and the parts' merge.
-            composed::split_kv::prep_kernel(),
-            composed::split_kv::merge_kernel(d),
-        ]);
-    }
-    list
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn warm_loads_what_each_stage_launches() {
-        let names = |stage, d| -> Vec<String> {
-            warm_list(stage, d)
-                .iter()
-                .map(|k| k.name.to_string())
-                .collect()
-        };
-        assert_eq!(
-            names(Stage::S7, 128),
-            [
-                "stage7_d128",
-                "stage7_merge_d128",
-                "prep_vt",
-                "prep_vt_tiles"
-            ]
-        );
-        let eight = names(Stage::S8, 64);
-        assert!(
-            eight.contains(&"stage8_d64".to_string())
-                && eight.contains(&"stage8_varlen_d64".to_string())
-                && eight.contains(&"stage7_merge_d64".to_string())
-                && !eight.iter().any(|n| n.starts_with("prep_vt")),
-            "{eight:?}"
-        );
-        assert_eq!(
-            eight.len(),
-            6,
-            "stage, merge, varlen and the plan's three: {eight:?}"
-        );
-        assert_eq!(names(Stage::S5, 64), ["stage5_d64"]);
-    }
 
     #[test]
     fn bad_strides_are_named() {

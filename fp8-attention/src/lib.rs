@@ -44,6 +44,7 @@ mod ring_nccl;
 mod staging;
 mod varlen;
 mod varlen_real;
+mod warm;
 
 pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs, check_strides};
 pub use composed::bench::Timing;
