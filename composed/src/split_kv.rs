@@ -110,8 +110,11 @@ pub fn merge_kernel(d: usize) -> KernelSpec {
 /// What a split launch keeps between calls: the virtual batch's buffers, grown as needed.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
-    cu: Option<[CudaSlice<i32>; 2]>,
-    scales: Option<[CudaSlice<f32>; 3]>,
+    cu_q2: Option<CudaSlice<i32>>,
+    cu_k2: Option<CudaSlice<i32>>,
+    qs2: Option<CudaSlice<f32>>,
+    ks2: Option<CudaSlice<f32>>,
+    vs2: Option<CudaSlice<f32>>,
     table: Option<CudaSlice<i32>>,
     q2: Option<CudaSlice<u8>>,
     o2: Option<CudaSlice<f32>>,
@@ -120,16 +123,29 @@ pub(crate) struct Scratch {
     pub(crate) kernels: [Option<KernelSpec>; 2],
 }
 
-/// `slot` holding at least `n` elements (a new one, uninitialised, if it held fewer).
-fn at_least<T: lab::cudarc::driver::DeviceRepr + lab::cudarc::driver::ValidAsZeroBits>(
+/// The device address of `slot`, made to hold at least `n` elements (a new buffer, zeroed, if it held fewer).
+fn slot_at<T: lab::cudarc::driver::DeviceRepr + lab::cudarc::driver::ValidAsZeroBits>(
     st: &Arc<CudaStream>,
     slot: &mut Option<CudaSlice<T>>,
     n: usize,
-) -> Result<()> {
+) -> Result<u64> {
     if slot.as_ref().is_none_or(|x| x.len() < n) {
         *slot = Some(st.alloc_zeros::<T>(n.max(1))?);
     }
-    Ok(())
+    let x = slot.as_ref().expect("allocated above");
+    Ok(x.device_ptr(st).0)
+}
+
+/// The first `n` elements of `slot` (empty when it holds none), read back to the host.
+fn read<T: lab::cudarc::driver::DeviceRepr + Clone>(
+    st: &Arc<CudaStream>,
+    slot: &Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<Vec<T>> {
+    Ok(match slot {
+        Some(x) => st.clone_dtoh(x)?[..n].to_vec(),
+        None => vec![],
+    })
 }
 
 impl Scratch {
@@ -147,42 +163,26 @@ impl Scratch {
         let virt = s.batch * parts;
         let (h, hkv, d) = (s.h, s.hkv, s.d);
         let rows2 = parts * s.total_q;
-        if self.cu.as_ref().is_none_or(|c| c[0].len() < virt + 1) {
-            self.cu = Some([st.alloc_zeros(virt + 1)?, st.alloc_zeros(virt + 1)?]);
-        }
-        if self
-            .scales
-            .as_ref()
-            .is_none_or(|x| x[0].len() < virt * h || x[1].len() < virt * hkv)
-        {
-            self.scales = Some([
-                st.alloc_zeros(virt * h)?,
-                st.alloc_zeros(virt * hkv)?,
-                st.alloc_zeros(virt * hkv)?,
-            ]);
-        }
-        at_least(st, &mut self.q2, rows2 * h * d)?;
-        at_least(st, &mut self.o2, rows2 * h * d)?;
-        at_least(st, &mut self.lse2, rows2 * h)?;
-        let page = t.paged.map(|p| p.page_size);
-        if let Some(p) = t.paged {
-            at_least(st, &mut self.table, virt * p.max_pages)?;
-        }
-        let align = align_tiles(bc, page);
-        let (Some(cu), Some(sc), Some(q2), Some(o2), Some(lse2)) =
-            (&self.cu, &self.scales, &self.q2, &self.o2, &self.lse2)
-        else {
-            unreachable!("allocated above")
-        };
-        let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
-        let (cq2, ck2) = (addr(cu[0].device_ptr(st)), addr(cu[1].device_ptr(st)));
-        let (qs2, ks2, vs2) = (
-            addr(sc[0].device_ptr(st)),
-            addr(sc[1].device_ptr(st)),
-            addr(sc[2].device_ptr(st)),
+        let (cq2, ck2) = (
+            slot_at(st, &mut self.cu_q2, virt + 1)?,
+            slot_at(st, &mut self.cu_k2, virt + 1)?,
         );
-        let q2_at = addr(q2.device_ptr(st));
-        let table2 = self.table.as_ref().map_or(0, |x| addr(x.device_ptr(st)));
+        let (qs2, ks2, vs2) = (
+            slot_at(st, &mut self.qs2, virt * h)?,
+            slot_at(st, &mut self.ks2, virt * hkv)?,
+            slot_at(st, &mut self.vs2, virt * hkv)?,
+        );
+        let q2_at = slot_at(st, &mut self.q2, rows2 * h * d)?;
+        let (o2_at, lse2_at) = (
+            slot_at(st, &mut self.o2, rows2 * h * d)?,
+            slot_at(st, &mut self.lse2, rows2 * h)?,
+        );
+        let page = t.paged.map(|p| p.page_size);
+        let table2 = match t.paged {
+            Some(p) => slot_at(st, &mut self.table, virt * p.max_pages)?,
+            None => 0,
+        };
+        let align = align_tiles(bc, page);
         let (table, max_pages, shift) = t.paged.map_or((0u64, 0i32, 0i32), |p| {
             (
                 p.block_table,
@@ -255,8 +255,8 @@ impl Scratch {
             q_scale: qs2,
             k_scale: ks2,
             v_scale: vs2,
-            o: addr(o2.device_ptr(st)),
-            lse: addr(lse2.device_ptr(st)),
+            o: o2_at,
+            lse: lse2_at,
             cu_q: cq2,
             cu_k: ck2,
             strides: t.strides.map(|x| crate::strides::Strides {
@@ -346,20 +346,14 @@ pub fn virtual_batch(
     let mut sc = Scratch::default();
     sc.prepare(gpu, st, s, t, parts, bc)?;
     let virt = s.batch * parts;
-    let read_i = |x: &Option<CudaSlice<i32>>, n: usize| -> Result<Vec<i32>> {
-        Ok(x.as_ref().map_or(Ok(vec![]), |x| st.clone_dtoh(x))?[..n].to_vec())
-    };
-    let (Some(cu), Some(scales), Some(q2)) = (&sc.cu, &sc.scales, &sc.q2) else {
-        unreachable!("prepare allocates them")
-    };
     let table_len = t.paged.map_or(0, |p| virt * p.max_pages);
     Ok(VirtualBatch {
-        cu_q: st.clone_dtoh(&cu[0])?[..virt + 1].to_vec(),
-        cu_k: st.clone_dtoh(&cu[1])?[..virt + 1].to_vec(),
-        q_scale: st.clone_dtoh(&scales[0])?[..virt * s.h].to_vec(),
-        k_scale: st.clone_dtoh(&scales[1])?[..virt * s.hkv].to_vec(),
-        q: st.clone_dtoh(q2)?[..parts * s.total_q * s.h * s.d].to_vec(),
-        table: read_i(&sc.table, table_len)?,
+        cu_q: read(st, &sc.cu_q2, virt + 1)?,
+        cu_k: read(st, &sc.cu_k2, virt + 1)?,
+        q_scale: read(st, &sc.qs2, virt * s.h)?,
+        k_scale: read(st, &sc.ks2, virt * s.hkv)?,
+        q: read(st, &sc.q2, parts * s.total_q * s.h * s.d)?,
+        table: read(st, &sc.table, table_len)?,
     })
 }
 

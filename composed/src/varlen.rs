@@ -147,9 +147,9 @@ impl Varlen {
             s.total_q,
             s.total_k
         );
-        let packed = self.pack && packs_heads(s);
+        let (packed, bc) = (self.pack && packs_heads(s), stage.bc(s.d));
         let parts = if self.split {
-            split_kv::split_parts(gpu.sms, s, packed, stage.bc(s.d))
+            split_kv::split_parts(gpu.sms, s, packed, bc)
         } else {
             1
         };
@@ -160,7 +160,7 @@ impl Varlen {
                 "{} query tokens in {parts} chunks: more than 2^31 − 1 rows",
                 s.total_q
             );
-            let (s2, t2) = self.scratch.prepare(gpu, st, s, t, parts, stage.bc(s.d))?;
+            let (s2, t2) = self.scratch.prepare(gpu, st, s, t, parts, bc)?;
             self.launch_batch(gpu, st, &s2, softmax_scale, OutDtype::F32, &t2)?;
             return self.scratch.merge(gpu, st, s, t, parts, out);
         }
