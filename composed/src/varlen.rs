@@ -27,6 +27,19 @@ pub struct Varlen {
     split: bool,
     last_parts: usize,
     scratch: split_kv::Scratch,
+    /// [`Varlen::keep_plan`]: on, and the batch (shape, boundaries' addresses, packing, split) the kept plan is for.
+    keep: bool,
+    kept: Option<PlanKey>,
+    plans: usize,
+}
+
+/// What a kept ragged plan was made for: the batch's shape and boundaries' addresses, and how it ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PlanKey {
+    shape: VarlenShape,
+    cu: [u64; 2],
+    packed: bool,
+    parts: usize,
 }
 
 /// Stage 8's kernel over packed batches at head dimension `d`.
@@ -67,6 +80,9 @@ impl Default for Varlen {
             split: true,
             last_parts: 1,
             scratch: split_kv::Scratch::default(),
+            keep: false,
+            kept: None,
+            plans: 0,
         }
     }
 }
@@ -103,6 +119,25 @@ impl Varlen {
     /// its own running max); as close to the f64 reference.
     pub fn split_kv(&mut self, on: bool) {
         self.split = on;
+    }
+
+    /// With `on`, a launch reuses the ragged plan (the device's unit table, three kernels) that an earlier launch of the
+    /// same batch made — same shape, same boundaries' addresses — instead of planning again: plan once, run once a
+    /// layer. The caller promises the boundaries' values have not changed since that plan, and calls
+    /// [`Varlen::replan`] when they do (a new batch in the same buffers). Off by default: every launch plans.
+    pub fn keep_plan(&mut self, on: bool) {
+        self.keep = on;
+        self.kept = None;
+    }
+
+    /// Forgets the kept plan: the next launch plans again ([`Varlen::keep_plan`]).
+    pub fn replan(&mut self) {
+        self.kept = None;
+    }
+
+    /// Ragged plans this launcher has queued (each launch's, or fewer under [`Varlen::keep_plan`]).
+    pub fn plans_made(&self) -> usize {
+        self.plans
     }
 
     /// Chunks a sequence's keys were cut into at the last launch (1: no split).
@@ -154,20 +189,35 @@ impl Varlen {
             1
         };
         self.last_parts = parts;
+        let key = PlanKey {
+            shape: *s,
+            cu: [t.cu_q, t.cu_k],
+            packed,
+            parts,
+        };
+        let plan = !(self.keep && self.kept == Some(key));
+        self.kept = None;
         if parts > 1 {
             ensure!(
                 parts * s.total_q <= i32::MAX as usize,
                 "{} query tokens in {parts} chunks: more than 2^31 − 1 rows",
                 s.total_q
             );
+            // The virtual batch's boundaries (in the scratch) follow from the batch's: its kept plan stays valid.
             let (s2, t2) = self.scratch.prepare(gpu, st, s, t, parts, bc)?;
-            self.launch_batch(gpu, st, &s2, softmax_scale, OutDtype::F32, &t2)?;
-            return self.scratch.merge(gpu, st, s, t, parts, out);
+            self.launch_batch(gpu, st, &s2, softmax_scale, OutDtype::F32, &t2, plan)?;
+            self.scratch.merge(gpu, st, s, t, parts, out)?;
+        } else {
+            self.launch_batch(gpu, st, s, softmax_scale, out, t, plan)?;
         }
-        self.launch_batch(gpu, st, s, softmax_scale, out, t)
+        // Kept only once a launch has queued all of it: one that failed part-way plans again next time.
+        self.kept = self.keep.then_some(key);
+        Ok(())
     }
 
-    /// The plan of batch `s` and stage 8's packed kernel over it, on `st` (launch's checks made).
+    /// The plan of batch `s` (unless `plan` is false and the kept one is for it) and stage 8's packed kernel over it,
+    /// on `st` (launch's checks made).
+    #[allow(clippy::too_many_arguments)]
     fn launch_batch(
         &mut self,
         gpu: &Gpu,
@@ -176,6 +226,7 @@ impl Varlen {
         softmax_scale: f32,
         out: OutDtype,
         t: &VarlenTensors,
+        plan: bool,
     ) -> Result<()> {
         let stage = Stage::S8;
         let (bc, d) = (stage.bc(s.d), s.d);
@@ -193,12 +244,16 @@ impl Varlen {
             total_k: s.total_k,
             group,
         };
-        let plan = match self.plan.take() {
-            Some(p) if p.geometry == g => p,
-            _ => self.planner.alloc(st, g)?,
+        let (made, fresh) = match self.plan.take() {
+            Some(p) if p.geometry == g => (p, false),
+            _ => (self.planner.alloc(st, g)?, true),
         };
-        let plan = self.plan.insert(plan);
-        self.planner.run(gpu, st, t.cu_q, t.cu_k, plan)?;
+        let kept = self.plan.insert(made);
+        if plan || fresh {
+            self.planner.run(gpu, st, t.cu_q, t.cu_k, kept)?;
+            self.plans += 1;
+        }
+        let plan = kept;
         let sched = match self.sched.take() {
             Some(b) => b,
             None => st.alloc_zeros::<i32>(size_of::<SplitHead>() / 4)?,

@@ -16,7 +16,7 @@ import math
 
 __all__ = [
     "sdpa", "sdpa_varlen", "sdpa_paged", "check_args", "check_varlen_args", "check_paged_args", "as_tensor", "warm",
-    "window_sides",
+    "window_sides", "PagedPlan",
 ]
 
 _REAL = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
@@ -494,3 +494,6 @@ def warm(head_dim):
         raise ValueError(f"`head_dim` = {head_dim}: the kernels are built for 64, 128 and 256")
     from . import _core
     _core.warm(head_dim)
+
+
+from .plan import PagedPlan  # noqa: E402  (plan.py reads this module's helpers)

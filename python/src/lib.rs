@@ -2,14 +2,16 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use composed::{PagedKv, Stage, Strides, Tensors, Varlen, VarlenShape, VarlenTensors, Workspace};
+use composed::{Stage, Tensors, Workspace};
 use fixtures::{OutDtype, Shape};
 use fp8_attention::{Error, Lengths, check_inputs};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+mod varlen;
+
 /// A bad input is a ValueError naming it; what the device or the driver said is a RuntimeError.
-fn py_err(e: Error) -> PyErr {
+pub(crate) fn py_err(e: Error) -> PyErr {
     match e {
         Error::Device(e) => PyRuntimeError::new_err(format!("{e:#}")),
         other => PyValueError::new_err(other.to_string()),
@@ -17,7 +19,7 @@ fn py_err(e: Error) -> PyErr {
 }
 
 /// A sliding window's sides as Python passes them ((left, right): keys, -1 for unbounded).
-fn window_of((left, right): (i64, i64)) -> PyResult<fp8_attention::Window> {
+pub(crate) fn window_of((left, right): (i64, i64)) -> PyResult<fp8_attention::Window> {
     let side = |name: &str, x: i64| match x {
         -1 => Ok(None),
         x if x >= 0 => Ok(Some(x as usize)),
@@ -61,7 +63,7 @@ fn cache_dir() -> Option<std::path::PathBuf> {
 
 /// The device (index 0) and its stage for long sequences (a call's is `stage_for_shape`'s); the disk cache of
 /// kernels set on first use.
-fn gpu() -> PyResult<(&'static lab::Gpu, Stage)> {
+pub(crate) fn gpu() -> PyResult<(&'static lab::Gpu, Stage)> {
     static CACHE: std::sync::Once = std::sync::Once::new();
     CACHE.call_once(|| {
         if let Some(dir) = cache_dir() {
@@ -74,7 +76,10 @@ fn gpu() -> PyResult<(&'static lab::Gpu, Stage)> {
 }
 
 /// The caller's CUDA stream `stream` (torch's current one) as a cudarc stream of `gpu`.
-fn borrowed(gpu: &lab::Gpu, stream: usize) -> std::sync::Arc<lab::cudarc::driver::CudaStream> {
+pub(crate) fn borrowed(
+    gpu: &lab::Gpu,
+    stream: usize,
+) -> std::sync::Arc<lab::cudarc::driver::CudaStream> {
     // SAFETY: `stream` is a CUDA stream of this device's primary context (the caller's current one), alive for the
     // call; the wrapper neither destroys nor synchronises it on drop.
     unsafe {
@@ -196,7 +201,7 @@ fn alignment_of(name: &str) -> u64 {
 }
 
 /// A null or misaligned device address, named before any launch.
-fn check_address(name: &str, p: u64) -> PyResult<()> {
+pub(crate) fn check_address(name: &str, p: u64) -> PyResult<()> {
     let a = alignment_of(name);
     if p == 0 || !p.is_multiple_of(a) {
         return Err(PyValueError::new_err(format!(
@@ -324,112 +329,6 @@ fn quantize(
     Ok(())
 }
 
-/// One packed batch's launch state (the device plan's buffers, the schedule's counter) per CUDA stream.
-fn varlens() -> &'static Mutex<HashMap<usize, Varlen>> {
-    static V: OnceLock<Mutex<HashMap<usize, Varlen>>> = OnceLock::new();
-    V.get_or_init(Default::default)
-}
-
-/// Queues a packed (variable-length) batch on stage 8's packed kernel on the CUDA stream `stream`: E4M3 q [total_q,
-/// H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales per (sequence,
-/// head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device, checked by the
-/// caller: the device trusts them). Sizes and strides are checked before anything is queued. `pack_heads`: a K/V head's
-/// query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`); `split_kv`: each
-/// sequence's keys in chunks merged after, where the batch's units would leave SMs idle (`Varlen::split_kv`).
-#[pyfunction]
-#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1), pack_heads=true, split_kv=true))]
-#[allow(clippy::too_many_arguments)]
-fn launch_varlen(
-    tensors: [u64; 8],
-    cu: [u64; 2],
-    strides: [[usize; 2]; 3],
-    batch: usize,
-    h: usize,
-    hkv: usize,
-    d: usize,
-    total_q: usize,
-    total_k: usize,
-    causal: bool,
-    softmax_scale: f32,
-    out_dtype: &str,
-    stream: usize,
-    paged: Option<(u64, usize, usize, usize)>,
-    window: (i64, i64),
-    pack_heads: bool,
-    split_kv: bool,
-) -> PyResult<()> {
-    let window = window_of(window)?;
-    if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
-        return Err(py_err(Error::SoftmaxScale(softmax_scale)));
-    }
-    let out = out_dtype
-        .parse::<OutDtype>()
-        .map_err(|e| PyValueError::new_err(format!("out_dtype: {e:#}")))?;
-    // A paged cache: (block table's address, max_pages, page_size, num_pages); k and v are then its pools.
-    let paged = paged.map(|(block_table, max_pages, page_size, num_pages)| PagedKv {
-        block_table,
-        max_pages,
-        page_size,
-        num_pages,
-    });
-    let names = ["q", "k", "v", "q_scale", "k_scale", "v_scale", "o", "lse"];
-    for (name, p) in names
-        .into_iter()
-        .zip(tensors)
-        .chain([("cu_seqlens_q", cu[0]), ("cu_seqlens_k", cu[1])])
-    {
-        check_address(name, p)?;
-    }
-    for (name, [st, sh]) in ["q", "k", "v"].into_iter().zip(strides) {
-        if st == 0 || sh == 0 || st % 16 != 0 || sh % 16 != 0 {
-            return Err(PyValueError::new_err(format!(
-                "`{name}` has strides (token {st}, head {sh}) elements: TMA reads positive multiples of 16 bytes"
-            )));
-        }
-    }
-    let at = |[st, sh]: [usize; 2], total: usize| [st, sh, (total.max(1) * st).max(1)];
-    let [q, k, v, q_scale, k_scale, v_scale, o, lse] = tensors;
-    let t = VarlenTensors {
-        q,
-        k,
-        v,
-        q_scale,
-        k_scale,
-        v_scale,
-        o,
-        lse,
-        cu_q: cu[0],
-        cu_k: cu[1],
-        strides: Some(Strides {
-            q: at(strides[0], total_q),
-            k: at(strides[1], total_k),
-            v: at(strides[2], total_k),
-        }),
-        paged,
-    };
-    let shape = VarlenShape {
-        batch,
-        h,
-        hkv,
-        d,
-        total_q,
-        total_k,
-        causal,
-        window,
-    };
-    let (gpu, _) = gpu()?;
-    let st = borrowed(gpu, stream);
-    let mut vs = varlens()
-        .lock()
-        .map_err(|_| PyRuntimeError::new_err("fp8_attention: varlen lock poisoned"))?;
-    let vl = vs.entry(stream).or_default();
-    // Grouped heads packed into a unit's rows where the batch allows it (composed::packs_heads); the same bits.
-    vl.pack_heads(pack_heads);
-    vl.split_kv(split_kv);
-    vl.launch(gpu, &st, &shape, softmax_scale, out, &t)
-        .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
-}
-
 /// The extension: `output_rows`, `quantize`, `launch` and `launch_varlen`; `fp8_attention.sdpa` and `sdpa_varlen` are
 /// the API.
 /// Compiles and loads, ahead of the first call, every kernel a call at head dimension `d` can launch on this device:
@@ -460,7 +359,8 @@ fn warm(d: usize) -> PyResult<()> {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(output_rows, m)?)?;
     m.add_function(wrap_pyfunction!(launch, m)?)?;
-    m.add_function(wrap_pyfunction!(launch_varlen, m)?)?;
+    m.add_function(wrap_pyfunction!(varlen::launch_varlen, m)?)?;
+    m.add_class::<varlen::KeptPlan>()?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(warm, m)?)?;
     Ok(())

@@ -365,7 +365,70 @@ fn prep_matches_the_host(gpu: &Gpu) -> Result<()> {
     Ok(())
 }
 
+/// Under `keep_plan` a launcher plans a batch once: launching it again plans nothing and writes the same bits as a
+/// fresh launcher's; a batch of the same shape at other addresses (its sequences' lengths swapped) plans again and
+/// writes a fresh launcher's bits; `replan` plans again. Split (4 units, so chunks) and unsplit, from 64-row pages.
+fn kept_plan(gpu: &Gpu) -> Result<()> {
+    let st = gpu.stream.clone();
+    let bits = |o: &CudaSlice<f16>| -> Result<Vec<u16>> {
+        Ok(st.clone_dtoh(o)?.iter().map(|x| x.to_bits()).collect())
+    };
+    for split in [true, false] {
+        let case = |name, lens| (name, lens, 8, 2, 128, true, Some(64), 0);
+        let mut a = Batch::new(gpu, &case("kept_a", vec![(1, 9000), (1, 3000)]))?;
+        let mut b = Batch::new(gpu, &case("kept_b", vec![(1, 3000), (1, 9000)]))?;
+        ensure!(a.shape == b.shape, "the two batches' shapes differ");
+        let mut fresh = Varlen::new();
+        fresh.split_kv(split);
+        let (stats, _) = a.run(gpu, &mut fresh)?;
+        let want_a = bits(&a.o)?;
+        b.run(gpu, &mut fresh)?;
+        let want_b = bits(&b.o)?;
+        ensure!(
+            (fresh.last_split() > 1) == split && stats.rel_l2 < 0.05,
+            "split {split}: {} chunks, rel-L2 {:.3e}",
+            fresh.last_split(),
+            stats.rel_l2
+        );
+        let mut vl = Varlen::new();
+        vl.split_kv(split);
+        vl.keep_plan(true);
+        for (what, second, plans) in [
+            ("the first launch", false, 1),
+            ("the batch again", false, 1),
+            ("another batch of its shape", true, 2),
+            ("the first batch back", false, 3),
+        ] {
+            let (batch, want) = if second {
+                (&mut b, &want_b)
+            } else {
+                (&mut a, &want_a)
+            };
+            batch.run(gpu, &mut vl)?;
+            ensure!(
+                vl.plans_made() == plans && bits(&batch.o)? == *want,
+                "split {split}, {what}: {} plans made (want {plans}), bits {} a fresh launcher's",
+                vl.plans_made(),
+                if bits(&batch.o)? == *want {
+                    "equal to"
+                } else {
+                    "unlike"
+                }
+            );
+        }
+        vl.replan();
+        a.run(gpu, &mut vl)?;
+        ensure!(
+            vl.plans_made() == 4 && bits(&a.o)? == want_a,
+            "split {split}: replan then launch made {} plans (want 4)",
+            vl.plans_made()
+        );
+    }
+    Ok(())
+}
+
 pub fn add(t: &mut Suite) {
+    t.gpu("varlen::split_kv::kept_plan", kept_plan);
     t.gpu(
         "varlen::split_kv::prep_matches_the_host",
         prep_matches_the_host,
