@@ -250,6 +250,39 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
   }
 }
 
+// A consumer that holds none of its unit's rows (VARLEN: all of them below its 64; a decode unit's few rows — a
+// token's G packed heads — are consumer 0's): consume_unit's waits, turns and releases, turn for turn, without its
+// GEMMs, softmax or stores, so that the other consumer has the tensor cores to itself and the ring's stages go back as
+// soon as it is done with them.
+template <class Block, class Next>
+__device__ __forceinline__ void idle_unit(const Block& blk, int wg, int n, int tiles,
+                                          tma::Cursor<Block::kStages>& at, Next&& next) {
+  blk.wait_q(n);
+  if (wg == 1 && n == 0) roles::arrive(1, 256);
+  at.wait();
+  roles::sync(1 + wg, 256);
+  roles::arrive(2 - wg, 256);
+  for (int tt = 1; tt < tiles; ++tt) {
+    at.advance();
+    if (tt > 1) {
+      __syncwarp();
+      if (roles::lane() == 0) at.release_prev2();
+    }
+    at.wait();
+    roles::sync(1 + wg, 256);
+    roles::arrive(2 - wg, 256);
+  }
+  __syncwarp();
+  if (roles::lane() == 0) {
+    if (tiles > 1) at.release_prev();
+    blk.release_q(n);
+  }
+  roles::sync(1 + wg, 256);
+  if (wg == 0 || next()) roles::arrive(2 - wg, 256);
+  __syncwarp();
+  if (roles::lane() == 0) at.release();
+}
+
 // Consumer warpgroup wg's part of unit w (the block's n-th; `at`: the ring at its first key tile, left at its
 // last); `next()`: whether the block has a unit after this one (then its last turn hands over), asked by consumer
 // 1 only, after its last GEMM issue (a block learns its next unit from the producer as it goes). The unit's last
@@ -278,6 +311,9 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   // bh and kv: the scales' heads (VARLEN: sequence · heads + head, sequence · K/V heads + K/V head).
   static_assert(!PACK || (VARLEN && !WIN), "packed heads: a packed batch without a window");
   const UnitView u = unit_view<VARLEN, BC, WIN, PACK>(p, rg, w, kt, win);
+  if constexpr (VARLEN) {
+    if (u.rows <= 64 * wg) return idle_unit(blk, wg, n, u.tiles, at, next);
+  }
   const int bh = u.bh, kv = u.kv, q0 = u.q0, tiles = u.tiles;
   const typename UnitScale<PACK>::T scale = UnitScale<PACK>::of(p, u, wg);
   const auto c = times(scale, kLog2e);

@@ -194,8 +194,11 @@ impl Scratch {
         let [ss, sh, _] = t.strides.map_or([h * d, d, 0], |x| x.q);
         let spec = self.kernels[0].unwrap_or_else(prep_kernel);
         let k = gpu.load(&spec)?;
-        // Threads for the boundaries (one a virtual sequence), and grid-stride over the table's entries and Q2's pieces.
-        let pieces = (rows2 * h * d / 16).max(virt * t.paged.map_or(0, |p| p.max_pages));
+        // Threads for the boundaries (one a virtual sequence), and grid-stride over the scales, the table's entries and
+        // Q2's pieces.
+        let pieces = (rows2 * h * d / 16)
+            .max(virt * t.paged.map_or(0, |p| p.max_pages))
+            .max(virt * (h + 2 * hkv));
         let blocks = (virt + 1)
             .div_ceil(256)
             .max(pieces.div_ceil(256).min(4 * gpu.sms))

@@ -468,8 +468,8 @@ pub fn add(t: &mut Suite) {
             (
                 "one virtual sequence's scales for all",
                 true,
-                "qs2[(long long)i * heads + h] = qs[(long long)b * heads + h];",
-                "qs2[(long long)i * heads + h] = qs[h];",
+                "qs2[(long long)i * heads + e] = qs[(long long)b * heads + e];",
+                "qs2[(long long)i * heads + e] = qs[e];",
             ),
         ] {
             let spec = if prep {
