@@ -16,6 +16,19 @@ pub struct Args {
     pub cmd: Cmd,
 }
 
+/// A serving mode `sdpa bench --mode` times on stage 8's packed kernel (varlen.rs's `serving_batch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// A packed prefill batch of --tokens tokens, sequences of 100 to the shape's S (Sq = Sk each).
+    Varlen,
+    /// B sequences of the shape's Sq ≤ 16 new tokens over Sk keys each (--shape B,H,Sq,Sk,D), from packed keys and,
+    /// with --page, a paged cache; bytes moved a second against a device copy's.
+    Decode,
+    /// B sequences of Sq new tokens over Sk keys each (--shape B,H,Sq,Sk,D; the first Sk − Sq cached) from a paged
+    /// cache of --page rows, against the same keys packed.
+    Paged,
+}
+
 /// How much of O `sdpa run` checks against the f64 reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Check {
@@ -146,6 +159,14 @@ pub enum Cmd {
         /// shards; stage7), timed beside stage 7 on the whole problem on GPU 0.
         #[arg(long)]
         ranks: Option<usize>,
+        /// A serving mode's batch on stage8's packed kernel: varlen (with --tokens), decode (--shape B,H,Sq,Sk,D,
+        /// Sq ≤ 16; --page adds the paged cache), paged (--shape B,H,Sq,Sk,D and --page). The spelled-out form of
+        /// --varlen, --prefix and --page.
+        #[arg(long, value_enum, conflicts_with_all = ["varlen", "prefix", "ranks", "api"])]
+        mode: Option<Mode>,
+        /// With --mode varlen: the batch's tokens in all.
+        #[arg(long, requires = "mode")]
+        tokens: Option<usize>,
         /// A packed (variable-length) batch of this many tokens instead, on stage8's packed kernel: sequences of 100
         /// to S tokens (the shape's S; Sq = Sk each), the shape's heads and D; timed beside dense stages 7 and 8 at
         /// about the same query×key pairs.
@@ -155,8 +176,8 @@ pub enum Cmd {
         /// With S ≤ 16 this is decode (B = tokens / S): reported as bytes moved a second against a device copy's.
         #[arg(long, default_value_t = 0)]
         prefix: usize,
-        /// With --varlen: the same keys again from a paged cache of pages of this many rows (16 to 256, a power of
-        /// two), timed against the packed keys.
+        /// With --varlen or --mode: the same keys again from a paged cache of pages of this many rows (16 to 256, a
+        /// power of two), timed against the packed keys.
         #[arg(long)]
         page: Option<usize>,
         #[command(flatten)]
@@ -194,6 +215,41 @@ mod tests {
     }
 
     const RUN: [&str; 5] = ["run", "--stage", "stage4", "--input", "x.safetensors"];
+
+    #[test]
+    fn a_serving_mode_parses_and_excludes_the_varlen_flags() {
+        let v = [
+            "sdpa",
+            "bench",
+            "--stage",
+            "stage8",
+            "--shape",
+            "64,32,1,8192,128",
+            "--kv-heads",
+            "8",
+            "--mode",
+            "decode",
+            "--page",
+            "64",
+        ];
+        let Cmd::Bench {
+            mode, page, shape, ..
+        } = Args::try_parse_from(v).unwrap().cmd
+        else {
+            panic!("not bench")
+        };
+        assert_eq!((mode, page, shape.sk), (Some(Mode::Decode), Some(64), 8192));
+        let bench = ["bench", "--stage", "stage8", "--shape", "1,16,8192,128"];
+        let with = |extra: &[&str]| {
+            let mut a = bench.to_vec();
+            a.extend_from_slice(extra);
+            parse_err(&a)
+        };
+        assert!(with(&["--mode", "varlen", "--varlen", "64"]).contains("cannot be used with"));
+        assert!(with(&["--mode", "decode", "--prefix", "8"]).contains("cannot be used with"));
+        assert!(with(&["--tokens", "64"]).contains("--mode"));
+        assert!(with(&["--mode", "prefill"]).contains("invalid value"));
+    }
 
     #[test]
     fn run_defaults_are_sample_f16_text() {

@@ -74,6 +74,8 @@ pub fn execute(args: Args) -> Result<()> {
             window,
             api,
             ranks,
+            mode,
+            tokens,
             varlen,
             prefix,
             page,
@@ -84,16 +86,26 @@ pub fn execute(args: Args) -> Result<()> {
                 .with_causal(causal)
                 .with_window(window.unwrap_or(fixtures::Window::NONE));
             ensure!(
-                !s.window.is_bounded() || (stage.windows() && varlen.is_none() && ranks.is_none()),
+                !s.window.is_bounded()
+                    || (stage.windows() && varlen.is_none() && mode.is_none() && ranks.is_none()),
                 "--window {}: sliding windows run on stage8's dense kernel (not {}{})",
                 s.window,
                 stage.name(),
-                if varlen.is_some() || ranks.is_some() {
-                    ", --varlen or --ranks"
+                if varlen.is_some() || mode.is_some() || ranks.is_some() {
+                    ", --varlen, --mode or --ranks"
                 } else {
                     ""
                 }
             );
+            if let Some(mode) = mode {
+                ensure!(
+                    stage == Stage::S8,
+                    "--mode runs packed batches on stage8, not {}",
+                    stage.name()
+                );
+                let (tokens, prefix, page) = varlen::serving_batch(mode, &s, tokens, page)?;
+                return varlen::bench_varlen(s, tokens, prefix, page, 20);
+            }
             if let Some(tokens) = varlen {
                 ensure!(
                     stage == Stage::S8,

@@ -6,6 +6,7 @@ use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
 use lab::cudarc::driver::DevicePtr;
 use lab::cudarc::driver::sys::CUevent_flags;
 
+use crate::args::Mode;
 use crate::shape_text;
 
 /// Sequence lengths drawn from 100 … `longest` (a fixed seed) until they hold `tokens` in all (the last cut to fit).
@@ -23,6 +24,61 @@ pub fn lengths(tokens: usize, longest: usize, seed: u64) -> Vec<usize> {
         left -= l;
     }
     out
+}
+
+/// `sdpa bench --mode`'s batch as `bench_varlen` takes it: (tokens, prefix, page). Varlen: `tokens` tokens (required;
+/// no pages, Sq = Sk); decode: B · Sq tokens, Sq ≤ 16 new tokens over Sk keys a sequence (prefix Sk − Sq), pages
+/// optional; paged: B · Sq tokens over Sk keys from pages (required). Each wrong combination named.
+pub fn serving_batch(
+    mode: Mode,
+    s: &Shape,
+    tokens: Option<usize>,
+    page: Option<usize>,
+) -> Result<(usize, usize, Option<usize>)> {
+    let over_keys = |what: &str| -> Result<usize> {
+        ensure!(
+            tokens.is_none(),
+            "--mode {what} takes its tokens from --shape B,H,Sq,Sk,D (B · Sq), not --tokens"
+        );
+        ensure!(
+            s.sk >= s.sq && s.sq >= 1 && s.b >= 1,
+            "--mode {what}: --shape {} needs B ≥ 1 sequences of Sq ≥ 1 new tokens over Sk ≥ Sq keys",
+            shape_text(s)
+        );
+        Ok(s.sk - s.sq)
+    };
+    match mode {
+        Mode::Varlen => {
+            let tokens =
+                tokens.context("--mode varlen needs --tokens: the batch's tokens in all")?;
+            ensure!(
+                page.is_none(),
+                "--mode varlen packs its keys: --mode paged reads them from pages"
+            );
+            ensure!(
+                s.sq == s.sk,
+                "--mode varlen: sequences of 100 to S tokens, Sq = Sk (--shape B,H,S,D), not Sq {} and Sk {}",
+                s.sq,
+                s.sk
+            );
+            Ok((tokens, 0, None))
+        }
+        Mode::Decode => {
+            let prefix = over_keys("decode")?;
+            ensure!(
+                s.sq <= 16,
+                "--mode decode: {} new tokens a sequence; decode takes 1 to 16 (--mode paged for more)",
+                s.sq
+            );
+            Ok((s.b * s.sq, prefix, page))
+        }
+        Mode::Paged => {
+            let prefix = over_keys("paged")?;
+            let page =
+                page.context("--mode paged needs --page: the cache's rows a page (16 to 256)")?;
+            Ok((s.b * s.sq, prefix, Some(page)))
+        }
+    }
 }
 
 /// Times a packed batch of `tokens` query tokens with `s`'s heads and D on stage 8's packed kernel (the device plan
@@ -307,6 +363,51 @@ fn median_us(
 
 #[cfg(test)]
 mod tests {
+    use super::serving_batch;
+    use crate::args::Mode;
+    use fixtures::Shape;
+
+    #[test]
+    fn serving_modes_are_the_varlen_forms() {
+        // Issue 34's decode: 64 × 1 token over 8,192 keys = --varlen 64 --prefix 8191 --page 64.
+        let decode = Shape::parse("64,32,1,8192,128").unwrap();
+        assert_eq!(
+            serving_batch(Mode::Decode, &decode, None, Some(64)).unwrap(),
+            (64, 8191, Some(64))
+        );
+        assert_eq!(
+            serving_batch(Mode::Decode, &decode, None, None).unwrap(),
+            (64, 8191, None)
+        );
+        // 8 × 512 new tokens onto 8,192 cached = --varlen 4096 --prefix 8192 --page 64.
+        let paged = Shape::parse("8,16,512,8704,128").unwrap();
+        assert_eq!(
+            serving_batch(Mode::Paged, &paged, None, Some(64)).unwrap(),
+            (4096, 8192, Some(64))
+        );
+        let prefill = Shape::parse("1,16,8192,128").unwrap();
+        assert_eq!(
+            serving_batch(Mode::Varlen, &prefill, Some(65536), None).unwrap(),
+            (65536, 0, None)
+        );
+    }
+
+    #[test]
+    fn wrong_serving_combinations_are_named() {
+        let err = |m, s: &str, t, p| {
+            serving_batch(m, &Shape::parse(s).unwrap(), t, p)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(Mode::Varlen, "1,16,8192,128", None, None).contains("needs --tokens"));
+        assert!(err(Mode::Varlen, "1,16,8192,128", Some(10), Some(64)).contains("--mode paged"));
+        assert!(err(Mode::Varlen, "1,16,512,8192,128", Some(10), None).contains("Sq = Sk"));
+        assert!(err(Mode::Decode, "64,32,32,8192,128", None, None).contains("1 to 16"));
+        assert!(err(Mode::Decode, "64,32,1,8192,128", Some(64), None).contains("not --tokens"));
+        assert!(err(Mode::Decode, "4,32,16,8,128", None, None).contains("Sk ≥ Sq"));
+        assert!(err(Mode::Paged, "8,16,512,8704,128", None, None).contains("needs --page"));
+    }
+
     #[test]
     fn lengths_hold_the_tokens_within_the_range() {
         let l = super::lengths(65536, 8192, 1);
