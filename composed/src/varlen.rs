@@ -121,6 +121,11 @@ impl Varlen {
         self.split = on;
     }
 
+    /// Whether [`Varlen::split_kv`] is on.
+    pub fn splits_kv(&self) -> bool {
+        self.split
+    }
+
     /// With `on`, a launch reuses the ragged plan (the device's unit table, three kernels) that an earlier launch of the
     /// same batch made — same shape, same boundaries' addresses — instead of planning again: plan once, run once a
     /// layer. The caller promises the boundaries' values have not changed since that plan, and calls

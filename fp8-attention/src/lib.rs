@@ -36,6 +36,7 @@
 
 mod attention;
 mod error;
+mod paged_plan;
 mod problem;
 mod real;
 mod ring;
@@ -55,6 +56,7 @@ pub use fixtures::{
     quantize_per_head, quantize_per_tensor,
 };
 pub use lab::Gpu;
+pub use paged_plan::PagedPlan;
 pub use real::{Real, RealDtype, RealElem};
 pub use ring::{
     HostTimes, RankOutput, Shard, StepTime, ring_on_one_device, zigzag_join, zigzag_range,

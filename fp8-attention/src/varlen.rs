@@ -130,6 +130,76 @@ pub struct PagedCache<'a> {
     pub seq_lens: &'a [i32],
 }
 
+/// A paged batch's checks that read no codes: a length for each sequence `b` bounds, and the table against the pool
+/// (paged-kv's `validate`: the page size, the table's length, a sequence longer than its pages, an entry outside the
+/// pool). Returns the keys' boundaries, the lengths' prefix sums.
+pub(crate) fn check_paged_batch(b: &Packed, cache: &PagedCache) -> Result<Vec<i32>> {
+    let batch = b.batch();
+    let pool = paged_kv::Pool {
+        num_pages: cache.num_pages,
+        page_size: cache.page_size,
+        hkv: b.hkv,
+        d: b.d,
+    };
+    let table = paged_kv::BlockTable {
+        max_pages: cache.max_pages,
+        pages: cache.block_table.to_vec(),
+        seq_lens: cache.seq_lens.to_vec(),
+    };
+    let layout = |why: String| Error::Layout {
+        tensor: "block_table",
+        why,
+    };
+    if cache.seq_lens.len() != batch {
+        return Err(layout(format!(
+            "{} sequence lengths for the {batch} sequences cu_seqlens_q bounds",
+            cache.seq_lens.len()
+        )));
+    }
+    paged_kv::validate(&pool, &table).map_err(|e| layout(format!("{e:#}")))?;
+    // The keys' boundaries: the prefix sums of the lengths (what the plan and the masks read).
+    let mut cu_k = vec![0i32];
+    for &l in cache.seq_lens {
+        cu_k.push(cu_k.last().copied().unwrap_or(0).saturating_add(l));
+    }
+    Ok(cu_k)
+}
+
+/// A paged call's codes and scales against its batch `b` (its keys' boundaries set) and pools: Q's length and every
+/// scale count (`check_packed`), and K's and V's pools of `cache`'s pages.
+pub(crate) fn check_paged_codes(
+    b: &Packed,
+    cache: &PagedCache,
+    q: &Fp8,
+    k: &Fp8,
+    v: &Fp8,
+) -> Result<()> {
+    let pool_len = paged_kv::Pool {
+        num_pages: cache.num_pages,
+        page_size: cache.page_size,
+        hkv: b.hkv,
+        d: b.d,
+    }
+    .bytes();
+    // K and V are pools, checked below: their lengths pass here.
+    check_packed(
+        b,
+        [q.codes.len(), usize::MAX, usize::MAX],
+        [q.scales.len(), k.scales.len(), v.scales.len()],
+    )?;
+    for (tensor, got) in [("k", k.codes.len()), ("v", v.codes.len())] {
+        if got < pool_len {
+            return Err(Error::Length {
+                tensor,
+                got,
+                want: pool_len,
+                dims: [cache.num_pages, cache.page_size, b.hkv, b.d],
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Attention {
     /// Attention of a packed batch's queries (`q`: [total_q, H, D], sequence i's rows from `cu_seqlens_q[i]`; `b`'s
     /// cu_seqlens_k is not read) over a paged FP8 KV cache (`k`, `v`: pools [num_pages, page_size, Hkv, D]; `cache`:
@@ -147,55 +217,12 @@ impl Attention {
         k: Fp8,
         v: Fp8,
     ) -> Result<PackedOutput> {
-        let batch = b.batch();
-        let pool = paged_kv::Pool {
-            num_pages: cache.num_pages,
-            page_size: cache.page_size,
-            hkv: b.hkv,
-            d: b.d,
-        };
-        let table = paged_kv::BlockTable {
-            max_pages: cache.max_pages,
-            pages: cache.block_table.to_vec(),
-            seq_lens: cache.seq_lens.to_vec(),
-        };
-        let layout = |why: String| Error::Layout {
-            tensor: "block_table",
-            why,
-        };
-        if cache.seq_lens.len() != batch {
-            return Err(layout(format!(
-                "{} sequence lengths for the {batch} sequences cu_seqlens_q bounds",
-                cache.seq_lens.len()
-            )));
-        }
-        paged_kv::validate(&pool, &table).map_err(|e| layout(format!("{e:#}")))?;
-        // The keys' boundaries: the prefix sums of the lengths (what the plan and the masks read).
-        let mut cu_k = vec![0i32];
-        for &l in cache.seq_lens {
-            cu_k.push(cu_k.last().copied().unwrap_or(0).saturating_add(l));
-        }
+        let cu_k = check_paged_batch(b, cache)?;
         let packed = Packed {
             cu_seqlens_k: &cu_k,
             ..*b
         };
-        let pool_len = pool.bytes();
-        // K and V are pools, checked below: their lengths pass here.
-        check_packed(
-            &packed,
-            [q.codes.len(), usize::MAX, usize::MAX],
-            [q.scales.len(), k.scales.len(), v.scales.len()],
-        )?;
-        for (tensor, got) in [("k", k.codes.len()), ("v", v.codes.len())] {
-            if got < pool_len {
-                return Err(Error::Length {
-                    tensor,
-                    got,
-                    want: pool_len,
-                    dims: [cache.num_pages, cache.page_size, b.hkv, b.d],
-                });
-            }
-        }
+        check_paged_codes(&packed, cache, &q, &k, &v)?;
         let drv = |e: lab::cudarc::driver::DriverError| Error::Device(anyhow::Error::from(e));
         let dt = stream.clone_htod(cache.block_table).map_err(drv)?;
         let paged = PagedKv {
@@ -242,67 +269,148 @@ impl Attention {
         paged: Option<PagedKv>,
         strides: Option<composed::Strides>,
     ) -> Result<PackedOutput> {
-        if !matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a) {
-            return Err(Error::Unsupported(format!(
-                "packed batches run on stage8, which needs an sm_90 GPU; {} is {}",
-                gpu.name, gpu.arch
-            )));
-        }
-        let cfg = self.config();
         let drv = |e: lab::cudarc::driver::DriverError| Error::Device(anyhow::Error::from(e));
-        let (tq, n) = (b.total_q(), b.total_q() * b.h * b.d);
-        // SAFETY: every element a caller reads is written by the launch below (each sequence's rows), queued after it
-        // on `stream`; rows of no sequence do not exist (total_q counts the sequences' rows only).
-        let mut o = unsafe {
-            match cfg.out_dtype {
-                OutDtype::F16 => OutBuf::F16(stream.alloc::<f16>(n.max(1)).map_err(drv)?),
-                OutDtype::Bf16 => OutBuf::Bf16(stream.alloc::<bf16>(n.max(1)).map_err(drv)?),
-                OutDtype::F32 => OutBuf::F32(stream.alloc::<f32>(n.max(1)).map_err(drv)?),
-            }
-        };
-        let mut lse = unsafe { stream.alloc::<f32>((b.h * tq).max(1)).map_err(drv)? };
         let cu_q = stream.clone_htod(b.cu_seqlens_q).map_err(drv)?;
         let cu_k = stream.clone_htod(b.cu_seqlens_k).map_err(drv)?;
-        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(10);
-        let mut at = |(ptr, g)| {
-            guards.push(g);
-            ptr
-        };
-        let t = VarlenTensors {
-            q: at(q.codes.device_ptr(stream)),
-            k: at(k.codes.device_ptr(stream)),
-            v: at(v.codes.device_ptr(stream)),
-            q_scale: at(q.scales.device_ptr(stream)),
-            k_scale: at(k.scales.device_ptr(stream)),
-            v_scale: at(v.scales.device_ptr(stream)),
-            o: at(o.device_ptr_mut(stream)),
-            lse: at(lse.device_ptr_mut(stream)),
-            cu_q: at(cu_q.device_ptr(stream)),
-            cu_k: at(cu_k.device_ptr(stream)),
-            strides,
+        let cfg = self.config();
+        let (cq, _g1) = cu_q.device_ptr(stream);
+        let (ck, _g2) = cu_k.device_ptr(stream);
+        let call = PackedCall {
+            b,
+            q,
+            k,
+            v,
             paged,
+            strides,
+            cu: [cq, ck],
         };
-        let shape = VarlenShape {
-            batch: b.batch(),
-            h: b.h,
-            hkv: b.hkv,
-            d: b.d,
-            total_q: tq,
-            total_k: b.total_k(),
-            causal: cfg.causal,
-            window: cfg.window,
-        };
-        let scale = cfg.softmax_scale.unwrap_or(1.0 / (b.d as f32).sqrt());
-        self.varlen
-            .launch(gpu, stream, &shape, scale, cfg.out_dtype, &t)?;
-        drop(guards);
-        Ok(PackedOutput { o, lse })
+        launch_packed(gpu, stream, &cfg, &mut self.varlen, &call)
     }
+}
+
+/// A checked packed call: its sizes and boundaries (`b`, on the host), its codes, the paged pools' table or the
+/// codes' strides, and the boundaries' copies on the device (`cu`: cu_seqlens_q, cu_seqlens_k).
+pub(crate) struct PackedCall<'a, 'b> {
+    pub b: &'a Packed<'b>,
+    pub q: Fp8<'a>,
+    pub k: Fp8<'a>,
+    pub v: Fp8<'a>,
+    pub paged: Option<PagedKv>,
+    pub strides: Option<composed::Strides>,
+    pub cu: [u64; 2],
+}
+
+/// Stage 8's packed kernel for `c` through the launcher `vl`, with the op's configuration `cfg`, into new outputs on
+/// `stream`.
+pub(crate) fn launch_packed(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    cfg: &crate::Config,
+    vl: &mut composed::Varlen,
+    c: &PackedCall,
+) -> Result<PackedOutput> {
+    if !matches!(gpu.arch, lab::Arch::Sm90 | lab::Arch::Sm90a) {
+        return Err(Error::Unsupported(format!(
+            "packed batches run on stage8, which needs an sm_90 GPU; {} is {}",
+            gpu.name, gpu.arch
+        )));
+    }
+    let b = c.b;
+    let drv = |e: lab::cudarc::driver::DriverError| Error::Device(anyhow::Error::from(e));
+    let (tq, n) = (b.total_q(), b.total_q() * b.h * b.d);
+    // SAFETY: every element a caller reads is written by the launch below (each sequence's rows), queued after it
+    // on `stream`; rows of no sequence do not exist (total_q counts the sequences' rows only).
+    let mut o = unsafe {
+        match cfg.out_dtype {
+            OutDtype::F16 => OutBuf::F16(stream.alloc::<f16>(n.max(1)).map_err(drv)?),
+            OutDtype::Bf16 => OutBuf::Bf16(stream.alloc::<bf16>(n.max(1)).map_err(drv)?),
+            OutDtype::F32 => OutBuf::F32(stream.alloc::<f32>(n.max(1)).map_err(drv)?),
+        }
+    };
+    let mut lse = unsafe { stream.alloc::<f32>((b.h * tq).max(1)).map_err(drv)? };
+    let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
+    let mut at = |(ptr, g)| {
+        guards.push(g);
+        ptr
+    };
+    let t = VarlenTensors {
+        q: at(c.q.codes.device_ptr(stream)),
+        k: at(c.k.codes.device_ptr(stream)),
+        v: at(c.v.codes.device_ptr(stream)),
+        q_scale: at(c.q.scales.device_ptr(stream)),
+        k_scale: at(c.k.scales.device_ptr(stream)),
+        v_scale: at(c.v.scales.device_ptr(stream)),
+        o: at(o.device_ptr_mut(stream)),
+        lse: at(lse.device_ptr_mut(stream)),
+        cu_q: c.cu[0],
+        cu_k: c.cu[1],
+        strides: c.strides,
+        paged: c.paged,
+    };
+    let shape = VarlenShape {
+        batch: b.batch(),
+        h: b.h,
+        hkv: b.hkv,
+        d: b.d,
+        total_q: tq,
+        total_k: b.total_k(),
+        causal: cfg.causal,
+        window: cfg.window,
+    };
+    let scale = cfg.softmax_scale.unwrap_or(1.0 / (b.d as f32).sqrt());
+    vl.launch(gpu, stream, &shape, scale, cfg.out_dtype, &t)?;
+    drop(guards);
+    Ok(PackedOutput { o, lse })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_paged_batch_is_checked_before_its_codes() {
+        let cq = [0, 1, 3];
+        let b = Packed {
+            h: 8,
+            hkv: 2,
+            d: 128,
+            cu_seqlens_q: &cq,
+            cu_seqlens_k: &[],
+        };
+        let (table, lens) = ([4, 1, 0, 2, 3, -1], [130, 100]);
+        let cache = PagedCache {
+            num_pages: 5,
+            page_size: 64,
+            max_pages: 3,
+            block_table: &table,
+            seq_lens: &lens,
+        };
+        assert_eq!(check_paged_batch(&b, &cache).unwrap(), vec![0, 130, 230]);
+        let e = |c: &PagedCache| check_paged_batch(&b, c).unwrap_err().to_string();
+        let m = e(&PagedCache {
+            seq_lens: &lens[..1],
+            ..cache
+        });
+        assert!(m.contains("1 sequence lengths for the 2 sequences"), "{m}");
+        let outside = [4, 1, 5, 2, 3, -1];
+        let m = e(&PagedCache {
+            block_table: &outside,
+            ..cache
+        });
+        assert!(
+            m.contains("block_table[0][2]") && m.contains("outside the pool"),
+            "{m}"
+        );
+        let long = [130, 200];
+        let m = e(&PagedCache {
+            seq_lens: &long,
+            ..cache
+        });
+        assert!(
+            m.contains("sequence 1 has 200 keys, more than its 3 pages of 64 hold"),
+            "{m}"
+        );
+    }
 
     #[test]
     fn every_bad_packed_input_is_named() {

@@ -357,6 +357,22 @@ pub fn add(t: &mut Suite) {
         ensure!(bits(&out3.o, &out3.lse)? == want, "packed heads give other bits");
         let out4 = op.forward_paged(gpu, &st, &b, &cache, f(&dq, &dqs), f(&dpk, &dks), f(&dpv, &dvs))?;
         ensure!(bits(&out4.o, &out4.lse)? == want, "packed heads over the paged cache give other bits");
+        // Planned once, run per layer (PagedPlan): forward_paged's bits for each layer's pools (a second layer: the
+        // pools swapped), one device plan for the batch.
+        let mut plan = op.plan_paged(&st, &b, &cache)?;
+        for (kp, vp) in [(&dpk, &dpv), (&dpv, &dpk), (&dpk, &dpv)] {
+            let want = op.forward_paged(gpu, &st, &b, &cache, f(&dq, &dqs), f(kp, &dks), f(vp, &dvs))?;
+            let got = op.run_paged(gpu, &st, &mut plan, f(&dq, &dqs), f(kp, &dks), f(vp, &dvs))?;
+            ensure!(bits(&got.o, &got.lse)? == bits(&want.o, &want.lse)?, "a planned run's bits are not forward_paged's");
+        }
+        ensure!(plan.plans_made() == 1, "{} device plans for one batch", plan.plans_made());
+        // A pool too short for the plan's pages: named, nothing launched.
+        let short = st.clone_htod(&pk[..pk.len() - 1])?;
+        let e = op
+            .run_paged(gpu, &st, &mut plan, f(&dq, &dqs), f(&short, &dks), f(&dpv, &dvs))
+            .unwrap_err()
+            .to_string();
+        ensure!(e.contains("`k` holds"), "{e}");
         op.set_pack_heads(false);
         // A table entry outside the pool: named, nothing launched.
         let mut bad_table = table.clone();
