@@ -85,28 +85,15 @@ class PagedPlan:
         """Chunks a sequence's keys were cut into at the last run (1: no split)."""
         return self._core.last_split()
 
-    def _check(self, q, k_cache, v_cache):
-        from . import _CODES, _FP8, _dtype, _is_tensor
+    def _check(self, q, k_cache, v_cache, q_scale, k_scale, v_scale, scale, out_dtype):
+        """check_paged_args on the plan's batch, then what the plan fixed: the page size, the tokens, the pool's pages."""
+        from . import check_paged_args
 
-        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-            if not _is_tensor(t):
-                raise TypeError(f"`{name}` must be a torch tensor, not {type(t).__name__}")
-            if getattr(t.device, "type", None) != "cuda" or getattr(t.device, "index", 0) not in (0, None):
-                raise ValueError(f"`{name}` is on {t.device}: fp8_attention runs on cuda:0")
-            if _dtype(t) not in (_FP8, _CODES):
-                raise TypeError(f"`{name}` is {_dtype(t)}: a paged call takes E4M3 codes (float8_e4m3fn or uint8)")
-        if len(q.shape) != 3:
-            raise ValueError(f"`q` has shape {tuple(q.shape)}: expected packed [total tokens, heads, D]")
-        if len(k_cache.shape) != 4 or tuple(v_cache.shape) != tuple(k_cache.shape):
-            raise ValueError(f"`k_cache` {tuple(k_cache.shape)} and `v_cache` {tuple(v_cache.shape)}: expected the "
-                             "same [num_pages, page_size, Hkv, D]")
-        (tq, h, d), (num_pages, page, hkv, dk) = tuple(q.shape), tuple(k_cache.shape)
+        check_paged_args(q, k_cache, v_cache, self._table, self._lens, self._cu_q, q_scale=q_scale, k_scale=k_scale,
+                         v_scale=v_scale, scale=scale, out_dtype=out_dtype)
+        tq, num_pages, page = q.shape[0], k_cache.shape[0], k_cache.shape[1]
         if page != self.page_size:
             raise ValueError(f"`k_cache` has pages of {page} rows: the plan is for {self.page_size}")
-        if d != dk or d not in (64, 128):
-            raise ValueError(f"`q` {tuple(q.shape)} and `k_cache` {tuple(k_cache.shape)}: D must agree, 64 or 128")
-        if h < 1 or hkv < 1 or h % hkv:
-            raise ValueError(f"H = {h} query heads is not a positive multiple of Hkv = {hkv} key/value heads")
         if self._total_q is not None and tq != self._total_q:
             raise ValueError(f"`q` holds {tq} tokens: the plan's cu_seqlens_q ends at {self._total_q}")
         if self._top_page is not None and self._top_page >= num_pages:
@@ -134,7 +121,7 @@ class PagedPlan:
                k_cache.device, tuple(v_cache.shape), v_cache.dtype, v_cache.device, k_cache.is_contiguous(),
                v_cache.is_contiguous())
         if sig != self._checked:
-            self._check(q, k_cache, v_cache)
+            self._check(q, k_cache, v_cache, q_scale, k_scale, v_scale, scale, out_dtype)
             self._checked = sig
         (tq, h, d), (num_pages, page, hkv, _) = q.shape, k_cache.shape
         b = self.batch
