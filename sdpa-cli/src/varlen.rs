@@ -274,6 +274,20 @@ pub fn bench_varlen(
                 tf(flops, us)
             );
         }
+        // Planned once and run per layer (Varlen::keep_plan, what PagedPlan does): the attention's launches alone.
+        let mut kept = Varlen::new();
+        kept.pack_heads(packs);
+        kept.keep_plan(true);
+        let us = median_us(&st, iters, || {
+            kept.launch(gpu, &st, &shape, scale, OutDtype::Bf16, &paged)
+        })?;
+        decode_us.push(("paged cache, plan kept", us, table.len() * 4));
+        println!(
+            "  the paged cache, planned once ({} device plan for {} launches): {us:.1} µs ({:.1} TFLOP/s)",
+            kept.plans_made(),
+            iters + 3,
+            tf(flops, us)
+        );
     }
     for (pack, parts, us, off) in splits {
         println!(
