@@ -114,13 +114,6 @@ impl Attention {
         k: Fp8,
         v: Fp8,
     ) -> Result<PackedOutput> {
-        let cache = PagedCache {
-            num_pages: plan.num_pages,
-            page_size: plan.page_size,
-            max_pages: plan.max_pages,
-            block_table: &[],
-            seq_lens: &[],
-        };
         let (cq, _g1) = plan.cu[0].device_ptr(stream);
         let (ck, _g2) = plan.cu[1].device_ptr(stream);
         let (table, _g3) = plan.table.device_ptr(stream);
@@ -137,7 +130,7 @@ impl Attention {
             cu_seqlens_q: &plan.cu_seqlens_q,
             cu_seqlens_k: &plan.cu_seqlens_k,
         };
-        check_paged_codes(&b, &cache, &q, &k, &v)?;
+        check_paged_codes(&b, plan.num_pages, plan.page_size, &q, &k, &v)?;
         let call = PackedCall {
             b: &b,
             q,

@@ -166,17 +166,18 @@ pub(crate) fn check_paged_batch(b: &Packed, cache: &PagedCache) -> Result<Vec<i3
 }
 
 /// A paged call's codes and scales against its batch `b` (its keys' boundaries set) and pools: Q's length and every
-/// scale count (`check_packed`), and K's and V's pools of `cache`'s pages.
+/// scale count (`check_packed`), and K's and V's pools of `num_pages` pages of `page_size` rows.
 pub(crate) fn check_paged_codes(
     b: &Packed,
-    cache: &PagedCache,
+    num_pages: usize,
+    page_size: usize,
     q: &Fp8,
     k: &Fp8,
     v: &Fp8,
 ) -> Result<()> {
     let pool_len = paged_kv::Pool {
-        num_pages: cache.num_pages,
-        page_size: cache.page_size,
+        num_pages,
+        page_size,
         hkv: b.hkv,
         d: b.d,
     }
@@ -193,7 +194,7 @@ pub(crate) fn check_paged_codes(
                 tensor,
                 got,
                 want: pool_len,
-                dims: [cache.num_pages, cache.page_size, b.hkv, b.d],
+                dims: [num_pages, page_size, b.hkv, b.d],
             });
         }
     }
@@ -222,7 +223,7 @@ impl Attention {
             cu_seqlens_k: &cu_k,
             ..*b
         };
-        check_paged_codes(&packed, cache, &q, &k, &v)?;
+        check_paged_codes(&packed, cache.num_pages, cache.page_size, &q, &k, &v)?;
         let drv = |e: lab::cudarc::driver::DriverError| Error::Device(anyhow::Error::from(e));
         let dt = stream.clone_htod(cache.block_table).map_err(drv)?;
         let paged = PagedKv {

@@ -16,42 +16,13 @@ the kernels' device time (torch.profiler). Bandwidth: the bytes a call must move
 """
 import argparse
 import json
-import statistics
 import sys
 from unittest import mock
 
 import torch
 
 import fp8_attention as fa
-
-
-def events_us(fn, n=20, reps=7):
-    """Median over `reps` of one call's share of `n` back-to-back calls, in µs (CUDA events)."""
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / n)
-    return statistics.median(out)
-
-
-def host_us(fn, n=20):
-    """A call's host time, in µs: `n` calls queued without waiting (the rate a host loop can feed the GPU)."""
-    import time
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return t * 1e6 / n
+from bench import cpu_us, events_us, kernels_us  # python/bench/bench.py: the same timers
 
 
 def graph_us(fn, n=20):
@@ -67,33 +38,21 @@ def graph_us(fn, n=20):
     with torch.cuda.graph(g):
         for _ in range(n):
             fn()
-    return events_us(g.replay, n=1) / n
-
-
-def kernels_us(fn, n=20):
-    """The device time of a call's kernels, summed and per kernel name, in µs (torch.profiler over `n` calls)."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.device_time / n
-    return sum(per.values()), {k: round(v, 1) for k, v in sorted(per.items(), key=lambda x: -x[1])[:6]}
+    return events_us(g.replay, 1) / n
 
 
 def timings(res, key, fn):
     """Events, host, graph and kernel times of `fn` into `res` under `key` (each failure reported, not raised)."""
-    res[key + "_us"] = events_us(fn)
-    for name, f in (("host", host_us), ("graph", graph_us), ("kernels", kernels_us)):
+    fn()
+    torch.cuda.synchronize()
+    res[key + "_us"] = events_us(fn, 20)
+    for name, f in (("host", lambda f: cpu_us(f, 20)), ("graph", graph_us), ("kernels", lambda f: kernels_us(f, 20))):
         try:
             v = f(fn)
             if name == "kernels":
-                res[key + "_kernels_us"], res[key + "_kernels"] = v
+                total, _, per = v
+                top = sorted(per.items(), key=lambda x: -x[1])[:6]
+                res[key + "_kernels_us"], res[key + "_kernels"] = total, {k[:60]: round(t, 1) for k, t in top}
             else:
                 res[key + f"_{name}_us"] = v
         except Exception as e:  # noqa: BLE001
@@ -101,7 +60,7 @@ def timings(res, key, fn):
     return res[key + "_us"]
 
 
-def host_profile(fn, plan, run_args, n=200):
+def host_profile(fn, plan, run_args, n=20):
     """Prints where a planned run's host time goes: the whole run, the extension's launch alone (its arguments built
     once), the same launch with split-KV off, a bare call into the extension; then cProfile's top entries."""
     import cProfile
@@ -110,9 +69,9 @@ def host_profile(fn, plan, run_args, n=200):
 
     args, kw, _, _ = plan._launch_args(*run_args)
     nosplit = _core.KeptPlan(split_kv=False)
-    res = {"run_host_us": host_us(fn, n), "launch_host_us": host_us(lambda: plan._core.launch(*args, **kw), n),
-           "launch_unsplit_host_us": host_us(lambda: nosplit.launch(*args, **kw), n),
-           "bare_call_us": host_us(plan._core.plans_made, n), "split": plan.last_split}
+    res = {"run_host_us": cpu_us(fn, n), "launch_host_us": cpu_us(lambda: plan._core.launch(*args, **kw), n),
+           "launch_unsplit_host_us": cpu_us(lambda: nosplit.launch(*args, **kw), n),
+           "bare_call_us": cpu_us(plan._core.plans_made, n), "split": plan.last_split}
     print(json.dumps(res))
     prof = cProfile.Profile()
     prof.enable()
@@ -189,7 +148,8 @@ def main():
     res["ours_gbs"] = moved / us / 1e3
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    cus = events_us(lambda: y.copy_(x), n=5)
+    y.copy_(x)
+    cus = events_us(lambda: y.copy_(x), 5)
     res["copy_gbs"] = 2 * x.numel() / cus / 1e3
     res["ours_vs_copy"] = res["ours_gbs"] / res["copy_gbs"]
     try:
