@@ -364,8 +364,15 @@ struct TransposeLdsm {
   }
   static_assert(offsets_exact(), "run's offsets must be wgmma::tile_byte's");
 
+  // Units whose loads are issued back to back before their permutes and stores: ldmatrix and stmatrix are ordered
+  // asm (memory clobbers), so a unit's store would otherwise wait for its own load and the next load for that store —
+  // one shared-memory latency a unit. kBatch · 4 registers stay live (16 at D ≥ 128).
+  static constexpr int kBatch = kDb < 4 ? kDb : 4;
+  static_assert(kDb % kBatch == 0, "channel blocks a whole number of batches");
+
   // Key blocks warp, warp + WARPS, … (each with its kDb channel blocks) by the calling warp; `lane` its lane.
-  // Per unit: an address add, ldmatrix, four byte permutes, stmatrix (its channel block an immediate offset).
+  // Per unit: an address add, ldmatrix, four byte permutes, stmatrix (its channel block an immediate offset); the
+  // loads of kBatch units first, then their permutes and stores.
   template <int WARPS>
   __device__ static void run(const unsigned char* src, unsigned char* dst, int warp, int lane) {
     const unsigned l = unsigned(lane);
@@ -378,14 +385,22 @@ struct TransposeLdsm {
       const unsigned s0 = sa + k * 16u * kW;
       const unsigned d0 = da + k / (kWd / 16u) * unsigned(COLS) * kWd + dl + (((k % (kWd / 16u)) ^ dx) << 4);
 #pragma unroll
-      for (int db = 0; db < kDb; ++db) {
-        unsigned r[4], w[4];
-        ldsm_x4_trans(s0 + unsigned(db) / kDbPanel * unsigned(ROWS) * kW + (sl ^ (unsigned(db) % kDbPanel) << 5), r);
-        w[0] = __byte_perm(r[0], r[1], sel0);
-        w[1] = __byte_perm(r[0], r[1], sel1);
-        w[2] = __byte_perm(r[2], r[3], sel0);
-        w[3] = __byte_perm(r[2], r[3], sel1);
-        stsm_x4(d0 + unsigned(db) * 32u * kWd, w);
+      for (int d0b = 0; d0b < kDb; d0b += kBatch) {
+        unsigned r[kBatch][4];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const unsigned db = unsigned(d0b + j);
+          ldsm_x4_trans(s0 + db / kDbPanel * unsigned(ROWS) * kW + (sl ^ (db % kDbPanel) << 5), r[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          unsigned w[4];
+          w[0] = __byte_perm(r[j][0], r[j][1], sel0);
+          w[1] = __byte_perm(r[j][0], r[j][1], sel1);
+          w[2] = __byte_perm(r[j][2], r[j][3], sel0);
+          w[3] = __byte_perm(r[j][2], r[j][3], sel1);
+          stsm_x4(d0 + unsigned(d0b + j) * 32u * kWd, w);
+        }
       }
     }
   }

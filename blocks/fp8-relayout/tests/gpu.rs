@@ -407,8 +407,8 @@ fn main() {
             // Channels 16–31: keys 8–15 put where 0–7 belong, so P's slots would meet the wrong keys of V.
             "ldsm_key_halves_swapped",
             1,
-            "w[2] = __byte_perm(r[2], r[3], sel0);",
-            "w[2] = __byte_perm(r[3], r[2], sel0);",
+            "w[2] = __byte_perm(r[j][2], r[j][3], sel0);",
+            "w[2] = __byte_perm(r[j][3], r[j][2], sel0);",
             "swapped key halves",
         ),
         (
