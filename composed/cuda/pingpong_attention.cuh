@@ -582,14 +582,15 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
 // or K and V a paged cache's pool (block_table set: [B][max_pages] page indices, pages of 2^page_shift rows, maps (D,
 // pool rows, Hkv, 1) in boxes of `box` rows, cu_k then the prefix sums of the sequences' lengths); the units and their
 // count from the plan's table (ragged-plan's Planner, made on the device from cu_seqlens); scales per (sequence, head);
-// O [total_q, H, D] and the LSE [H, total_q] by direct stores (mo is not read). `heads` is H.
+// O [total_q, H, D] and the LSE [H, total_q] by direct stores (mo is not read). `heads` is H; `past` (null: none) each
+// sequence's keys past its end that its rows see (RaggedArgs: split-KV's chunks under a causal mask).
 #define SDPA_VARLEN_KERNEL(NAME, D, BC, ST, VS, PACK)                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,            \
            const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads, const int* table, \
            const int* cu_q, const int* cu_k, int total_q, const int* block_table, int max_pages, int page_shift, \
-           int box, int oob_row) {                                                                              \
-    const sdpa::RaggedArgs rg{table, cu_q, cu_k, total_q, heads};                                               \
+           int box, int oob_row, const int* past) {                                                             \
+    const sdpa::RaggedArgs rg{table, cu_q, cu_k, total_q, heads, past};                                         \
     const sdpa::PagedArgs pg{{block_table, max_pages, page_shift}, box, oob_row};                               \
     sdpa::pingpong_attention<D, ST, BC, VS, true, false, PACK>(p, &mq, &mk, &mv, &mo, heads, rg, &pg);          \
   }

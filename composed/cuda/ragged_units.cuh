@@ -14,6 +14,9 @@ struct RaggedArgs {
   const int* cu_k = nullptr;
   int total_q = 0;
   int heads = 0;
+  // Per sequence (null: none), keys its rows also see past its last one: a split-KV chunk's virtual sequence has the
+  // keys of the chunks after it there. It moves the causal diagonal: row i sees keys j ≤ i + Sk + past − Sq.
+  const int* past = nullptr;
 };
 
 // A paged KV cache (`pages.pages` set; the producer's only): K and V are a pool of pages ([num_pages · page_size, Hkv,
@@ -48,7 +51,8 @@ struct PagedRows {
 
 // A unit as a consumer needs it: the heads its scales are read at (bh: query; kv: key/value), its first query row
 // within its sequence, its key tiles, its sequence's Sq and Sk; for a ragged unit also its sequence, its first row in
-// the packed tensors and its valid rows.
+// the packed tensors and its valid rows. sq is the causal diagonal's: Sq less the sequence's `past` keys (RaggedArgs);
+// rows counts the valid rows.
 struct UnitView {
   int bh, kv, q0, tiles, sq, sk;
   int seq, q_row0, rows;
@@ -59,8 +63,9 @@ __device__ __forceinline__ UnitView ragged_view(const Params& p, const RaggedArg
   const ragged::Unit ru = ragged::unit(rg.table, w);
   const ragged::Coord rc = ragged::coord(rg.cu_q, rg.cu_k, ru, 128);
   const int hkv = rg.heads / p.group;
-  return UnitView{ru.seq * rg.heads + ru.head, ru.seq * hkv + ru.head / p.group, ru.q0, ru.key_tiles, rc.sq, rc.sk,
-                  ru.seq, rc.q_row0, rc.rows};
+  const int past = rg.past != nullptr ? rg.past[ru.seq] : 0;
+  return UnitView{ru.seq * rg.heads + ru.head, ru.seq * hkv + ru.head / p.group, ru.q0, ru.key_tiles, rc.sq - past,
+                  rc.sk, ru.seq, rc.q_row0, rc.rows};
 }
 
 // Unit w of a plan of packed heads (ragged-plan's group = p.group, its head a K/V head; pack-gqa): packed row r is query
@@ -70,8 +75,9 @@ __device__ __forceinline__ UnitView packed_view(const Params& p, const RaggedArg
   const ragged::Unit ru = ragged::unit(rg.table, w);
   const ragged::Coord rc = ragged::coord_packed(rg.cu_q, rg.cu_k, ru, 128, p.group);
   const int hkv = rg.heads / p.group;
-  return UnitView{ru.seq * rg.heads + ru.head * p.group, ru.seq * hkv + ru.head, ru.q0, ru.key_tiles, rc.sq, rc.sk,
-                  ru.seq, rc.q_row0, rc.rows};
+  const int past = rg.past != nullptr ? rg.past[ru.seq] : 0;
+  return UnitView{ru.seq * rg.heads + ru.head * p.group, ru.seq * hkv + ru.head, ru.q0, ru.key_tiles, rc.sq - past,
+                  rc.sk, ru.seq, rc.q_row0, rc.rows};
 }
 
 // The softmax scale of a unit's rows (the problem's, Q's and K's scales): one float, or with packed heads one a row of

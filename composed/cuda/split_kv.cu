@@ -6,15 +6,16 @@
 // (per = ⌈T / P⌉ rounded up to a multiple of `align`, T the sequence's key tiles; align makes a chunk start on a page
 // of a paged cache). Chunks are consecutive, so the virtual key boundaries are prefix sums over the same K (no copy);
 // each virtual sequence has its own copy of its sequence's query rows (Q2, [P · total_q, H, D], sequence b's P copies
-// one after another from P · cu_q[b]) and of its scales. Under a causal mask a sequence of more than one query keeps
-// its keys in chunk 0 (its rows see different keys: bottom-right alignment holds only against the whole sequence);
-// one query sees every key, so each chunk is all visible. The attention writes f32 parts (O2, LSE2 of the virtual
-// batch); split_kv_merge combines each row's P parts (attn-merge: chunks are disjoint key sets).
+// one after another from P · cu_q[b]) and of its scales. Under a causal mask (bottom-right aligned) row i of the
+// sequence sees keys j ≤ i + Sk − Sq; so that each chunk's rows see what they see in the whole sequence, virtual
+// sequence b · P + c also gets `past`, the sequence's keys after its chunk, and the packed kernel masks its row i at
+// chunk keys j ≤ i + (end − start) + past − Sq (RaggedArgs::past). The attention writes f32 parts (O2, LSE2 of the
+// virtual batch; a chunk none of a row's keys fall in gives it O = 0, LSE = −inf); split_kv_merge combines each row's
+// P parts (attn-merge: chunks are disjoint key sets).
 namespace splitkv {
 
 // Keys [start, end) of chunk c of P of a sequence of sq queries and sk keys (mirrors composed::split_kv::chunk).
-__device__ __forceinline__ int2 chunk(int sq, int sk, int c, int parts, int bc, int align, bool causal) {
-  if (causal && sq > 1) return c == 0 ? make_int2(0, sk) : make_int2(sk, sk);
+__device__ __forceinline__ int2 chunk(int sk, int c, int parts, int bc, int align) {
   const int tiles = (sk + bc - 1) / bc;
   int per = (tiles + parts - 1) / parts;
   per = (per + align - 1) / align * align;
@@ -35,15 +36,15 @@ __device__ __forceinline__ int sequence_of(const int* cu, int batch, long long r
 
 }  // namespace splitkv
 
-// The virtual batch: boundaries cu_q2, cu_k2 (B · P + 1), scales (per virtual sequence and head), the block table
+// The virtual batch: boundaries cu_q2, cu_k2 (B · P + 1), past2 (B · P: each chunk's keys after it), scales (per virtual sequence and head), the block table
 // (paged: [B · P][max_pages], chunk c's row from its first page; else not written) and Q2. One thread a virtual
 // sequence for the boundaries; the scales, the table's entries and Q2's 16-byte pieces grid-stride over every thread.
 // Q at element strides (token ss, head sh), rows of H · D bytes in Q2.
 extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
-    const int* cu_q, const int* cu_k, int batch, int parts, int bc, int align, int causal, int heads, int hkv,
+    const int* cu_q, const int* cu_k, int batch, int parts, int bc, int align, int heads, int hkv,
     const float* qs, const float* ks, const float* vs, const int* table, int max_pages, int page_shift,
-    const unsigned char* q, long long ss, long long sh, int d, int total_q, int* cu_q2, int* cu_k2, float* qs2,
-    float* ks2, float* vs2, int* table2, unsigned char* q2) {
+    const unsigned char* q, long long ss, long long sh, int d, int total_q, int* cu_q2, int* cu_k2, int* past2,
+    float* qs2, float* ks2, float* vs2, int* table2, unsigned char* q2) {
   const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, threads = (long long)gridDim.x * blockDim.x;
   const int virt = batch * parts;
   if (tid <= virt) {
@@ -54,9 +55,10 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
     } else {
       const int b = i / parts, c = i % parts;
       const int sq = cu_q[b + 1] - cu_q[b], sk = cu_k[b + 1] - cu_k[b];
-      const int2 ch = splitkv::chunk(sq, sk, c, parts, bc, align, causal != 0);
+      const int2 ch = splitkv::chunk(sk, c, parts, bc, align);
       cu_q2[i] = parts * cu_q[b] + c * sq;
       cu_k2[i] = cu_k[b] + ch.x;
+      past2[i] = sk - ch.y;
     }
   }
   // The scales, an entry a thread (grid-stride): virtual sequence i's H query heads', then its Hkv K and V heads'.
@@ -79,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
     const long long entries = (long long)virt * max_pages;
     for (long long x = tid; x < entries; x += threads) {
       const int i = int(x / max_pages), j = int(x % max_pages), b = i / parts, c = i % parts;
-      const int2 ch = splitkv::chunk(cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b], c, parts, bc, align, causal != 0);
+      const int2 ch = splitkv::chunk(cu_k[b + 1] - cu_k[b], c, parts, bc, align);
       const int first = ch.x >> page_shift;
       table2[x] = first + j < max_pages ? table[(long long)b * max_pages + first + j] : 0;
     }

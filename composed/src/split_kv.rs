@@ -2,7 +2,8 @@
 //
 // A packed batch of B sequences becomes a virtual batch of B · P sequences, virtual sequence b · P + c being sequence
 // b's queries (a copy: Q2) against chunk c of its keys ([`chunk`]), run by the packed kernel into f32 parts, then
-// merged row by row (attn-merge). The host picks P from the batch's sizes ([`split_parts`]); the device builds the
+// merged row by row (attn-merge). Under a causal mask each virtual sequence also carries its chunk's `past` keys (the
+// sequence's keys after it), which put its causal diagonal where the whole sequence's is. The host picks P from the batch's sizes ([`split_parts`]); the device builds the
 // virtual boundaries, scales, block table and Q2 (`split_kv_prep`), so nothing waits for the host.
 use std::sync::Arc;
 
@@ -17,50 +18,39 @@ use fixtures::OutDtype;
 /// Chunks a sequence's keys are cut into at most (the merge's parts).
 pub const MAX_SPLIT: usize = 16;
 
-/// Keys [start, end) of chunk `c` of `parts` of a sequence of `sq` queries and `sk` keys, with key tiles of `bc` and
-/// chunks of a multiple of `align` tiles (the device's `splitkv::chunk`). Under a causal mask a sequence of more than
-/// one query keeps every key in chunk 0 (its rows see different keys, and bottom-right alignment holds only against
-/// the whole sequence); one query sees every key.
-pub fn chunk(
-    sq: usize,
-    sk: usize,
-    c: usize,
-    parts: usize,
-    bc: usize,
-    align: usize,
-    causal: bool,
-) -> (usize, usize) {
-    if causal && sq > 1 {
-        return if c == 0 { (0, sk) } else { (sk, sk) };
-    }
+/// Keys [start, end) of chunk `c` of `parts` of a sequence of `sk` keys, with key tiles of `bc` and chunks of a
+/// multiple of `align` tiles (the device's `splitkv::chunk`); its `past` keys are sk − end.
+pub fn chunk(sk: usize, c: usize, parts: usize, bc: usize, align: usize) -> (usize, usize) {
     let per = sk.div_ceil(bc).div_ceil(parts).div_ceil(align) * align;
     ((c * per * bc).min(sk), ((c + 1) * per * bc).min(sk))
 }
 
-/// The virtual batch's boundaries (B · P + 1 each) for host boundaries `cu_q`, `cu_k`: what `split_kv_prep` writes.
+/// The virtual batch's boundaries (B · P + 1 each) and each virtual sequence's `past` keys (B · P) for host
+/// boundaries `cu_q`, `cu_k`: what `split_kv_prep` writes.
 pub fn virtual_boundaries(
     cu_q: &[i32],
     cu_k: &[i32],
     parts: usize,
     bc: usize,
     align: usize,
-    causal: bool,
-) -> (Vec<i32>, Vec<i32>) {
+) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
     let b = cu_q.len() - 1;
-    let (mut q2, mut k2) = (vec![], vec![]);
+    let (mut q2, mut k2, mut past) = (vec![], vec![], vec![]);
     for i in 0..b {
         let (sq, sk) = (
             (cu_q[i + 1] - cu_q[i]) as usize,
             (cu_k[i + 1] - cu_k[i]) as usize,
         );
         for c in 0..parts {
+            let (start, end) = chunk(sk, c, parts, bc, align);
             q2.push(parts as i32 * cu_q[i] + (c * sq) as i32);
-            k2.push(cu_k[i] + chunk(sq, sk, c, parts, bc, align, causal).0 as i32);
+            k2.push(cu_k[i] + start as i32);
+            past.push((sk - end) as i32);
         }
     }
     q2.push(parts as i32 * cu_q[b]);
     k2.push(cu_k[b]);
-    (q2, k2)
+    (q2, k2, past)
 }
 
 /// Chunks a sequence of the batch `s` is cut into on a device of `sms` SMs: 1 (no split) unless its units (each
@@ -112,6 +102,7 @@ pub fn merge_kernel(d: usize) -> KernelSpec {
 pub(crate) struct Scratch {
     cu_q2: Option<CudaSlice<i32>>,
     cu_k2: Option<CudaSlice<i32>>,
+    past2: Option<CudaSlice<i32>>,
     qs2: Option<CudaSlice<f32>>,
     ks2: Option<CudaSlice<f32>>,
     vs2: Option<CudaSlice<f32>>,
@@ -150,7 +141,8 @@ fn read<T: lab::cudarc::driver::DeviceRepr + Clone>(
 
 impl Scratch {
     /// Queues `split_kv_prep` for the batch `s` at `t` cut into `parts` chunks (key tiles of `bc`), and returns the
-    /// virtual batch's shape and tensors (f32 O and LSE in the scratch, for `merge`).
+    /// virtual batch's shape and tensors (f32 O and LSE in the scratch, for `merge`) and the device address of its
+    /// `past` keys (B · P i32: the packed kernel's `past`).
     pub(crate) fn prepare(
         &mut self,
         gpu: &Gpu,
@@ -159,7 +151,7 @@ impl Scratch {
         t: &VarlenTensors,
         parts: usize,
         bc: usize,
-    ) -> Result<(VarlenShape, VarlenTensors)> {
+    ) -> Result<(VarlenShape, VarlenTensors, u64)> {
         let virt = s.batch * parts;
         let (h, hkv, d) = (s.h, s.hkv, s.d);
         let rows2 = parts * s.total_q;
@@ -167,6 +159,7 @@ impl Scratch {
             slot_at(st, &mut self.cu_q2, virt + 1)?,
             slot_at(st, &mut self.cu_k2, virt + 1)?,
         );
+        let past2 = slot_at(st, &mut self.past2, virt)?;
         let (qs2, ks2, vs2) = (
             slot_at(st, &mut self.qs2, virt * h)?,
             slot_at(st, &mut self.ks2, virt * hkv)?,
@@ -208,13 +201,8 @@ impl Scratch {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (batch, parts_i, bc_i, align_i, causal) = (
-            s.batch as i32,
-            parts as i32,
-            bc as i32,
-            align as i32,
-            i32::from(s.causal),
-        );
+        let (batch, parts_i, bc_i, align_i) =
+            (s.batch as i32, parts as i32, bc as i32, align as i32);
         let (heads_i, hkv_i, d_i, tq) = (h as i32, hkv as i32, d as i32, s.total_q as i32);
         let (ss, sh) = (ss as i64, sh as i64);
         let mut b = st.launch_builder(&k.func);
@@ -224,7 +212,6 @@ impl Scratch {
             .arg(&parts_i)
             .arg(&bc_i)
             .arg(&align_i)
-            .arg(&causal)
             .arg(&heads_i)
             .arg(&hkv_i)
             .arg(&t.q_scale)
@@ -240,6 +227,7 @@ impl Scratch {
             .arg(&tq)
             .arg(&cq2)
             .arg(&ck2)
+            .arg(&past2)
             .arg(&qs2)
             .arg(&ks2)
             .arg(&vs2)
@@ -273,7 +261,7 @@ impl Scratch {
             }),
             ..*t
         };
-        Ok((s2, t2))
+        Ok((s2, t2, past2))
     }
 
     /// Queues `split_kv_merge_dD`: the parts the virtual batch wrote merged into `t`'s O (in `out`) and LSE.
@@ -324,12 +312,14 @@ impl Scratch {
     }
 }
 
-/// The virtual batch `split_kv_prep` makes, read back to the host: boundaries (B · P + 1 each), Q scales (B · P · H),
+/// The virtual batch `split_kv_prep` makes, read back to the host: boundaries (B · P + 1 each), past keys (B · P), Q
+/// scales (B · P · H),
 /// K scales (B · P · Hkv), Q2 ([P · total_q, H, D] codes) and, for a paged cache, the block table ([B · P][max_pages]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct VirtualBatch {
     pub cu_q: Vec<i32>,
     pub cu_k: Vec<i32>,
+    pub past: Vec<i32>,
     pub q_scale: Vec<f32>,
     pub k_scale: Vec<f32>,
     pub q: Vec<u8>,
@@ -353,6 +343,7 @@ pub fn virtual_batch(
     Ok(VirtualBatch {
         cu_q: read(st, &sc.cu_q2, virt + 1)?,
         cu_k: read(st, &sc.cu_k2, virt + 1)?,
+        past: read(st, &sc.past2, virt)?,
         q_scale: read(st, &sc.qs2, virt * s.h)?,
         k_scale: read(st, &sc.ks2, virt * s.hkv)?,
         q: read(st, &sc.q2, parts * s.total_q * s.h * s.d)?,
@@ -371,7 +362,7 @@ mod tests {
                 for align in [1, 2, 4] {
                     let mut next = 0;
                     for c in 0..parts {
-                        let (a, b) = chunk(1, sk, c, parts, 192, align, true);
+                        let (a, b) = chunk(sk, c, parts, 192, align);
                         assert_eq!(a, next, "sk {sk} parts {parts} chunk {c}");
                         assert!(b >= a && b <= sk);
                         assert!(
@@ -384,24 +375,61 @@ mod tests {
                 }
             }
         }
-        // Causal with several queries: every key in chunk 0.
-        assert_eq!(chunk(4, 1000, 0, 8, 128, 1, true), (0, 1000));
-        assert_eq!(chunk(4, 1000, 3, 8, 128, 1, true), (1000, 1000));
-        assert_eq!(chunk(4, 1000, 1, 8, 128, 1, false), (128, 256));
+        assert_eq!(chunk(1000, 1, 8, 128, 1), (128, 256));
+        assert_eq!(chunk(1000, 7, 8, 128, 1), (896, 1000));
     }
 
     #[test]
     fn virtual_boundaries_are_prefix_sums_of_the_chunks() {
         let (cu_q, cu_k) = ([0, 1, 1, 5], [0, 5000, 5300, 5301]);
-        let (q2, k2) = virtual_boundaries(&cu_q, &cu_k, 4, 128, 1, true);
+        let (q2, k2, past) = virtual_boundaries(&cu_q, &cu_k, 4, 128, 1);
         assert_eq!(q2, vec![0, 1, 2, 3, 4, 4, 4, 4, 4, 8, 12, 16, 20]);
-        // Sequence 0: 40 tiles, 10 a chunk; sequence 1: 3 tiles, 1 a chunk; sequence 2 (4 queries, causal): chunk 0.
+        // Sequence 0: 40 tiles, 10 a chunk; sequence 1: 3 tiles, 1 a chunk (its last empty); sequence 2 (4 queries,
+        // one key): the key in chunk 0, three empty chunks.
         assert_eq!(
             k2,
             vec![
                 0, 1280, 2560, 3840, 5000, 5128, 5256, 5300, 5300, 5301, 5301, 5301, 5301
             ]
         );
+        // Each chunk's keys after it: what moves its causal diagonal to the sequence's.
+        assert_eq!(past, vec![3720, 2440, 1160, 0, 172, 44, 0, 0, 0, 0, 0, 0]);
+    }
+
+    /// Row i of a causal sequence sees keys j ≤ i + Sk − Sq; in chunk [start, end) with `past` keys after it the
+    /// packed kernel shows row i the chunk's keys j' ≤ i + (end − start) + past − Sq. The two agree for every row,
+    /// chunk and split: each key is seen in exactly one chunk, by the rows that see it in the whole sequence.
+    #[test]
+    fn past_keys_keep_each_rows_causal_keys() {
+        for (sq, sk) in [
+            (4, 9000),
+            (16, 5765),
+            (16, 5),
+            (3, 2),
+            (1, 131072),
+            (7, 577),
+        ] {
+            for parts in [2, 5, 15, 16] {
+                let (_, k2, past) = virtual_boundaries(&[0, sq], &[0, sk], parts, 192, 1);
+                for i in 0..sq as i64 {
+                    let mut seen = 0i64;
+                    for c in 0..parts {
+                        let (start, end) = (k2[c] as i64, k2[c + 1] as i64);
+                        let len = end - start;
+                        // The chunk's keys the kernel shows row i: j' ≤ i + len + past − sq, within the chunk.
+                        let shown = (i + len + past[c] as i64 - sq as i64 + 1).clamp(0, len);
+                        // Those it sees in the whole sequence: keys start ..= i + sk − sq.
+                        let want = (i + sk as i64 - sq as i64 + 1 - start).clamp(0, len);
+                        assert_eq!(
+                            shown, want,
+                            "sq {sq} sk {sk} parts {parts} row {i} chunk {c}"
+                        );
+                        seen += shown;
+                    }
+                    assert_eq!(seen, (i + sk as i64 - sq as i64 + 1).clamp(0, sk as i64));
+                }
+            }
+        }
     }
 
     #[test]

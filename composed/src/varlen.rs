@@ -209,11 +209,11 @@ impl Varlen {
                 s.total_q
             );
             // The virtual batch's boundaries (in the scratch) follow from the batch's: its kept plan stays valid.
-            let (s2, t2) = self.scratch.prepare(gpu, st, s, t, parts, bc)?;
-            self.launch_batch(gpu, st, &s2, softmax_scale, OutDtype::F32, &t2, plan)?;
+            let (s2, t2, past) = self.scratch.prepare(gpu, st, s, t, parts, bc)?;
+            self.launch_batch(gpu, st, &s2, softmax_scale, OutDtype::F32, &t2, past, plan)?;
             self.scratch.merge(gpu, st, s, t, parts, out)?;
         } else {
-            self.launch_batch(gpu, st, s, softmax_scale, out, t, plan)?;
+            self.launch_batch(gpu, st, s, softmax_scale, out, t, 0, plan)?;
         }
         // Kept only once a launch has queued all of it: one that failed part-way plans again next time.
         self.kept = self.keep.then_some(key);
@@ -221,7 +221,9 @@ impl Varlen {
     }
 
     /// The plan of batch `s` (unless `plan` is false and the kept one is for it) and stage 8's packed kernel over it,
-    /// on `st` (launch's checks made).
+    /// on `st` (launch's checks made). `past`: the device address of each sequence's keys past its end (split-KV's
+    /// virtual batch, B i32), or 0; with it the plan counts every key tile of a sequence (the rows' causal limits,
+    /// moved by `past`, are the kernel's alone).
     #[allow(clippy::too_many_arguments)]
     fn launch_batch(
         &mut self,
@@ -231,6 +233,7 @@ impl Varlen {
         softmax_scale: f32,
         out: OutDtype,
         t: &VarlenTensors,
+        past: u64,
         plan: bool,
     ) -> Result<()> {
         let stage = Stage::S8;
@@ -242,7 +245,7 @@ impl Varlen {
             heads: if packed { s.hkv } else { s.h },
             tile_rows: 128,
             bc,
-            causal: s.causal,
+            causal: s.causal && past == 0,
             left: s.window.left,
             right: s.window.right,
             total_q: s.total_q,
@@ -355,14 +358,16 @@ impl Varlen {
             .arg(&max_pages)
             .arg(&shift)
             .arg(&box_rows)
-            .arg(&oob);
+            .arg(&oob)
+            .arg(&past);
         // The windowed kernel's sides (−1: unbounded).
         let (win_left, win_right) = s.window.kernel_sides();
         if spec.name.starts_with("stage8w_") {
             b.arg(&win_left).arg(&win_right);
         }
         // SAFETY: stage8_varlen_dD(Params, maps q, k, v, o (not read), int heads, const int* table, cu_q, cu_k, int
-        // total_q, const int* block_table, int max_pages, page_shift, box, oob_row) with the block it was written for;
+        // total_q, const int* block_table, int max_pages, page_shift, box, oob_row, const int* past; stage8w_: int
+        // win_left, win_right) with the block it was written for; `past` null or B entries (the scratch's);
         // the plan's table holds the units the planner just queued on this stream (room for every unit of the
         // geometry); the caller's tensors hold the packed extents, and its block table every page its sequences'
         // lengths reach (the kernel reads no entry past a sequence's length).

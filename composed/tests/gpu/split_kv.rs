@@ -41,7 +41,7 @@ fn cases() -> Vec<Case> {
             None,
             8,
         ),
-        // A causal sequence of 4 queries keeps its keys whole beside one that splits.
+        // Causal sequences of several queries split too: each chunk's rows masked where the whole sequence's are.
         (
             "speculative_causal_d128",
             vec![(4, 9000), (1, 7000)],
@@ -50,6 +50,29 @@ fn cases() -> Vec<Case> {
             128,
             true,
             None,
+            16,
+        ),
+        // 16 queries, heads packed, over 5,765 keys in 15 chunks of 576: the last chunk's 5 keys are seen by rows 11–15
+        // only (rows 0–10 get an empty part), and the chunk before it hides its last keys from the first rows.
+        (
+            "speculative_tail_d128",
+            vec![(16, 5765)],
+            8,
+            2,
+            128,
+            true,
+            None,
+            15,
+        ),
+        // From 64-row pages: 8 and 3 queries.
+        (
+            "speculative_paged64_d128",
+            vec![(8, 20000), (3, 7000)],
+            8,
+            2,
+            128,
+            true,
+            Some(64),
             16,
         ),
         // From pages of 64 rows (a chunk on any tile), and of 256 (chunks of whole pages: 4 tiles of 192 keys).
@@ -320,7 +343,7 @@ fn prep_matches_the_host(gpu: &Gpu) -> Result<()> {
     let got = virtual_batch(gpu, &st, &s, &b.tensors(&st), parts, bc)?;
     let (cu_k, q, qs, ks, table) = &b.host;
     let align = align_tiles(bc, Some(64));
-    let (want_q, want_k) = virtual_boundaries(&b.cu_q, cu_k, parts, bc, align, s.causal);
+    let (want_q, want_k, want_past) = virtual_boundaries(&b.cu_q, cu_k, parts, bc, align);
     ensure!(
         got.cu_q == want_q,
         "virtual cu_q {:?}, the model's {want_q:?}",
@@ -330,6 +353,11 @@ fn prep_matches_the_host(gpu: &Gpu) -> Result<()> {
         got.cu_k == want_k,
         "virtual cu_k {:?}, the model's {want_k:?}",
         got.cu_k
+    );
+    ensure!(
+        got.past == want_past,
+        "virtual past keys {:?}, the model's {want_past:?}",
+        got.past
     );
     let (h, hkv, d) = (s.h, s.hkv, s.d);
     let max_pages = b.table.as_ref().map_or(0, |t| t.1);
@@ -464,6 +492,12 @@ pub fn add(t: &mut Suite) {
                 true,
                 "% sq;",
                 "% 1;",
+            ),
+            (
+                "no keys past any chunk (each chunk's causal diagonal at its own end)",
+                true,
+                "past2[i] = sk - ch.y;",
+                "past2[i] = 0;",
             ),
             (
                 "one virtual sequence's scales for all",
