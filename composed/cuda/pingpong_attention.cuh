@@ -259,6 +259,7 @@ __device__ __forceinline__ void idle_unit(const Block& blk, int wg, int n, int t
                                           tma::Cursor<Block::kStages>& at, Next&& next) {
   blk.wait_q(n);
   if (wg == 1 && n == 0) roles::arrive(1, 256);
+  static_assert(!Block::kSplit, "idle units come in packed batches, whose rings are not split");
   at.wait();
   roles::sync(1 + wg, 256);
   roles::arrive(2 - wg, 256);
@@ -378,7 +379,14 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::fence_operand(o[0].x);
     wgmma::fence_operand(s[0].x);
     relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);  // O is zero at t = 1: its rescale by α(0) = 0 keeps it so
-    if (tt > 1) {
+    if constexpr (Block::kSplit) {
+      // K(t − 1) (Q·Kᵀ(t − 1) retired a turn ago) and Vᵀ(t − 2) (P·V(t − 2) just did).
+      __syncwarp();
+      if (roles::lane() == 0) {
+        at.release_prev();
+        if (tt > 1) at.release_second_prev2();
+      }
+    } else if (tt > 1) {
       __syncwarp();
       if (roles::lane() == 0) at.release_prev2();
     }
@@ -395,6 +403,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::wait<1>();
     // α = 1 exactly where a row's max did not grow: a warp none of whose 16 rows grew skips the 64 FMULs.
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) osm::rescale<OL>(o, alpha);
+    if constexpr (Block::kSplit) at.wait_second_prev();  // Vᵀ(t − 1) landed (a split ring's own barrier)
     wgmma::fence();
     wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_stage(at.stage_prev()), true);
     wgmma::commit();
@@ -414,12 +423,18 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   relayout::acc_to_a_e4m3_local<BC>(s[0].x, 1.0f, a);
   __syncwarp();
   if (roles::lane() == 0) {
-    if (tiles > 1) at.release_prev();
+    if constexpr (Block::kSplit) {
+      at.release();  // K of the last tile
+      if (tiles > 1) at.release_second_prev();
+    } else if (tiles > 1) {
+      at.release_prev();
+    }
     blk.release_q(n);
   }
   roles::sync(1 + wg, 256);
   mark(kMarkTurn);
   osm::rescale<OL>(o, alpha);
+  if constexpr (Block::kSplit) at.wait_second();
   wgmma::fence();
   wgmma::mma_rs<D, wg::e4m3, wg::e4m3, BC / 32>(o[0].x, a, SWT, blk.vt_stage(at.stage()), true);
   wgmma::commit();
@@ -432,6 +447,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   osm::finish_rows<kFp8POffset>(st, scale, inv, lse);
   // A split tail's part writes its O and LSE, as a unit would, to virtual unit dst past the real ones (in O's and the
   // LSE's buffers and O's map), for the merge kernel; dst read back from shared memory, not kept in a register.
+  static_assert(!Block::kSplit || !VARLEN, "packed batches' rings are not split");
   if constexpr (PACK) {
     // The unit's packed rows in the packed outputs: this consumer's row r is head head0 + r % group of token token0 +
     // r / group (its first row a token's first head: group divides 64).
@@ -463,7 +479,10 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
     __syncwarp();
-    if (roles::lane() == 0) at.release();
+    if (roles::lane() == 0) {
+      if constexpr (Block::kSplit) at.release_second();  // Vᵀ of the last tile (its K went back before P·V)
+      else at.release();
+    }
     epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
   }
   mark(kMarkEpilogueEnd);
@@ -500,11 +519,15 @@ template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN =
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
                                    const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs(),
                                    const PagedArgs* pg = nullptr, const Window win = kNoWindow) {
-  using Block = TmaBlock<D, STAGES, BC, 2>;
-  __shared__ tma::Barriers<STAGES> bars;
+  // Two ring stages (D = 256) split K's and Vᵀ's barriers (TmaBlock's SPLIT): released together, a stage came back
+  // just before the consumers needed it again, and every tile waited for its load.
+  constexpr bool kSplit = STAGES == 2;
+  static_assert(!kSplit || VS == 0, "a split ring's Vᵀ comes by TMA (no staging)");
+  using Block = TmaBlock<D, STAGES, BC, 2, kSplit>;
+  __shared__ tma::Barriers<STAGES> bars[kSplit ? 2 : 1];
   __shared__ QBarriers<2> qbars;
   extern __shared__ unsigned char smem_raw[];
-  const Block blk(smem_raw, &bars, &qbars, 2, VS > 0 ? 1 + kVWarps : 1);
+  const Block blk(smem_raw, bars, &qbars, 2, VS > 0 ? 1 + kVWarps : 1);
   const typename StagingOf<Block, VS>::type vst = StagingOf<Block, VS>::make(blk, heads);
   // Whether any block takes a second unit. If not (at most one unit an SM: the mission shape), each block runs
   // unit blockIdx.x alone, and neither the counter nor the slots are touched: they cost ~0.3 µs a launch there.

@@ -45,7 +45,10 @@ struct KeyRows {
 // = 128), 64 (192) or 32 (224: seven panels) — wgmma::k_major's K panels, one TMA box each. Ring slots and Q
 // buffers are counted across a block's work units: unit n's Q is in buffer n % QBUFS, its key tiles are ring
 // tiles r0, r0 + 1, … (r0 the tiles of the units before).
-template <int D, int STAGES, int BC, int QBUFS = 1>
+// SPLIT: K's and Vᵀ's halves of a stage have barriers of their own (tma::SplitBarriers: `bars` then the set after
+// it), so that consumers give K(t)'s slot back once Q·Kᵀ(t) retired and Vᵀ(t)'s once P·V(t) did: with two stages the
+// next tile's K then loads under a whole turn instead of behind the release that frees its slot.
+template <int D, int STAGES, int BC, int QBUFS = 1, bool SPLIT = false>
 struct TmaBlock {
   static constexpr unsigned kTile = BC * D;  // bytes of a K tile, and of a Vᵀ tile
   static constexpr unsigned kQ = 128 * D;    // bytes of a Q buffer
@@ -64,12 +67,14 @@ struct TmaBlock {
   static constexpr int kQkPanel = D < 128 ? D : 128;
   static constexpr int kQkPanels = D / kQkPanel;
   static constexpr int kD = D, kBc = BC;
+  static constexpr bool kSplit = SPLIT;
   // K's swizzle (rows of D bytes), which V's tiles have too where V comes as the caller has it (stage 8).
   static constexpr wgmma::Swizzle kSwK = D == 64 ? wgmma::Swizzle::B64 : wgmma::Swizzle::B128;
   unsigned char* sq;
   unsigned char* sk;
   unsigned char* svt;
   tma::Ring<STAGES> ring;
+  tma::Ring<STAGES> vring;  // SPLIT: Vᵀ's barriers (the set after `ring`'s); else `ring` itself
   QBarriers<QBUFS>* qb;
   int consumers;
   // `producers`: arrivals that fill a ring stage (1: the thread that loads it; more where warps write Vᵀ into it).
@@ -79,10 +84,12 @@ struct TmaBlock {
         sk(sq + QBUFS * kQ),
         svt(sk + STAGES * kTile),
         ring{bars},
+        vring{SPLIT ? bars + 1 : bars},
         qb(qb_),
         consumers(consumers_) {
     if (threadIdx.x == 0) {
       ring.init(4 * consumers, producers);
+      if (SPLIT) vring.init(4 * consumers, 1);
       for (int b = 0; b < QBUFS; ++b) {
         tma::mbar_init(&qb->full[b], 1);
         if (QBUFS > 1) tma::mbar_init(&qb->empty[b], 4 * consumers);
@@ -193,16 +200,17 @@ struct TmaBlock {
     produce_k(
         mk,
         [&](int r, int t) {
+          if constexpr (SPLIT) vring.acquire(r, kTile);
           if constexpr (kVtImage) {
-            tma::bulk_load(svt + ring.stage(r) * kTile, vt_head + (long long)t * kTile, kTile, ring.full(r));
+            tma::bulk_load(svt + ring.stage(r) * kTile, vt_head + (long long)t * kTile, kTile, vring.full(r));
           } else {
 #pragma unroll
             for (int p = 0; p < BC / kVtPanel; ++p)
-              tma::load_4d(mvt, ring.full(r), svt + ring.stage(r) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel, 0,
-                           kv, 0);
+              tma::load_4d(mvt, vring.full(r), svt + ring.stage(r) * kTile + p * D * kVtPanel, t * BC + p * kVtPanel,
+                           0, kv, 0);
           }
         },
-        2 * kTile, kv, r0, tiles, k0);
+        SPLIT ? kTile : 2 * kTile, kv, r0, tiles, k0);
   }
 };
 

@@ -14,6 +14,11 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "synccheck", "racecheck"],
     ),
     (
+        "tma-ring--gpu",
+        "gpu::cursor::split_ring_in_pingpong_order",
+        &["memcheck", "synccheck", "racecheck"],
+    ),
+    (
         "fp8-relayout--gpu",
         "gpu::pv_exact",
         &["memcheck", "racecheck"],

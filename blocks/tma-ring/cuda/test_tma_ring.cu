@@ -236,3 +236,82 @@ __device__ void cursor_walk(const unsigned char* in, int bytes, int tiles, int l
 LAB_CURSOR_WALK(2)
 LAB_CURSOR_WALK(3)
 LAB_CURSOR_WALK(4)
+
+// A split ring (tma::SplitBarriers) walked in stage 7's pingpong order: tile t's first part (K) read in turn t, its
+// second part (Vᵀ) in turn t + 1. Warp 0's lane 0 loads tile t's first part (in[t]) and, a tile later, its second
+// (in[tiles + t]), each acquired on its own barrier set; warp 1's Cursor gives the first part of tile t − 1 back at the top of turn t
+// and the second part of tile t − 2, waits for first(t), then for second(t − 1). out[t] = the first part as read,
+// out[tiles + t] = the second. The producer sleeps before each copy, so a wait on the wrong phase reads stale bytes.
+template <int STAGES>
+__device__ void split_walk(const unsigned char* in, int bytes, int tiles, unsigned char* out) {
+  __shared__ tma::SplitBarriers<STAGES> bars;
+  extern __shared__ __align__(16) unsigned char split_raw[];
+  unsigned char* buf = split_raw + ((1024 - (tma::smem(split_raw) & 1023)) & 1023);
+  unsigned char* second_buf = buf + STAGES * bytes;
+  const tma::Ring<STAGES> first{&bars.first}, second{&bars.second};
+  if (threadIdx.x == 0) {
+    first.init(1);
+    second.init(1);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const auto copy = [&](const unsigned char* from, unsigned char* to) {
+    const uint4* src = reinterpret_cast<const uint4*>(from);
+    for (int i = lane; i < bytes / 16; i += 32) reinterpret_cast<uint4*>(to)[i] = src[i];
+  };
+  if (threadIdx.x / 32 == 0) {
+    if (lane == 0) {
+      // Tile t's first part, then tile t − 1's second: the consumer's wait for second(t − 1) comes right after
+      // first(t) landed, before second(t − 1) is even issued.
+      for (int t = 0; t <= tiles; ++t) {
+        if (t < tiles) {
+          first.acquire(t, unsigned(bytes));
+          for (int i = 0; i < 8; ++i) __nanosleep(1000);
+          tma::bulk_load(buf + first.stage(t) * bytes, in + (long long)t * bytes, unsigned(bytes), first.full(t));
+        }
+        if (t > 0) {
+          second.acquire(t - 1, unsigned(bytes));
+          for (int i = 0; i < 8; ++i) __nanosleep(1000);
+          tma::bulk_load(second_buf + second.stage(t - 1) * bytes, in + (long long)(tiles + t - 1) * bytes,
+                         unsigned(bytes), second.full(t - 1));
+        }
+      }
+      for (int t = tiles > STAGES ? tiles - STAGES : 0; t < tiles; ++t) {  // no copy outlives the block
+        first.wait_full(t);
+        second.wait_full(t);
+      }
+    }
+  } else {
+    tma::Cursor<STAGES> cur(first);
+    for (int t = 0; t < tiles; ++t) {
+      if (t > 0) cur.advance();
+      if (lane == 0 && t >= 1) cur.release_prev();
+      if (lane == 0 && t >= 2) cur.release_second_prev2();
+      cur.wait();
+      copy(buf + cur.stage() * bytes, out + (long long)t * bytes);
+      if (t >= 1) {
+        cur.wait_second_prev();
+        copy(second_buf + cur.stage_prev() * bytes, out + (long long)(tiles + t - 1) * bytes);
+      }
+      __syncwarp();
+    }
+    if (tiles > 0) {
+      if (lane == 0) {
+        cur.release();
+        if (tiles > 1) cur.release_second_prev();
+      }
+      cur.wait_second();
+      copy(second_buf + cur.stage() * bytes, out + (long long)(2 * tiles - 1) * bytes);
+      __syncwarp();
+      if (lane == 0) cur.release_second();
+    }
+  }
+}
+
+#define LAB_SPLIT_WALK(N)                                                                                          \
+  extern "C" __global__ void __launch_bounds__(64, 1) split_walk_n##N(const unsigned char* in, int bytes, int tiles, \
+                                                                      unsigned char* out) {                         \
+    split_walk<N>(in, bytes, tiles, out);                                                                           \
+  }
+LAB_SPLIT_WALK(2)
+LAB_SPLIT_WALK(3)

@@ -186,6 +186,14 @@ struct Barriers {
   unsigned long long empty[STAGES];
 };
 
+// A split ring: two barrier sets over the same stages (say K's and Vᵀ's of one tile), each filled and released on its
+// own, so that a consumer that reads K(t) in one turn and Vᵀ(t) in the next gives K's slot back a turn sooner. The
+// second set sits right after the first: a Cursor over the first reaches it (the *_second calls) from its addresses.
+template <int STAGES>
+struct SplitBarriers {
+  Barriers<STAGES> first, second;
+};
+
 template <int STAGES>
 struct Ring {
   static_assert(STAGES >= 2 && STAGES <= 8, "2 to 8 stages");
@@ -259,6 +267,15 @@ struct Cursor {
   __device__ void release() const { arrive_at(empty0 + 8 * s0); }
   __device__ void release_prev() const { arrive_at(empty0 + 8 * s1); }
   __device__ void release_prev2() const { arrive_at(empty0 + 8 * s2); }
+  // Tile t − 1's parity: the round before where tile t opens a round.
+  __device__ unsigned parity_prev() const { return s0 == 0 ? par ^ 1u : par; }
+  // The second barrier set of a split ring (SplitBarriers, the cursor made over the first): tile t's or t − 1's
+  // part there has landed; done with tile t's, t − 1's or t − 2's part there.
+  __device__ void wait_second() const { wait_at(full0 + 16 * STAGES + 8 * s0, par); }
+  __device__ void wait_second_prev() const { wait_at(full0 + 16 * STAGES + 8 * s1, parity_prev()); }
+  __device__ void release_second() const { arrive_at(empty0 + 16 * STAGES + 8 * s0); }
+  __device__ void release_second_prev() const { arrive_at(empty0 + 16 * STAGES + 8 * s1); }
+  __device__ void release_second_prev2() const { arrive_at(empty0 + 16 * STAGES + 8 * s2); }
 };
 
 }  // namespace tma

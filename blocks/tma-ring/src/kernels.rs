@@ -137,6 +137,24 @@ const fn cursor(stages: usize) -> KernelSpec {
     }
 }
 
+/// A split ring (tma::SplitBarriers) of 2 and 3 stages walked in stage 7's pingpong order: `split_walk_nN(in, bytes,
+/// tiles, out)`, 64 threads, 1024 + 2·N·bytes of dynamic shared memory.
+pub const SPLIT_WALKS: &[KernelSpec] = &[split(2), split(3)];
+
+const fn split(stages: usize) -> KernelSpec {
+    KernelSpec {
+        block: "tma-ring",
+        name: match stages {
+            2 => "split_walk_n2",
+            _ => "split_walk_n3",
+        },
+        source: &SOURCE,
+        budget: Budget::new(128, 128),
+        archs: &[Arch::Sm90],
+        sass: &["UBLKCP", "SYNCS"],
+    }
+}
+
 pub fn kernel(shape: &Shape) -> KernelSpec {
     KernelSpec::find(KERNELS, &shape.kernel())
 }

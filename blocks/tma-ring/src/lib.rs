@@ -12,7 +12,7 @@ mod model;
 
 pub use kernels::{
     BULK_RING, CLUSTER_RING, CURSOR_WALKS, HEADERS, KERNELS, ROLES_CLAIM, SHAPES, SOURCE,
-    STORE_BOX, kernel,
+    SPLIT_WALKS, STORE_BOX, kernel,
 };
 pub use map::{Elem, MapSpec, TensorMap};
 pub use model::{CursorAt, Mbarrier, Shape, check, cursor_at, phase, source_byte, stage};
@@ -25,5 +25,6 @@ pub fn kernels() -> Vec<lab::KernelSpec> {
     v.push(CLUSTER_RING);
     v.push(STORE_BOX);
     v.extend_from_slice(CURSOR_WALKS);
+    v.extend_from_slice(SPLIT_WALKS);
     v
 }

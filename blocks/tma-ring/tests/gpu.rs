@@ -381,6 +381,53 @@ fn main() {
             Ok(())
         });
     }
+    t.gpu("cursor::split_ring_in_pingpong_order", |gpu| {
+        // 2 and 3 stages, five passes: each tile's first part read in its turn, its second a turn later.
+        for (n, spec) in SPLIT_WALKS.iter().enumerate() {
+            let wrong = split_wrong(gpu, spec, n + 2)?;
+            ensure!(wrong.is_empty(), "{}: {}", spec.name, wrong.join("; "));
+        }
+        eprintln!("tma::SplitBarriers: both parts of every tile as loaded, 2 and 3 stages, five passes each");
+        Ok(())
+    });
+    let split_mutants: [(&str, &str, &str, &str); 2] = [
+        (
+            "second_part_waited_on_tile_ts_parity",
+            "wait_at(full0 + 16 * STAGES + 8 * s1, parity_prev());",
+            "wait_at(full0 + 16 * STAGES + 8 * s1, par);",
+            "a wait for tile t − 1's second part on tile t's parity",
+        ),
+        (
+            "second_part_released_on_the_first_set",
+            "void release_second_prev2() const { arrive_at(empty0 + 16 * STAGES + 8 * s2); }",
+            "void release_second_prev2() const { arrive_at(empty0 + 8 * s2); }",
+            "a second part given back on the first set's barrier",
+        ),
+    ];
+    for (name, from, to, unnoticed) in split_mutants {
+        t.gpu_isolated(&format!("cursor::mutant::{name}"), move |gpu| {
+            for (n, spec) in SPLIT_WALKS.iter().enumerate() {
+                let bad = spec.mutated("tma_ring.cuh", from, to)?;
+                match split_wrong(gpu, &bad, n + 2) {
+                    Ok(wrong) => {
+                        if !wrong.is_empty() {
+                            eprintln!("{name} caught: {}", wrong.join("; "));
+                            return Ok(());
+                        }
+                    }
+                    Err(e) if aborted(&e) => {
+                        eprintln!("the device aborted the mutant: {e:#}");
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        eprintln!("{name} caught: {e:#}");
+                        return Ok(());
+                    }
+                }
+            }
+            anyhow::bail!("{unnoticed} went unnoticed at 2 and 3 stages")
+        });
+    }
     for (name, what, from, to, every_run, unnoticed) in mutants {
         t.gpu_isolated(&format!("mutant::{name}"), move |gpu| {
             let (bad, all) = mutant(gpu, from, to)?;
@@ -602,6 +649,50 @@ fn cursor_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize, lag: usize) -> Resu
         }
         if lag > 0 && t + 1 < tiles && prev[tile.clone()] != want[tile] {
             wrong.push(format!("tile {t}: its stage held other bytes a tile later"));
+        }
+    }
+    wrong.truncate(4);
+    Ok(wrong)
+}
+
+/// Walks a `stages`-deep split ring of 512-byte tiles five times over with `spec` (a `split_walk_nN`): each tile's
+/// first and second part as read, against what was loaded; the first differences, empty if none.
+fn split_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize) -> Result<Vec<String>> {
+    let (bytes, tiles) = (512usize, 5 * stages + 1);
+    let st = &gpu.stream;
+    let k = gpu.load_with(spec, &[CURSOR_SPIN, "-DLAB_TMA_SPIN_PROBE=test_wait_at"])?;
+    let smem = 1024 + 2 * stages * bytes;
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    let want = pattern(2 * bytes * tiles);
+    let din = st.clone_htod(&want)?;
+    let mut dout = st.clone_htod(&vec![0xA5u8; 2 * bytes * tiles])?;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (64, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let (b, n) = (bytes as i32, tiles as i32);
+    // SAFETY: split_walk_nN(const u8* in[2·bytes·tiles], int bytes, int tiles, u8* out[2·bytes·tiles]); 64 threads,
+    // 1024 + 2·N·bytes of dynamic shared memory.
+    unsafe {
+        st.launch_builder(&k.func)
+            .arg(&din)
+            .arg(&b)
+            .arg(&n)
+            .arg(&mut dout)
+            .launch(cfg)?
+    };
+    let out = st.clone_dtoh(&dout)?;
+    let mut wrong = vec![];
+    for (part, name) in ["first", "second"].iter().enumerate() {
+        for t in 0..tiles {
+            let at = (part * tiles + t) * bytes..(part * tiles + t + 1) * bytes;
+            if out[at.clone()] != want[at] {
+                wrong.push(format!("tile {t}: its {name} part held other bytes"));
+            }
         }
     }
     wrong.truncate(4);
