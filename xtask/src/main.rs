@@ -14,6 +14,8 @@ mod sanitize;
 mod test_blocks;
 #[cfg(test)]
 mod tidy;
+#[cfg(test)]
+mod tidy_mutants;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
