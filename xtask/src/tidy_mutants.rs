@@ -17,24 +17,20 @@ struct Runs(Vec<Vec<(String, usize)>>);
 
 impl Runs {
     fn push<'a>(&mut self, exprs: impl Iterator<Item = &'a syn::Expr>) {
-        let mut run = Vec::new();
-        for e in exprs {
-            match e {
+        let lits: Vec<Option<(String, usize)>> = exprs
+            .map(|e| match e {
                 syn::Expr::Lit(syn::ExprLit {
                     lit: syn::Lit::Str(s),
                     ..
-                }) => run.push((s.value(), s.span().start().line)),
-                _ => {
-                    if run.len() > 1 {
-                        self.0.push(std::mem::take(&mut run));
-                    }
-                    run.clear();
-                }
-            }
-        }
-        if run.len() > 1 {
-            self.0.push(run);
-        }
+                }) => Some((s.value(), s.span().start().line)),
+                _ => None,
+            })
+            .collect();
+        self.0.extend(
+            lits.split(Option::is_none)
+                .filter(|run| run.len() > 1)
+                .map(|run| run.iter().flatten().cloned().collect()),
+        );
     }
 }
 
