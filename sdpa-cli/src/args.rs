@@ -130,7 +130,8 @@ pub enum Cmd {
         dist: Dist,
         /// A source variant timed beside the stage in the same process, as LABEL=HEADER:FROM=>TO (the first FROM
         /// in block header HEADER becomes TO; several edits joined by &&); repeatable. For "change one thing,
-        /// measure": the A/B of a change is its revert as a variant.
+        /// measure": the A/B of a change is its revert as a variant. With --mode decode|paged (or --page), a variant
+        /// of the packed kernel the paged cache runs, timed beside it planned once.
         #[arg(long = "variant")]
         variants: Vec<String>,
         /// A persistent stage (stage7, stage8), and each variant, also timed launched with this many blocks instead of one

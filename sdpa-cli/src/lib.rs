@@ -104,7 +104,7 @@ pub fn execute(args: Args) -> Result<()> {
                     stage.name()
                 );
                 let (tokens, prefix, page) = varlen::serving_batch(mode, &s, tokens, page)?;
-                return varlen::bench_varlen(s, tokens, prefix, page, 20);
+                return varlen::bench_varlen(s, tokens, prefix, page, &variants, 20);
             }
             if let Some(tokens) = varlen {
                 ensure!(
@@ -112,7 +112,7 @@ pub fn execute(args: Args) -> Result<()> {
                     "--varlen runs packed batches on stage8, not {}",
                     stage.name()
                 );
-                return varlen::bench_varlen(s, tokens, prefix, page, 20);
+                return varlen::bench_varlen(s, tokens, prefix, page, &variants, 20);
             }
             if let Some(n) = ranks {
                 ensure!(

@@ -87,15 +87,21 @@ pub fn serving_batch(
 /// of pages of that many rows (in reverse order in the pool), against the packed keys' time. Beside them, dense stages
 /// 8 and 7 on a [1, H, S', D] problem of about the same query×key pairs; prints TFLOP/s and the ratios. Decode (a
 /// prefix and S ≤ 16 new tokens a sequence, so `tokens / S` sequences): the bytes a call moves a second instead,
-/// against a device-to-device copy's rate.
+/// against a device-to-device copy's rate. Each `variants` source variant (`sdpa bench --variant`) of the kernel the
+/// paged cache runs is timed beside it, planned once, in interleaved rounds.
 pub fn bench_varlen(
     s: Shape,
     tokens: usize,
     prefix: usize,
     page: Option<usize>,
+    variants: &[String],
     iters: usize,
 ) -> Result<()> {
     ensure!(tokens > 0, "--varlen {tokens}: at least one token");
+    ensure!(
+        variants.is_empty() || page.is_some(),
+        "--variant with --varlen or --mode: variants are timed on a paged cache (--page or --mode decode|paged)"
+    );
     ensure!(s.sq >= 1, "--varlen: the shape's S is the longest sequence");
     let gpu = lab::Gpu::get().context("sdpa bench --varlen needs a CUDA GPU")?;
     let lens_q = if prefix > 0 {
@@ -277,15 +283,18 @@ pub fn bench_varlen(
         // Planned once and run per layer (Varlen::keep_plan, what PagedPlan does): the attention's launches alone,
         // from the paged cache and from the packed keys — the two sides of issue 34's paged target without the plan's
         // launches in either.
-        let kept_us = |t: &VarlenTensors| -> Result<(f64, usize)> {
-            let mut kept = Varlen::new();
-            kept.pack_heads(packs);
-            kept.keep_plan(true);
-            let us = median_us(&st, iters, || {
-                kept.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)
-            })?;
-            Ok((us, kept.plans_made()))
-        };
+        let kept_with =
+            |t: &VarlenTensors, spec: Option<lab::KernelSpec>| -> Result<(f64, usize)> {
+                let mut kept = Varlen::new();
+                kept.pack_heads(packs);
+                kept.keep_plan(true);
+                kept.use_kernel(spec);
+                let us = median_us(&st, iters, || {
+                    kept.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)
+                })?;
+                Ok((us, kept.plans_made()))
+            };
+        let kept_us = |t: &VarlenTensors| kept_with(t, None);
         let (us, plans) = kept_us(&paged)?;
         let (packed_kept, _) = kept_us(&t)?;
         decode_us.push(("paged cache, plan kept", us, table.len() * 4));
@@ -296,6 +305,37 @@ pub fn bench_varlen(
             tf(flops, us),
             us / packed_kept
         );
+        // Variants of the paged cache's kernel, planned once: two interleaved rounds with the kernel as built, the
+        // better median of each.
+        let base = if packs {
+            composed::varlen_pack_kernel(d)
+        } else {
+            composed::varlen_kernel_for(&shape)
+        };
+        let mut specs = vec![("as built".to_string(), None)];
+        for v in variants {
+            let (label, edits) = crate::bench::parse_variant(v)?;
+            let mut spec = base;
+            for (header, from, to) in edits {
+                spec = spec.mutated(header, from, to)?;
+            }
+            specs.push((label.to_string(), Some(spec)));
+        }
+        if specs.len() > 1 {
+            let mut best = vec![f64::INFINITY; specs.len()];
+            for _round in 0..2 {
+                for (i, (_, spec)) in specs.iter().enumerate() {
+                    best[i] = best[i].min(kept_with(&paged, *spec)?.0);
+                }
+            }
+            for ((label, _), us) in specs.iter().zip(&best) {
+                println!(
+                    "  variant {label} ({}): {us:.1} µs, {:.3}× as built",
+                    base.name,
+                    us / best[0]
+                );
+            }
+        }
     }
     for (pack, parts, us, off) in splits {
         println!(
@@ -428,6 +468,19 @@ mod tests {
         assert!(err(Mode::Decode, "64,32,1,8192,128", Some(64), None).contains("not --tokens"));
         assert!(err(Mode::Decode, "4,32,16,8,128", None, None).contains("Sk ≥ Sq"));
         assert!(err(Mode::Paged, "8,16,512,8704,128", None, None).contains("needs --page"));
+        // Variants time the paged cache's kernel: refused without pages, before a GPU is asked for.
+        let v = ["x=pingpong_attention.cuh:a=>b".to_string()];
+        let e = super::bench_varlen(
+            Shape::parse("1,16,8192,128").unwrap(),
+            65536,
+            0,
+            None,
+            &v,
+            20,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("paged cache"), "{e}");
     }
 
     #[test]
