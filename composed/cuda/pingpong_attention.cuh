@@ -529,6 +529,12 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   extern __shared__ unsigned char smem_raw[];
   const Block blk(smem_raw, bars, &qbars, 2, VS > 0 ? 1 + kVWarps : 1);
   const typename StagingOf<Block, VS>::type vst = StagingOf<Block, VS>::make(blk, heads);
+  // Programmatic dependent launch (the host's Stage::programmatic): this grid may start while the kernel before it in
+  // the stream runs. Above, only shared memory and the parameters are touched; past the wait that kernel has finished
+  // and its writes are visible (without the launch attribute the wait returns at once). The next kernel may then be
+  // launched: every block of this grid is resident by the time all have triggered, and it waits in turn.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   // Whether any block takes a second unit. If not (at most one unit an SM: the mission shape), each block runs
   // unit blockIdx.x alone, and neither the counter nor the slots are touched: they cost ~0.3 µs a launch there.
   const int work = VARLEN ? ragged::count(rg.table) : p.work;

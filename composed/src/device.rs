@@ -165,6 +165,12 @@ impl OnDevice {
         Ok(())
     }
 
+    /// Q's codes on the device ([B, H, Sq, D] E4M3, or the layout `use_bshd_inputs` set), for a test's own kernel
+    /// to write before a launch reads them.
+    pub fn q_codes_mut(&mut self) -> &mut CudaSlice<u8> {
+        &mut self.q
+    }
+
     /// The dtype the stages write O as.
     pub fn out_dtype(&self) -> OutDtype {
         match self.o {

@@ -36,6 +36,11 @@ impl OnDevice {
         self.ws.use_section(heads);
     }
 
+    /// With `on` (the default), stages 7 and 8 go as programmatic dependent launches (`Workspace::use_programmatic`).
+    pub fn use_programmatic(&mut self, on: bool) {
+        self.ws.use_programmatic(on);
+    }
+
     /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`), so that a
     /// timing of the stage includes the work its layout of V costs: cuDNN's FP8 SDPA reads V as it is.
     pub fn time_vt_prep(&mut self, on: bool) {

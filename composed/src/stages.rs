@@ -255,6 +255,12 @@ impl Stage {
         matches!(self, Stage::S7 | Stage::S8)
     }
 
+    /// Whether the stage's kernels may be launched as programmatic dependent launches (`lab::Order::Programmatic`):
+    /// they touch only shared memory and their parameters before `griddepcontrol.wait` (pingpong_attention.cuh).
+    pub fn programmatic(self) -> bool {
+        matches!(self, Stage::S7 | Stage::S8)
+    }
+
     /// Whether the stage loads through TMA: its kernel takes tensor maps of Q, K and Vᵀ (or V: `transposes_v`)
     /// after the parameters.
     pub fn tma(self) -> bool {

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use fixtures::OutDtype;
-use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 
 use crate::strides::Strides;
 use lab::{Gpu, KernelSpec};
@@ -31,6 +31,8 @@ pub struct Varlen {
     keep: bool,
     kept: Option<PlanKey>,
     plans: usize,
+    /// Ordinary launches of the attention kernel instead of programmatic dependent ones (`use_programmatic`).
+    serial: bool,
 }
 
 /// What a kept ragged plan was made for: the batch's shape and boundaries' addresses, and how it ran.
@@ -83,6 +85,7 @@ impl Default for Varlen {
             keep: false,
             kept: None,
             plans: 0,
+            serial: false,
         }
     }
 }
@@ -97,6 +100,12 @@ impl Varlen {
     /// `varlen_kernel`'s.
     pub fn use_kernel(&mut self, spec: Option<KernelSpec>) {
         self.kernel = spec;
+    }
+
+    /// With `on` (the default), the attention kernel goes as a programmatic dependent launch: it may start while the
+    /// kernel before it (the plan's, split-KV's prep, or the caller's) runs, up to its `griddepcontrol.wait`.
+    pub fn use_programmatic(&mut self, on: bool) {
+        self.serial = !on;
     }
 
     /// With `on`, a batch whose heads can be packed ([`packs_heads`]) runs [`varlen_pack_kernel`]: a unit is one
@@ -343,7 +352,7 @@ impl Varlen {
             block_dim: (stage.threads() as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let mut b = st.launch_builder(&k.func);
+        let mut b = lab::Args::new();
         b.arg(&p)
             .arg(&maps[0])
             .arg(&maps[1])
@@ -370,8 +379,15 @@ impl Varlen {
         // win_left, win_right) with the block it was written for; `past` null or B entries (the scratch's);
         // the plan's table holds the units the planner just queued on this stream (room for every unit of the
         // geometry); the caller's tensors hold the packed extents, and its block table every page its sequences'
-        // lengths reach (the kernel reads no entry past a sequence's length).
-        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
+        // lengths reach (the kernel reads no entry past a sequence's length). The packed kernels are stage 8's
+        // (Stage::programmatic): they wait for the plan's kernels before they read its table.
+        let order = if self.serial {
+            lab::Order::Serial
+        } else {
+            lab::Order::Programmatic
+        };
+        unsafe { lab::launch_ex(&k.func, cfg, st, &mut b, order) }
+            .with_context(|| format!("launching {}", spec.name))?;
         Ok(())
     }
 }

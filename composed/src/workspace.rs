@@ -56,6 +56,8 @@ pub struct Workspace {
     section: Option<usize>,
     /// Plan no split tail: every unit whole and taken from the counter (`use_split_tail`).
     no_split: bool,
+    /// Launch stages 7 and 8 as ordinary launches, not programmatic dependent ones (`use_programmatic`).
+    serial: bool,
     /// The last launch's kernel, loaded with its shared memory allowed (the kernel's name and source, the bytes):
     /// a launch of the same one asks neither the kernel cache nor the driver again.
     loaded: Option<((&'static str, usize, usize), Kernel)>,
@@ -115,6 +117,12 @@ impl Workspace {
     /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).
     pub fn use_section(&mut self, heads: Option<usize>) {
         self.section = heads;
+    }
+
+    /// With `on` (the default), stages 7 and 8 are launched as programmatic dependent launches
+    /// (`Stage::programmatic`): a launch may start while the kernel before it runs, up to its `griddepcontrol.wait`.
+    pub fn use_programmatic(&mut self, on: bool) {
+        self.serial = !on;
     }
 
     /// With `on`, every launch of a TMA stage first transposes V again (`prep_vt`, or `prep_vt_tiles`); without,
@@ -252,7 +260,7 @@ impl Workspace {
             block_dim: (stage.threads() as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let mut b = st.launch_builder(&k.func);
+        let mut b = lab::Args::new();
         b.arg(&p);
         if let Some(m) = &maps {
             b.arg(&m[0]).arg(&m[1]).arg(&m[2]);
@@ -270,11 +278,18 @@ impl Workspace {
         if spec.name.starts_with("stage8w_") {
             b.arg(&win_left).arg(&win_right);
         }
+        let order = if stage.programmatic() && !self.serial {
+            lab::Order::Programmatic
+        } else {
+            lab::Order::Serial
+        };
         // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt or v[, o]][, int heads]) with the grid and block it was
         // written for;
         // the caller's tensors hold the extents of `s` (Tensors' contract; validate() checks uploaded ones), O and
-        // the LSE `output_rows` rows; each map describes its tensor (tma_maps).
-        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
+        // the LSE `output_rows` rows; each map describes its tensor (tma_maps). A programmatic stage's kernel waits
+        // (griddepcontrol.wait) before it touches global memory.
+        unsafe { lab::launch_ex(&k.func, cfg, st, &mut b, order) }
+            .with_context(|| format!("launching {}", spec.name))?;
         if plan.pieces > 0 {
             launch_merge(gpu, st, &spec, &plan, s.d, &p)?;
         }

@@ -142,6 +142,10 @@ pub enum Cmd {
         /// heads (longest units first within a section) instead of as many as keep 16 MiB of K and V; repeatable.
         #[arg(long = "section")]
         sections: Vec<usize>,
+        /// Stage 7 or 8 also timed as ordinary launches, each after the one before has finished (the stage's own
+        /// launches are programmatic dependent launches: the next may start while one runs, up to its wait).
+        #[arg(long)]
+        serial: bool,
         /// Causal masking (stage7 and stage8); its TFLOP/s count half the work.
         #[arg(long)]
         causal: bool,

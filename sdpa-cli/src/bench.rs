@@ -37,6 +37,7 @@ struct Run {
     blocks: Option<usize>,
     section: Option<usize>,
     vt_prep: bool,
+    serial: bool,
 }
 
 impl Run {
@@ -47,6 +48,7 @@ impl Run {
             blocks: None,
             section: None,
             vt_prep: false,
+            serial: false,
         }
     }
 }
@@ -58,6 +60,7 @@ pub fn bench(
     variants: &[String],
     blocks: &[usize],
     sections: &[usize],
+    serial: bool,
     scheme: Scheme,
 ) -> Result<()> {
     // Everything that needs no GPU is checked before the GPU is asked for.
@@ -102,6 +105,17 @@ pub fn bench(
             ..r.clone()
         }));
     }
+    if serial {
+        ensure!(
+            stage.programmatic(),
+            "--serial: {} is always launched serially (stage7 and stage8 are programmatic)",
+            stage.name()
+        );
+        runs.push(Run {
+            serial: true,
+            ..Run::named(format!("{} [serial launches]", stage.name()))
+        });
+    }
     // A TMA stage reads V transposed (prep_vt, made once and not timed above): timed again with the transpose in
     // every launch, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is.
     if stage.reads_vt() {
@@ -122,6 +136,7 @@ pub fn bench(
             sets[0].use_blocks(r.blocks);
             sets[0].use_section(r.section);
             sets[0].time_vt_prep(r.vt_prep);
+            sets[0].use_programmatic(!r.serial);
             let t = time_stage(gpu, stage, &mut sets, 5, 100)?;
             if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
                 best[i] = Some(t);

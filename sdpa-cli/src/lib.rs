@@ -69,6 +69,7 @@ pub fn execute(args: Args) -> Result<()> {
             variants,
             blocks,
             sections,
+            serial,
             causal,
             kv_heads,
             window,
@@ -132,6 +133,7 @@ pub fn execute(args: Args) -> Result<()> {
                 &variants,
                 &blocks,
                 &sections,
+                serial,
                 scheme.scheme(),
             )
         }

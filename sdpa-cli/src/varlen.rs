@@ -283,17 +283,21 @@ pub fn bench_varlen(
         // Planned once and run per layer (Varlen::keep_plan, what PagedPlan does): the attention's launches alone,
         // from the paged cache and from the packed keys — the two sides of issue 34's paged target without the plan's
         // launches in either.
-        let kept_with =
-            |t: &VarlenTensors, spec: Option<lab::KernelSpec>| -> Result<(f64, usize)> {
-                let mut kept = Varlen::new();
-                kept.pack_heads(packs);
-                kept.keep_plan(true);
-                kept.use_kernel(spec);
-                let us = median_us(&st, iters, || {
-                    kept.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)
-                })?;
-                Ok((us, kept.plans_made()))
-            };
+        let kept_as = |t: &VarlenTensors,
+                       spec: Option<lab::KernelSpec>,
+                       serial: bool|
+         -> Result<(f64, usize)> {
+            let mut kept = Varlen::new();
+            kept.pack_heads(packs);
+            kept.keep_plan(true);
+            kept.use_kernel(spec);
+            kept.use_programmatic(!serial);
+            let us = median_us(&st, iters, || {
+                kept.launch(gpu, &st, &shape, scale, OutDtype::Bf16, t)
+            })?;
+            Ok((us, kept.plans_made()))
+        };
+        let kept_with = |t: &VarlenTensors, spec| kept_as(t, spec, false);
         let kept_us = |t: &VarlenTensors| kept_with(t, None);
         let (us, plans) = kept_us(&paged)?;
         let (packed_kept, _) = kept_us(&t)?;
@@ -304,6 +308,18 @@ pub fn bench_varlen(
             iters + 3,
             tf(flops, us),
             us / packed_kept
+        );
+        // The attention kernel as an ordinary launch (each after the kernel before it has finished) against the
+        // programmatic dependent launch it is: two interleaved rounds, the better median of each.
+        let (mut pdl, mut serial) = (f64::INFINITY, f64::INFINITY);
+        for _round in 0..2 {
+            pdl = pdl.min(kept_as(&paged, None, false)?.0);
+            serial = serial.min(kept_as(&paged, None, true)?.0);
+        }
+        println!(
+            "  the paged cache planned once, programmatic dependent launches {pdl:.1} µs against ordinary ones \
+             {serial:.1} µs ({:.3}×)",
+            serial / pdl
         );
         // Variants of the paged cache's kernel, planned once: two interleaved rounds with the kernel as built, the
         // better median of each.

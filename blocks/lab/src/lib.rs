@@ -13,6 +13,7 @@ mod checks;
 mod compile;
 mod gpu;
 pub mod hello;
+mod launch;
 pub mod numerics;
 mod resources;
 pub mod sass;
@@ -28,6 +29,7 @@ pub use cudarc;
 pub use gpu::{
     Gate, Gpu, GpuStatus, Kernel, MAX_DEVICES, device_count, gate, require_gpu_from_env, status,
 };
+pub use launch::{Args, Order, launch_ex};
 pub use resources::{Budget, Resources, parse_ptxas_log};
 pub use telemetry::{Sampler, Telemetry};
 pub use testing::{COMPILE, GPU, MODEL, Suite};

@@ -4,6 +4,7 @@ mod checks;
 mod matrix;
 mod models;
 mod prep;
+mod programmatic;
 mod split_kv;
 mod stage7;
 mod stage8;
@@ -43,6 +44,7 @@ fn main() {
     varlen::add(&mut t);
     split_kv::add(&mut t);
     window::add(&mut t);
+    programmatic::add(&mut t);
     tables::add(&mut t);
     t.run()
 }
