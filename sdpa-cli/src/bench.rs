@@ -53,16 +53,23 @@ impl Run {
     }
 }
 
-pub fn bench(
-    stage: Stage,
-    s: Shape,
-    dist: Dist,
-    variants: &[String],
-    blocks: &[usize],
-    sections: &[usize],
-    serial: bool,
-    scheme: Scheme,
-) -> Result<()> {
+/// What `sdpa bench` times beside the stage as built: source variants, block counts, schedule sections, and the
+/// stage's launches as ordinary ones (`serial`).
+#[derive(Debug, Default)]
+pub struct Knobs<'a> {
+    pub variants: &'a [String],
+    pub blocks: &'a [usize],
+    pub sections: &'a [usize],
+    pub serial: bool,
+}
+
+pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) -> Result<()> {
+    let Knobs {
+        variants,
+        blocks,
+        sections,
+        serial,
+    } = *knobs;
     // Everything that needs no GPU is checked before the GPU is asked for.
     composed::validate_shape(&s)?;
     composed::stage_supports(stage, &s)?;

@@ -126,16 +126,13 @@ pub fn execute(args: Args) -> Result<()> {
             if api {
                 bench::api(s, dist, stage)?;
             }
-            bench::bench(
-                stage,
-                s,
-                dist,
-                &variants,
-                &blocks,
-                &sections,
+            let knobs = bench::Knobs {
+                variants: &variants,
+                blocks: &blocks,
+                sections: &sections,
                 serial,
-                scheme.scheme(),
-            )
+            };
+            bench::bench(stage, s, dist, &knobs, scheme.scheme())
         }
         Cmd::Trace {
             shape,
