@@ -11,6 +11,8 @@ const HEADS: usize = 3;
 const SPIN: &str = "-DLAB_TMA_SPIN_LIMIT=20000000";
 /// The cursor walks' bound: their mutants deadlock outright, so each stuck wait must end quickly.
 const CURSOR_SPIN: &str = "-DLAB_TMA_SPIN_LIMIT=2000000";
+/// The walks' builds: a stuck wait ends quickly and records where it stood (`test_wait_at`).
+const WALK_OPTIONS: [&str; 2] = [CURSOR_SPIN, "-DLAB_TMA_SPIN_PROBE=test_wait_at"];
 
 /// What one run saw: bytes checked, and the first wrong ones.
 struct Seen {
@@ -541,6 +543,29 @@ fn every_copy_exact(gpu: &lab::Gpu, spec: &lab::KernelSpec, ctas: usize) -> Resu
     Ok(())
 }
 
+/// `spec` loaded with `extra` NVRTC options and allowed `smem` bytes of dynamic shared memory, with the launch of one
+/// grid of `ctas` CTAs of `threads` threads that uses them all.
+fn ring_kernel(
+    gpu: &Gpu,
+    spec: &KernelSpec,
+    extra: &[&str],
+    smem: usize,
+    ctas: usize,
+    threads: u32,
+) -> Result<(lab::Kernel, LaunchConfig)> {
+    let k = gpu.load_with(spec, extra)?;
+    k.func.set_attribute(
+        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )?;
+    let cfg = LaunchConfig {
+        grid_dim: (ctas as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    Ok((k, cfg))
+}
+
 /// `tiles` tiles of `bytes` through a byte ring kernel, `ring(in, bytes, tiles, out)` on `ctas` CTAs of 128 threads
 /// (`bulk_ring`: 1; `cluster_ring`: one cluster of 2, each CTA loading half of every tile for both): every CTA's
 /// copy, CTA 0's first. A cluster's spin is bounded, so that a broken change ends with wrong bytes (a CTA starved
@@ -553,23 +578,10 @@ fn byte_ring(
     ctas: usize,
 ) -> Result<Vec<u8>> {
     let st = &gpu.stream;
-    let k = if ctas > 1 {
-        gpu.load_with(spec, &[SPIN])?
-    } else {
-        gpu.load(spec)?
-    };
-    let smem = 1024 + 2 * bytes;
-    k.func.set_attribute(
-        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )?;
+    let spin: &[&str] = if ctas > 1 { &[SPIN] } else { &[] };
+    let (k, cfg) = ring_kernel(gpu, spec, spin, 1024 + 2 * bytes, ctas, 128)?;
     let din = st.clone_htod(&pattern(bytes * tiles))?;
     let mut dout = st.clone_htod(&vec![0xA5u8; ctas * bytes * tiles])?;
-    let cfg = LaunchConfig {
-        grid_dim: (ctas as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
     let (b, n) = (bytes as i32, tiles as i32);
     // SAFETY: bulk_ring / cluster_ring(const u8* in[bytes·tiles], int bytes, int tiles, u8* out[ctas·bytes·tiles]);
     // `ctas` CTAs (cluster_ring's __cluster_dims__ is 2), 128 threads, 1024 + 2·bytes of dynamic shared memory (two
@@ -593,22 +605,12 @@ fn cursor_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize, lag: usize) -> Resu
     let st = &gpu.stream;
     // A mutant cursor can deadlock producer and consumer both: each wait then spins a bounded count of
     // non-blocking probes (~2 M: tens of milliseconds), where a healthy wait takes a few hundred.
-    let k = gpu.load_with(spec, &[CURSOR_SPIN, "-DLAB_TMA_SPIN_PROBE=test_wait_at"])?;
-    let smem = 1024 + stages * bytes;
-    k.func.set_attribute(
-        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )?;
+    let (k, cfg) = ring_kernel(gpu, spec, &WALK_OPTIONS, 1024 + stages * bytes, 1, 64)?;
     let want = pattern(bytes * tiles);
     let din = st.clone_htod(&want)?;
     let mut dout = st.clone_htod(&vec![0xA5u8; bytes * tiles])?;
     let mut dprev = st.clone_htod(&vec![0xA5u8; bytes * tiles])?;
     let mut dlog = st.clone_htod(&vec![-1i32; 4 * tiles])?;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (64, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
     let (b, n, l) = (bytes as i32, tiles as i32, lag as i32);
     // SAFETY: cursor_walk_nN(const u8* in[bytes·tiles], int bytes, int tiles, int lag, u8* out[bytes·tiles],
     // u8* prev[bytes·tiles], int* log[4·tiles]); 64 threads, 1024 + N·bytes of dynamic shared memory.
@@ -660,20 +662,10 @@ fn cursor_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize, lag: usize) -> Resu
 fn split_wrong(gpu: &Gpu, spec: &KernelSpec, stages: usize) -> Result<Vec<String>> {
     let (bytes, tiles) = (512usize, 5 * stages + 1);
     let st = &gpu.stream;
-    let k = gpu.load_with(spec, &[CURSOR_SPIN, "-DLAB_TMA_SPIN_PROBE=test_wait_at"])?;
-    let smem = 1024 + 2 * stages * bytes;
-    k.func.set_attribute(
-        lab::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )?;
+    let (k, cfg) = ring_kernel(gpu, spec, &WALK_OPTIONS, 1024 + 2 * stages * bytes, 1, 64)?;
     let want = pattern(2 * bytes * tiles);
     let din = st.clone_htod(&want)?;
     let mut dout = st.clone_htod(&vec![0xA5u8; 2 * bytes * tiles])?;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (64, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
     let (b, n) = (bytes as i32, tiles as i32);
     // SAFETY: split_walk_nN(const u8* in[2·bytes·tiles], int bytes, int tiles, u8* out[2·bytes·tiles]); 64 threads,
     // 1024 + 2·N·bytes of dynamic shared memory.
