@@ -1,4 +1,4 @@
-// Programmatic dependent launch: stage 8 launched while the kernel before it still writes its Q reads the finished Q,
+// Programmatic dependent launch: every kernel launched that way holds the wait, stage 8 behind a kernel still writing its Q reads the finished Q, and one without griddepcontrol.wait is caught reading it early.
 // and a kernel without griddepcontrol.wait is caught reading it early.
 use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
 use lab::{Arch, Budget, KernelSpec, Source};
@@ -33,7 +33,70 @@ const LATE: KernelSpec = KernelSpec {
 /// The wait, as pingpong_attention.cuh writes it; the mutant drops it.
 const WAIT: &str = r#"asm volatile("griddepcontrol.wait;" ::: "memory");"#;
 
+/// Whether `spec` runs pingpong_attention.cuh's `pingpong_attention`, whose body holds the wait: its source includes
+/// that header, and the wait is in the function's body there.
+fn waits(spec: &KernelSpec) -> bool {
+    const HEADER: &str = "pingpong_attention.cuh";
+    let Some(h) = spec
+        .source
+        .headers
+        .iter()
+        .flat_map(|set| set.iter())
+        .find(|h| h.name == HEADER)
+    else {
+        return false;
+    };
+    let body = h
+        .code
+        .split_once("__device__ void pingpong_attention(")
+        .and_then(|(_, rest)| rest.split_once("\n}\n"))
+        .map_or("", |(body, _)| body);
+    spec.source.code.contains(&format!("#include \"{HEADER}\"")) && body.contains(WAIT)
+}
+
 pub fn add(t: &mut Suite) {
+    t.model("programmatic::every_programmatic_kernel_waits", || {
+        // Every kernel launched as a programmatic dependent launch — the programmatic stages' kernels, windowed or
+        // not, and the packed batches' — has the wait that makes it safe (pingpong_attention.cuh's).
+        let mut specs = vec![];
+        for stage in Stage::ALL.into_iter().filter(|s| s.programmatic()) {
+            for &d in stage.dims() {
+                specs.push(stage.kernel(d));
+                if stage.windows() {
+                    let window = fixtures::Window {
+                        left: Some(8),
+                        right: None,
+                    };
+                    specs.push(stage.kernel_for(&Shape::new(1, 1, 64, d).with_window(window)));
+                }
+            }
+        }
+        for &d in Stage::S8.dims() {
+            specs.push(composed::varlen_kernel(d));
+            specs.push(composed::varlen_pack_kernel(d));
+        }
+        for &d in Stage::S8.dims() {
+            specs.push(lab::KernelSpec::find(
+                composed::KERNELS,
+                &format!("stage8w_varlen_d{d}"),
+            ));
+        }
+        ensure!(
+            specs.len() >= 12,
+            "{} programmatic kernels found",
+            specs.len()
+        );
+        // The check tells a kernel without the wait apart: stage 6 runs tma_attention.cuh's loop.
+        ensure!(!waits(&Stage::S6.kernel(128)), "stage 6 reads as waiting");
+        for spec in specs {
+            ensure!(
+                waits(&spec),
+                "{} is launched programmatically without `{WAIT}`",
+                spec.name
+            );
+        }
+        Ok(())
+    });
     t.model("programmatic::mutant_applies", || {
         Stage::S8
             .kernel(64)
