@@ -1,5 +1,4 @@
-// Programmatic dependent launch: every kernel launched that way holds the wait, stage 8 behind a kernel still writing its Q reads the finished Q, and one without griddepcontrol.wait is caught reading it early.
-// and a kernel without griddepcontrol.wait is caught reading it early.
+// Programmatic dependent launch: every kernel launched so holds the wait; stage 8 behind a late writer of Q waits for it.
 use lab::cudarc::driver::{LaunchConfig, PushKernelArg};
 use lab::{Arch, Budget, KernelSpec, Source};
 
