@@ -67,10 +67,10 @@ def host_profile(fn, plan, run_args, n=20):
     import pstats
     from fp8_attention import _core
 
-    args, kw, _, _ = plan._launch_args(*run_args)
+    args, _, _ = plan._launch_args(*run_args)
     nosplit = _core.KeptPlan(split_kv=False)
-    res = {"run_host_us": cpu_us(fn, n), "launch_host_us": cpu_us(lambda: plan._core.launch(*args, **kw), n),
-           "launch_unsplit_host_us": cpu_us(lambda: nosplit.launch(*args, **kw), n),
+    res = {"run_host_us": cpu_us(fn, n), "launch_host_us": cpu_us(lambda: plan._core.launch(*args), n),
+           "launch_unsplit_host_us": cpu_us(lambda: nosplit.launch(*args), n),
            "bare_call_us": cpu_us(plan._core.plans_made, n), "split": plan.last_split}
     print(json.dumps(res))
     prof = cProfile.Profile()

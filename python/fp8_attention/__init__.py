@@ -365,11 +365,11 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
     tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
     o = torch.empty(max(tq * h * d, 1), dtype=tdt, device=q.device)
     lse = torch.empty(max(h * tq, 1), dtype=torch.float32, device=q.device)
-    _core.launch_varlen([c[0], c[1], c[2], scales[0].data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(),
-                         o.data_ptr(), lse.data_ptr()],
-                        [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()], strides, b, h, hkv, d, tq, tk,
-                        bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream,
-                        window=win, pack_heads=bool(pack_heads), split_kv=bool(split_kv))
+    tensors = [c[0], c[1], c[2], scales[0].data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(), o.data_ptr(),
+               lse.data_ptr()]
+    batch = ((tensors, [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()], strides), (b, h, hkv, d, tq, tk),
+             bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, None, win)
+    _core.launch_varlen(batch, stream, pack_heads=bool(pack_heads), split_kv=bool(split_kv))
     o = o[: tq * h * d].view(tq, h, d)
     return (o, lse[: h * tq].view(h, tq)) if return_lse else o
 
@@ -469,13 +469,13 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
     total_k = max_pages * page  # bounds every sequence's keys (the plan sizes its key-tile counts by it)
     o = torch.empty(tq * h * d, dtype=tdt, device=q.device)
     lse = torch.empty(h * tq, dtype=torch.float32, device=q.device)
-    _core.launch_varlen([q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales[0].data_ptr(),
-                         scales[1].data_ptr(), scales[2].data_ptr(), o.data_ptr(), lse.data_ptr()],
-                        [cu_seqlens_q.data_ptr(), cu_k.data_ptr()],
-                        [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]], b, h, hkv, d, tq, total_k,
-                        bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, stream,
-                        paged=(block_table.data_ptr(), max_pages, page, num_pages), window=win,
-                        pack_heads=bool(pack_heads), split_kv=bool(split_kv))
+    tensors = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),
+               scales[2].data_ptr(), o.data_ptr(), lse.data_ptr()]
+    strides = [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]]
+    batch = ((tensors, [cu_seqlens_q.data_ptr(), cu_k.data_ptr()], strides), (b, h, hkv, d, tq, total_k),
+             bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out,
+             (block_table.data_ptr(), max_pages, page, num_pages), win)
+    _core.launch_varlen(batch, stream, pack_heads=bool(pack_heads), split_kv=bool(split_kv))
     o = o.view(tq, h, d)
     return (o, lse.view(h, tq)) if return_lse else o
 

@@ -13,10 +13,11 @@ def quantize(
     views: list[tuple[int, tuple[int, int, int]]], dtype: str, codes: tuple[int, int, int],
     scales: tuple[int, int, int], amax: int, b: int, h: int, hkv: int, sq: int, sk: int, d: int, stream: int,
 ) -> None: ...
-def launch_varlen(
-    tensors: list[int], cu: list[int], strides: list[list[int]], batch: int, h: int, hkv: int, d: int, total_q: int,
-    total_k: int, causal: bool, softmax_scale: float, out_dtype: str, stream: int,
-    paged: Optional[tuple[int, int, int, int]] = ..., window: tuple[int, int] = ..., pack_heads: bool = ...,
-    split_kv: bool = ...,
-) -> None: ...
+# A packed batch: ((tensors, cu, strides), (batch, h, hkv, d, total_q, total_k), causal, softmax_scale, out_dtype,
+# paged (block table, max_pages, page_size, num_pages) or None, window (left, right; -1 unbounded)).
+Batch = tuple[
+    tuple[list[int], list[int], list[list[int]]], tuple[int, int, int, int, int, int], bool, float, str,
+    Optional[tuple[int, int, int, int]], tuple[int, int],
+]
+def launch_varlen(batch: Batch, stream: int, pack_heads: bool = ..., split_kv: bool = ...) -> None: ...
 def warm(d: int) -> None: ...

@@ -107,9 +107,9 @@ class PagedPlan:
         *batch)``, bit for bit; runs on torch's current stream. Returns O [total_q, H, D] (bf16 unless `out_dtype`),
         and with `return_lse` the LSE [H, total_q].
         """
-        args, kw, o, lse = self._launch_args(q, k_cache, v_cache, q_scale, k_scale, v_scale, scale, out_dtype)
+        args, o, lse = self._launch_args(q, k_cache, v_cache, q_scale, k_scale, v_scale, scale, out_dtype)
         if args is not None:
-            self._core.launch(*args, **kw)
+            self._core.launch(*args)
         return (o, lse) if return_lse else o
 
     def _launch_args(self, q, k_cache, v_cache, q_scale, k_scale, v_scale, scale, out_dtype):
@@ -133,7 +133,7 @@ class PagedPlan:
         tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
         if b == 0 or tq == 0:
             o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
-            return None, None, o, torch.full((h, tq), float("-inf"), dtype=torch.float32, device=q.device)
+            return None, o, torch.full((h, tq), float("-inf"), dtype=torch.float32, device=q.device)
         if q.stride(2) != 1 or q.data_ptr() % 16 or q.stride(0) % 16 or q.stride(1) % 16:
             q = q.contiguous()
         if q_scale.numel() == nq and k_scale.numel() == nkv and v_scale.numel() == nkv:
@@ -145,13 +145,15 @@ class PagedPlan:
             scales = [flat[:nq], flat[nq:nq + nkv], flat[nq + nkv:]]
         o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
         lse = torch.empty(h, tq, dtype=torch.float32, device=q.device)
-        args = ([q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),
-                 scales[2].data_ptr(), o.data_ptr(), lse.data_ptr()],
-                [self._cu_q.data_ptr(), self._cu_k.data_ptr()],
-                [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]], b, h, hkv, d, tq, self.max_pages * page,
-                self.causal, float(scale if scale is not None else 1.0 / math.sqrt(d)), out,
-                torch.cuda.current_stream(q.device).cuda_stream)
+        tensors = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),
+                   scales[2].data_ptr(), o.data_ptr(), lse.data_ptr()]
+        strides = [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]]
+        batch = ((tensors, [self._cu_q.data_ptr(), self._cu_k.data_ptr()], strides),
+                 (b, h, hkv, d, tq, self.max_pages * page), self.causal,
+                 float(scale if scale is not None else 1.0 / math.sqrt(d)), out,
+                 (self._table.data_ptr(), self.max_pages, page, num_pages), self._win)
+        args = (batch, torch.cuda.current_stream(q.device).cuda_stream)
         # Kept until the next run, past the launch's queueing (torch's caching allocator reuses freed memory in stream
         # order, so a later run's buffers wait for this launch).
         self._scales = scales
-        return args, dict(paged=(self._table.data_ptr(), self.max_pages, page, num_pages), window=self._win), o, lse
+        return args, o, lse

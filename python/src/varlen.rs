@@ -25,23 +25,29 @@ struct Call {
     out: OutDtype,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn call(
-    tensors: [u64; 8],
-    cu: [u64; 2],
-    strides: [[usize; 2]; 3],
-    batch: usize,
-    h: usize,
-    hkv: usize,
-    d: usize,
-    total_q: usize,
-    total_k: usize,
-    causal: bool,
-    softmax_scale: f32,
-    out_dtype: &str,
-    paged: Option<(u64, usize, usize, usize)>,
-    window: (i64, i64),
-) -> PyResult<Call> {
+/// A packed batch as Python passes it, one tuple: ((tensors, cu, strides), (batch, h, hkv, d, total_q, total_k),
+/// causal, softmax_scale, out_dtype, paged, window) — `launch_varlen`'s and `KeptPlan.launch`'s first argument.
+#[derive(FromPyObject)]
+pub(crate) struct Batch(
+    ([u64; 8], [u64; 2], [[usize; 2]; 3]),
+    (usize, usize, usize, usize, usize, usize),
+    bool,
+    f32,
+    String,
+    Option<(u64, usize, usize, usize)>,
+    (i64, i64),
+);
+
+fn call(b: Batch) -> PyResult<Call> {
+    let Batch(
+        (tensors, cu, strides),
+        (batch, h, hkv, d, total_q, total_k),
+        causal,
+        softmax_scale,
+        out_dtype,
+        paged,
+        window,
+    ) = b;
     let window = window_of(window)?;
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
         return Err(py_err(Error::SoftmaxScale(softmax_scale)));
@@ -115,50 +121,22 @@ fn run(vl: &mut Varlen, c: &Call, stream: usize) -> PyResult<()> {
         .map_err(|e| PyRuntimeError::new_err(format!("{e:#}")))
 }
 
-/// Queues a packed (variable-length) batch on stage 8's packed kernel on the CUDA stream `stream`: E4M3 q [total_q,
-/// H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales per (sequence,
-/// head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device, checked by the
-/// caller: the device trusts them). Sizes and strides are checked before anything is queued. `pack_heads`: a K/V head's
-/// query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`); `split_kv`: each
-/// sequence's keys in chunks merged after, where the batch's units would leave SMs idle (`Varlen::split_kv`).
+/// Queues a packed (variable-length) batch on stage 8's packed kernel on the CUDA stream `stream`. `batch` (`Batch`):
+/// E4M3 q [total_q, H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales
+/// per (sequence, head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device,
+/// checked by the caller: the device trusts them); a paged cache (block table, max_pages, page_size, num_pages) or
+/// None; the window's sides (-1: unbounded). Sizes and strides are checked before anything is queued. `pack_heads`: a
+/// K/V head's query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`); `split_kv`:
+/// each sequence's keys in chunks merged after, where the batch's units would leave SMs idle (`Varlen::split_kv`).
 #[pyfunction]
-#[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1), pack_heads=true, split_kv=true))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (batch, stream, pack_heads=true, split_kv=true))]
 pub(crate) fn launch_varlen(
-    tensors: [u64; 8],
-    cu: [u64; 2],
-    strides: [[usize; 2]; 3],
-    batch: usize,
-    h: usize,
-    hkv: usize,
-    d: usize,
-    total_q: usize,
-    total_k: usize,
-    causal: bool,
-    softmax_scale: f32,
-    out_dtype: &str,
+    batch: Batch,
     stream: usize,
-    paged: Option<(u64, usize, usize, usize)>,
-    window: (i64, i64),
     pack_heads: bool,
     split_kv: bool,
 ) -> PyResult<()> {
-    let c = call(
-        tensors,
-        cu,
-        strides,
-        batch,
-        h,
-        hkv,
-        d,
-        total_q,
-        total_k,
-        causal,
-        softmax_scale,
-        out_dtype,
-        paged,
-        window,
-    )?;
+    let c = call(batch)?;
     let mut vs = varlens()
         .lock()
         .map_err(|_| PyRuntimeError::new_err("fp8_attention: varlen lock poisoned"))?;
@@ -206,42 +184,8 @@ impl KeptPlan {
     }
 
     /// As `launch_varlen` (without its packing and split flags, the object's).
-    #[pyo3(signature = (tensors, cu, strides, batch, h, hkv, d, total_q, total_k, causal, softmax_scale, out_dtype, stream, paged=None, window=(-1, -1)))]
-    #[allow(clippy::too_many_arguments)]
-    fn launch(
-        &mut self,
-        tensors: [u64; 8],
-        cu: [u64; 2],
-        strides: [[usize; 2]; 3],
-        batch: usize,
-        h: usize,
-        hkv: usize,
-        d: usize,
-        total_q: usize,
-        total_k: usize,
-        causal: bool,
-        softmax_scale: f32,
-        out_dtype: &str,
-        stream: usize,
-        paged: Option<(u64, usize, usize, usize)>,
-        window: (i64, i64),
-    ) -> PyResult<()> {
-        let c = call(
-            tensors,
-            cu,
-            strides,
-            batch,
-            h,
-            hkv,
-            d,
-            total_q,
-            total_k,
-            causal,
-            softmax_scale,
-            out_dtype,
-            paged,
-            window,
-        )?;
+    fn launch(&mut self, batch: Batch, stream: usize) -> PyResult<()> {
+        let c = call(batch)?;
         run(&mut self.vl, &c, stream)
     }
 }
