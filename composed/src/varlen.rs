@@ -381,11 +381,7 @@ impl Varlen {
         // geometry); the caller's tensors hold the packed extents, and its block table every page its sequences'
         // lengths reach (the kernel reads no entry past a sequence's length). The packed kernels are stage 8's
         // (Stage::programmatic): they wait for the plan's kernels before they read its table.
-        let order = if self.serial {
-            lab::Order::Serial
-        } else {
-            lab::Order::Programmatic
-        };
+        let order = lab::Order::programmatic_if(!self.serial);
         unsafe { lab::launch_ex(&k.func, cfg, st, &mut b, order) }
             .with_context(|| format!("launching {}", spec.name))?;
         Ok(())

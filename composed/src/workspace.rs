@@ -278,11 +278,7 @@ impl Workspace {
         if spec.name.starts_with("stage8w_") {
             b.arg(&win_left).arg(&win_right);
         }
-        let order = if stage.programmatic() && !self.serial {
-            lab::Order::Programmatic
-        } else {
-            lab::Order::Serial
-        };
+        let order = lab::Order::programmatic_if(stage.programmatic() && !self.serial);
         // SAFETY: stageN_dD(sdpa::Params[, tma::Map q, k, vt or v[, o]][, int heads]) with the grid and block it was
         // written for;
         // the caller's tensors hold the extents of `s` (Tensors' contract; validate() checks uploaded ones), O and

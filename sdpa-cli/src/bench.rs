@@ -28,6 +28,16 @@ pub fn parse_variant(v: &str) -> Result<(&str, Vec<Edit<'_>>)> {
     Ok((label, edits))
 }
 
+/// `--variant` text `v` applied to `base`: its label and the edited kernel.
+pub fn variant_of(base: lab::KernelSpec, v: &str) -> Result<(&str, lab::KernelSpec)> {
+    let (label, edits) = parse_variant(v)?;
+    let mut spec = base;
+    for (header, from, to) in edits {
+        spec = spec.mutated(header, from, to)?;
+    }
+    Ok((label, spec))
+}
+
 /// One configuration `sdpa bench` times: the stage's kernel or a variant, at a block count, schedule section, with
 /// or without Vᵀ remade in every launch.
 #[derive(Clone)]
@@ -86,11 +96,7 @@ pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) 
     );
     let mut runs = vec![Run::named(stage.name().to_string())];
     for v in variants {
-        let (label, edits) = parse_variant(v)?;
-        let mut spec = stage.kernel(s.d);
-        for (header, from, to) in edits {
-            spec = spec.mutated(header, from, to)?;
-        }
+        let (label, spec) = variant_of(stage.kernel(s.d), v)?;
         runs.push(Run {
             spec: Some(spec),
             ..Run::named(format!("{} [{label}]", stage.name()))

@@ -297,8 +297,7 @@ pub fn bench_varlen(
             })?;
             Ok((us, kept.plans_made()))
         };
-        let kept_with = |t: &VarlenTensors, spec| kept_as(t, spec, false);
-        let kept_us = |t: &VarlenTensors| kept_with(t, None);
+        let kept_us = |t: &VarlenTensors| kept_as(t, None, false);
         let (us, plans) = kept_us(&paged)?;
         let (packed_kept, _) = kept_us(&t)?;
         decode_us.push(("paged cache, plan kept", us, table.len() * 4));
@@ -309,48 +308,34 @@ pub fn bench_varlen(
             tf(flops, us),
             us / packed_kept
         );
-        // The attention kernel as an ordinary launch (each after the kernel before it has finished) against the
-        // programmatic dependent launch it is: two interleaved rounds, the better median of each.
-        let (mut pdl, mut serial) = (f64::INFINITY, f64::INFINITY);
-        for _round in 0..2 {
-            pdl = pdl.min(kept_as(&paged, None, false)?.0);
-            serial = serial.min(kept_as(&paged, None, true)?.0);
-        }
-        println!(
-            "  the paged cache planned once, programmatic dependent launches {pdl:.1} µs against ordinary ones \
-             {serial:.1} µs ({:.3}×)",
-            serial / pdl
-        );
-        // Variants of the paged cache's kernel, planned once: two interleaved rounds with the kernel as built, the
+        // The kernel as built, as ordinary launches (each after the kernel before it has finished, not the
+        // programmatic dependent launches it goes as), and each variant, planned once: two interleaved rounds, the
         // better median of each.
         let base = if packs {
             composed::varlen_pack_kernel(d)
         } else {
             composed::varlen_kernel_for(&shape)
         };
-        let mut specs = vec![("as built".to_string(), None)];
+        let mut runs = vec![
+            ("as built".to_string(), None, false),
+            ("as ordinary launches".to_string(), None, true),
+        ];
         for v in variants {
-            let (label, edits) = crate::bench::parse_variant(v)?;
-            let mut spec = base;
-            for (header, from, to) in edits {
-                spec = spec.mutated(header, from, to)?;
-            }
-            specs.push((label.to_string(), Some(spec)));
+            let (label, spec) = crate::bench::variant_of(base, v)?;
+            runs.push((format!("variant {label}"), Some(spec), false));
         }
-        if specs.len() > 1 {
-            let mut best = vec![f64::INFINITY; specs.len()];
-            for _round in 0..2 {
-                for (i, (_, spec)) in specs.iter().enumerate() {
-                    best[i] = best[i].min(kept_with(&paged, *spec)?.0);
-                }
+        let mut best = vec![f64::INFINITY; runs.len()];
+        for _round in 0..2 {
+            for (i, (_, spec, serial)) in runs.iter().enumerate() {
+                best[i] = best[i].min(kept_as(&paged, *spec, *serial)?.0);
             }
-            for ((label, _), us) in specs.iter().zip(&best) {
-                println!(
-                    "  variant {label} ({}): {us:.1} µs, {:.3}× as built",
-                    base.name,
-                    us / best[0]
-                );
-            }
+        }
+        for ((label, _, _), us) in runs.iter().zip(&best) {
+            println!(
+                "  the paged cache planned once, {label} ({}): {us:.1} µs, {:.3}× as built",
+                base.name,
+                us / best[0]
+            );
         }
     }
     for (pack, parts, us, off) in splits {

@@ -24,15 +24,6 @@ impl<'a> Args<'a> {
         self.ptrs.push(x as *const T as *mut c_void);
         self
     }
-
-    /// How many parameters so far.
-    pub fn len(&self) -> usize {
-        self.ptrs.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ptrs.is_empty()
-    }
 }
 
 /// How a launch is ordered after the work before it on its stream.
@@ -44,6 +35,17 @@ pub enum Order {
     /// `griddepcontrol.wait` (which returns once that kernel has finished and its writes are visible) before it
     /// reads or writes anything that kernel may touch.
     Programmatic,
+}
+
+impl Order {
+    /// [`Order::Programmatic`] where `on`, else [`Order::Serial`].
+    pub fn programmatic_if(on: bool) -> Order {
+        if on {
+            Order::Programmatic
+        } else {
+            Order::Serial
+        }
+    }
 }
 
 /// Launches `func` with `args` on `st`.
