@@ -36,16 +36,20 @@ extern "C" __global__ void prep_lse_shift(const float* q, long long rows, int sq
 // with byte permutes, and writes each channel's 16 keys as one 16-byte store, beside the thread that writes the
 // channel's other 16 keys (one 32-byte sector an instruction). Gathered a byte at a time, the transpose was
 // compute-bound (ncu: SM 82% busy, DRAM 28%, 54 us at (4,16,4096,128)). Grid (heads, sk_pad / 32), 256 threads.
+// V is read as a view: head h's key r at v + h · hs + r · rs (contiguous [heads, sk, d]: rs = d, hs = sk · d; both
+// multiples of 16 bytes, the host checks).
 __device__ __forceinline__ int vt_key(int slot) {
   return 32 * (slot / 32) + 16 * (slot % 32 / 16) + 8 * (slot % 4 / 2) + 2 * (slot % 16 / 4) + slot % 2;
 }
-// Keys k0 .. k0 + n − 1 of head vh ([sk][d] bytes; zeros past sk) into rows[n][d / 4 + 1] words, by the block's
-// coalesced 16-byte reads of whole rows (a row padded by a word: the column reads after it hit 32 banks).
-__device__ __forceinline__ void stage_rows(const unsigned char* vh, int sk, int d, int k0, int n, unsigned* rows) {
+// Keys k0 .. k0 + n − 1 of head vh (sk rows of d bytes, row r at vh + r · rs; zeros past sk) into rows[n][d / 4 + 1]
+// words, by the block's coalesced 16-byte reads of whole rows (a row padded by a word: the column reads after it hit
+// 32 banks).
+__device__ __forceinline__ void stage_rows(const unsigned char* vh, int sk, int d, long long rs, int k0, int n,
+                                           unsigned* rows) {
   const int stride = d / 4 + 1;
   for (int i = threadIdx.x; i < n * d / 16; i += blockDim.x) {
     const int r = i / (d / 16), ch = i % (d / 16);
-    const uint4 x = k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * d + 16 * ch)
+    const uint4 x = k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * rs + 16 * ch)
                                 : make_uint4(0, 0, 0, 0);
     unsigned* row = rows + r * stride + 4 * ch;
     row[0] = x.x;
@@ -66,12 +70,13 @@ __device__ __forceinline__ void transpose_16x4(const unsigned (&w)[16], unsigned
     out[3][j] = __byte_perm(hi01, hi23, 0x7632);
   }
 }
-extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk_pad, unsigned char* vt) {
+extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk_pad, unsigned char* vt, long long rs,
+                                   long long hs) {
   __shared__ __align__(16) unsigned rows[32 * (256 / 4 + 1)];  // 32 keys x (D <= 256 bytes + a word)
   const int stride = d / 4 + 1;                                // words a row
   const long long head = blockIdx.x;
   const int k0 = blockIdx.y * 32;
-  stage_rows(v + head * sk * d, sk, d, k0, 32, rows);
+  stage_rows(v + head * hs, sk, d, rs, k0, 32, rows);
   __syncthreads();
   for (int i = threadIdx.x; i < d / 2; i += blockDim.x) {
     const int cq = i / 2, seg = i % 2;  // channels 4cq … 4cq + 3, keys 16seg … 16seg + 15
@@ -94,14 +99,16 @@ extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk
 // prep_vt does (coalesced 16-byte reads of whole rows, rows padded by a word), then a thread takes 4 channels of 16
 // keys as 16 words, transposes them with byte permutes and writes each channel's 16 keys as one 16-byte store,
 // beside the thread that writes the channel's other 16 keys of the panel (one 32-byte sector an instruction).
-// Grid (heads, tiles), 256 threads; bc a multiple of 32 up to 224, d a multiple of 16 up to 128.
-extern "C" __global__ void prep_vt_tiles(const unsigned char* v, int sk, int d, int bc, unsigned char* out) {
+// Grid (heads, tiles), 256 threads; bc a multiple of 32 up to 224, d a multiple of 16 up to 128; V read as prep_vt
+// reads it (rs, hs).
+extern "C" __global__ void prep_vt_tiles(const unsigned char* v, int sk, int d, int bc, unsigned char* out, long long rs,
+                                         long long hs) {
   __shared__ __align__(16) unsigned rows[224 * (128 / 4 + 1)];  // bc keys x (d bytes + a word)
   const int stride = d / 4 + 1;
   const long long head = blockIdx.x, tile = blockIdx.y;
   const int k0 = int(tile) * bc;
   unsigned char* img = out + (head * gridDim.y + tile) * (long long)(bc * d);
-  stage_rows(v + head * sk * d, sk, d, k0, bc, rows);
+  stage_rows(v + head * hs, sk, d, rs, k0, bc, rows);
   __syncthreads();
   for (int i = threadIdx.x; i < bc / 32 * d / 2; i += blockDim.x) {
     const int seg = i % 2, cq = i / 2 % (d / 4), panel = i / 2 / (d / 4);  // keys 32·panel + 16·seg …, channels 4cq …

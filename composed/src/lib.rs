@@ -35,7 +35,7 @@ pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,
     STAGE7, STAGE8, STAGE8_VARLEN, STAGE8_VARLEN_PACK, STAGE8_WINDOW, Stage, bc,
 };
-pub use strides::Strides;
+pub use strides::{FlatHeads, Strides};
 pub use validate::{index_text, validate, validate_shape};
 pub use varlen::{Varlen, packs_heads, varlen_kernel, varlen_kernel_for, varlen_pack_kernel};
 pub use workspace::{Tensors, Workspace, stage_supports};

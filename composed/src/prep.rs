@@ -5,6 +5,7 @@ use lab::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use lab::{Arch, Budget, Gpu, KernelSpec, Source};
 
 use crate::OnDevice;
+use crate::strides::FlatHeads;
 
 /// K smoothing and its LSE correction (`cuda/prep.cu`); rotation and quantization are the blocks' own kernels.
 pub const PREP: Source = Source {
@@ -73,20 +74,21 @@ pub fn vt_tiles_bytes(s: &fixtures::Shape, bc: usize) -> usize {
     s.kv_heads() * s.sk.div_ceil(bc) * bc * s.d
 }
 
-/// Vᵀ's tile images on the device (`prep_vt_tiles` through `spec`) of the V at device address `v` (the problem's,
-/// [B·Hkv, Sk, D] E4M3), on stream `st`; fails by name where the device lacks the memory.
+/// Vᵀ's tile images on the device (`prep_vt_tiles` through `spec`) of the V at device address `v` (the problem's
+/// B·Hkv heads of Sk rows of D E4M3, laid out as `rows` says), on stream `st`; fails by name where the device lacks
+/// the memory.
 pub fn vt_tiles_with(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: u64,
+    (v, rows): (u64, FlatHeads),
     s: &fixtures::Shape,
     bc: usize,
 ) -> Result<CudaSlice<u8>> {
     let bytes = vt_tiles_bytes(s, bc);
     ensure_free(gpu, bytes, "stage 7 needs Vᵀ's tile images")?;
     let mut img = st.alloc_zeros::<u8>(bytes)?;
-    launch_vt_tiles(gpu, spec, st, v, s, bc, &mut img)?;
+    launch_vt_tiles(gpu, spec, st, (v, rows), s, bc, &mut img)?;
     Ok(img)
 }
 
@@ -95,7 +97,7 @@ pub(crate) fn launch_vt_tiles(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: u64,
+    v: (u64, FlatHeads),
     s: &fixtures::Shape,
     bc: usize,
     img: &mut CudaSlice<u8>,
@@ -121,33 +123,42 @@ pub(crate) fn launch_vt_tiles(
         s.sk,
         s.kv_heads()
     );
-    // prep_vt_tiles(const u8* v[heads·sk·d], int sk, int d, int bc, u8* out[heads·tiles·bc·d]): bc ≤ 224 and d
+    // prep_vt_tiles(const u8* v, int sk, int d, int bc, u8* out[heads·tiles·bc·d], i64 rs, i64 hs): bc ≤ 224 and d
     // ≤ 128 (the smem tile) and out's length checked above.
     launch_v_kernel(gpu, spec, st, v, s, bc, tiles, img)
 }
 
-/// One of the V-transposing kernels, `f(const u8* v[heads·sk·d], int sk, int d, int x, u8* out)`, on a grid of
-/// (K/V heads, `blocks`) × 256 threads; the caller has checked `out` and `x` against its kernel's contract.
+/// One of the V-transposing kernels, `f(const u8* v, int sk, int d, int x, u8* out, i64 rs, i64 hs)` (head h's key r
+/// at v + h·hs + r·rs), on a grid of (K/V heads, `blocks`) × 256 threads; the caller has checked `out` and `x`
+/// against its kernel's contract.
 #[allow(clippy::too_many_arguments)]
 fn launch_v_kernel(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: u64,
+    (v, rows): (u64, FlatHeads),
     s: &fixtures::Shape,
     x: usize,
     blocks: usize,
     out: &mut CudaSlice<u8>,
 ) -> Result<()> {
+    ensure!(
+        rows.row.is_multiple_of(16) && rows.row >= s.d && rows.head.is_multiple_of(16),
+        "V read at a row stride of {} and a head stride of {} bytes: the transpose reads whole rows of D = {} by          16-byte loads (strides multiples of 16, rows not overlapping)",
+        rows.row,
+        rows.head,
+        s.d
+    );
     let kern = gpu.load(spec)?;
     let (sk, d, xi) = (s.sk as i32, s.d as i32, x as i32);
+    let (rs, hs) = (rows.row as i64, rows.head as i64);
     let cfg = LaunchConfig {
         grid_dim: (s.kv_heads() as u32, blocks as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the kernel's signature is the one above; v holds heads·sk·d bytes (the problem's V), and the
-    // caller checked out's length and x for the grid it asks for.
+    // SAFETY: the kernel's signature is the one above; v holds the view's heads·sk rows of d bytes (the problem's V
+    // at `rows`), and the caller checked out's length and x for the grid it asks for.
     unsafe {
         st.launch_builder(&kern.func)
             .arg(&v)
@@ -155,6 +166,8 @@ fn launch_v_kernel(
             .arg(&d)
             .arg(&xi)
             .arg(out)
+            .arg(&rs)
+            .arg(&hs)
             .launch(cfg)
     }
     .with_context(|| format!("launching {}", spec.name))?;
@@ -200,13 +213,13 @@ fn ensure_free(gpu: &Gpu, bytes: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Vᵀ on the device (`prep_vt` through `spec`) of the V at device address `v` ([B·Hkv, Sk, D] E4M3), on stream
-/// `st`; fails by name where the device lacks the memory.
+/// Vᵀ on the device (`prep_vt` through `spec`) of the V at device address `v` (B·Hkv heads of Sk rows of D E4M3,
+/// laid out as its `FlatHeads` say), on stream `st`; fails by name where the device lacks the memory.
 pub fn transpose_v_with(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: u64,
+    v: (u64, FlatHeads),
     s: &fixtures::Shape,
 ) -> Result<CudaSlice<u8>> {
     let kp = vt_keys(s.sk);
@@ -228,7 +241,7 @@ pub(crate) fn launch_transpose_v(
     gpu: &Gpu,
     spec: &KernelSpec,
     st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
-    v: u64,
+    v: (u64, FlatHeads),
     s: &fixtures::Shape,
     vt: &mut CudaSlice<u8>,
 ) -> Result<()> {
@@ -242,20 +255,11 @@ pub(crate) fn launch_transpose_v(
         s.sk,
         s.kv_heads() * s.d * kp
     );
-    // prep_vt(const u8* v[heads·sk·d], int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad]) on (heads, sk_pad / 32)
+    // prep_vt(const u8* v, int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad], i64 rs, i64 hs) on (heads, sk_pad / 32)
     // blocks: d ≤ 256 (the smem tile is 32 × 256 bytes); vt's length checked above.
     launch_v_kernel(gpu, spec, st, v, s, kp, kp / 32, vt)
 }
 
-/// The tensor maps of the TMA stages, for Q, K and Vᵀ at the given device addresses: each [B·H, rows, row
-/// bytes] as a 4-D map (row bytes, rows, B·H, 1) whose box is one canonical wgmma tile, or one K panel of it: Q
-/// 64 rows and K `bc` keys of D bytes (64- or 128-byte swizzle); Vᵀ D rows of 128 keys (128-byte swizzle)
-/// when `bc` is 128, else D rows of 64 keys (64-byte swizzle), `bc` / 64 boxes a tile (`TmaBlock::kSwVt`).
-/// The third slot is `v`'s: Vᵀ's map, V's (stage 8, `Stage::transposes_v`: K's boxes over V [B·Hkv, Sk, D]), or,
-/// for a stage that loads Vᵀ as tile images by bulk copy (`Stage::vt_image`), K's map, which that kernel does
-/// not read. The fourth is O's for a TMA store (`Stage::tma_store`): `o`, a
-/// 16-bit [B·H, Sq, D] tensor, in boxes of 64 rows × 64 columns (128 bytes, 128-byte swizzle); without `o` (f32
-/// O, written directly) Q's map fills it.
 /// What the third tensor map of a TMA stage describes (`tma_maps`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum VMap {
@@ -267,11 +271,19 @@ pub(crate) enum VMap {
     Unread,
 }
 
+/// The tensor maps of the TMA stages, for Q, K and Vᵀ at the given device addresses (Q and K read as their
+/// `FlatHeads` say): each [B·H, rows, row bytes] as a 4-D map (row bytes, rows, B·H, 1) whose box is one canonical
+/// wgmma tile, or one K panel of it: Q 64 rows and K `bc` keys of D bytes (64- or 128-byte swizzle); Vᵀ D rows of 128 keys (128-byte swizzle)
+/// when `bc` is 128, else D rows of 64 keys (64-byte swizzle), `bc` / 64 boxes a tile (`TmaBlock::kSwVt`).
+/// The third slot is `v`'s: Vᵀ's map, V's (stage 8, `Stage::transposes_v`: K's boxes over V [B·Hkv, Sk, D]), or,
+/// for a stage that loads Vᵀ as tile images by bulk copy (`Stage::vt_image`), K's map, which that kernel does
+/// not read. The fourth is O's for a TMA store (`Stage::tma_store`): `o`, a
+/// 16-bit [B·H, Sq, D] tensor, in boxes of 64 rows × 64 columns (128 bytes, 128-byte swizzle); without `o` (f32
+/// O, written directly) Q's map fills it.
 pub(crate) fn tma_maps(
     s: &fixtures::Shape,
     bc: usize,
-    q: u64,
-    k: u64,
+    [(q, qr), (k, kr)]: [(u64, FlatHeads); 2],
     v: VMap,
     o: Option<u64>,
     o_extra: usize,
@@ -292,8 +304,30 @@ pub(crate) fn tma_maps(
     };
     let (heads, kv_heads) = (s.heads() as u64, s.kv_heads() as u64);
     let (d, sq, sk) = (s.d as u64, s.sq as u64, s.sk as u64);
-    let km = MapSpec::heads(Elem::U8, [1, kv_heads, sk, d], false, bc as u32, sw).encode(k)?;
-    let qm = MapSpec::heads(Elem::U8, [1, heads, sq, d], false, 64, sw).encode(q)?;
+    // Q and K as (D, S, B·H, 1) over their flat heads' strides (the unit dimension's stride past the last head).
+    let flat = |heads: u64, r: FlatHeads| [r.row as u64, r.head as u64, heads * r.head as u64];
+    let km = MapSpec::strided(
+        Elem::U8,
+        [1, kv_heads, sk, d],
+        flat(kv_heads, kr),
+        bc as u32,
+        sw,
+    )
+    .encode(k)
+    .with_context(|| {
+        format!(
+            "k at row and head strides {} and {} elements",
+            kr.row, kr.head
+        )
+    })?;
+    let qm = MapSpec::strided(Elem::U8, [1, heads, sq, d], flat(heads, qr), 64, sw)
+        .encode(q)
+        .with_context(|| {
+            format!(
+                "q at row and head strides {} and {} elements",
+                qr.row, qr.head
+            )
+        })?;
     Ok([
         qm,
         km,

@@ -36,3 +36,43 @@ impl Strides {
         (b - 1) * sb + (h - 1) * sh + (rows - 1) * ss + d
     }
 }
+
+/// One tensor's rows as stages 6 and 7 and the V transposes read them: its B·heads heads `head` elements apart (heads
+/// of consecutive batches as evenly spaced as heads of one batch), each head's rows `row` elements apart, D
+/// contiguous. Contiguous [B, heads, S, D] is (D, S·D); rows L0 … of a [B, heads, L, D] buffer are the same
+/// strides from row L0 on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FlatHeads {
+    pub row: usize,
+    pub head: usize,
+}
+
+impl FlatHeads {
+    /// Contiguous [B, heads, `rows`, D].
+    pub fn contiguous(rows: usize, d: usize) -> FlatHeads {
+        FlatHeads {
+            row: d,
+            head: rows * d,
+        }
+    }
+}
+
+impl Strides {
+    /// Q's, K's and V's rows as flat heads (`FlatHeads`): a tensor whose batch stride is not its heads times its
+    /// head stride (B > 1) is refused, naming it — stages 6 and 7 address a head as one index, b·heads + h.
+    pub fn flat_heads(&self, s: &fixtures::Shape) -> anyhow::Result<[FlatHeads; 3]> {
+        let one = |name: &str, [ss, sh, sb]: [usize; 3], heads: usize| {
+            anyhow::ensure!(
+                s.b == 1 || sb == heads * sh,
+                "{name} at strides (S, H, B) = ({ss}, {sh}, {sb}) elements: stage 7 reads the B·H heads evenly \
+                 spaced (B stride = {heads} × H stride) or B = 1; other layouts take stage8"
+            );
+            Ok(FlatHeads { row: ss, head: sh })
+        };
+        Ok([
+            one("q", self.q, s.h)?,
+            one("k", self.k, s.hkv)?,
+            one("v", self.v, s.hkv)?,
+        ])
+    }
+}

@@ -12,11 +12,11 @@ use lab::cudarc::driver::CudaSlice;
 use crate::plan::{SplitPlan, grid, schedule_section};
 use crate::prep;
 use crate::stages::Stage;
-use crate::strides::Strides;
+use crate::strides::{FlatHeads, Strides};
 use crate::tables::{Params, out_dtype_code};
 
 /// Where one launch reads and writes: device addresses of E4M3 Q [B, H, Sq, D], K and V [B, Hkv, Sk, D] (contiguous,
-/// or at `strides`: stage 8), their f32 scales (one per (batch, head)), O in the launch's dtype and the f32 LSE, each
+/// or at `strides`: any for stage 8, `Strides::flat_heads` for stages 6 and 7), their f32 scales (one per (batch, head)), O in the launch's dtype and the f32 LSE, each
 /// with room for [`Workspace::output_rows`] rows of O and LSE. Borrowed: the caller keeps them alive until the launch
 /// has run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,8 +43,8 @@ pub struct Workspace {
     /// tensor map, and Vᵀ as tile images (`prep_vt_tiles`) for the one that loads them by bulk copy.
     vt: Option<CudaSlice<u8>>,
     vt_img: Option<CudaSlice<u8>>,
-    /// The shape and V address the Vᵀ above were made for.
-    vt_of: Option<(fixtures::Shape, u64)>,
+    /// The shape and V (address and layout) the Vᵀ above were made for.
+    vt_of: Option<(fixtures::Shape, (u64, FlatHeads))>,
     /// Make Vᵀ again at every launch, whatever V it was made from.
     vt_each_launch: bool,
     /// Stage 7's schedule buffer (`sdpa::SplitHead` and the split table): its counters zero between launches.
@@ -160,10 +160,19 @@ impl Workspace {
     ) -> Result<()> {
         stage_supports(stage, s)?;
         ensure!(
-            t.strides.is_none() || stage.transposes_v(),
-            "{} reads contiguous [B, H, S, D] inputs: strided Q, K, V take stage8",
+            t.strides.is_none() || stage.tma(),
+            "{} reads contiguous [B, H, S, D] inputs: strided Q, K, V take a TMA stage (6, 7, 8)",
             stage.name()
         );
+        // Stages 6 and 7 (and V's transpose) read each tensor as B·H heads evenly spaced; stage 8 any strides.
+        let flat = match t.strides {
+            Some(st) if !stage.transposes_v() => st.flat_heads(s)?,
+            _ => [
+                FlatHeads::contiguous(s.sq, s.d),
+                FlatHeads::contiguous(s.sk, s.d),
+                FlatHeads::contiguous(s.sk, s.d),
+            ],
+        };
         let spec = self.kernel.unwrap_or_else(|| stage.kernel_for(s));
         let smem = stage.smem_bytes(s.d);
         let key = (spec.name, std::ptr::from_ref(spec.source) as usize, smem);
@@ -180,7 +189,7 @@ impl Workspace {
         let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
         let plan = self.split_plan(stage, s, rows, grid_dim.0 as usize);
         self.write_schedule(st, s, plan, rows)?;
-        self.make_vt(gpu, stage, st, s, t.v)?;
+        self.make_vt(gpu, stage, st, s, (t.v, flat[2]))?;
         let section = self.section.unwrap_or_else(|| schedule_section(s));
         ensure!(
             (1..=s.heads()).contains(&section),
@@ -246,7 +255,7 @@ impl Workspace {
                         let strides = t.strides.unwrap_or_else(|| Strides::contiguous(s));
                         prep::tma_maps_strided(s, bc, [p.q, p.k, p.v], strides, o_map, o_extra)?
                     } else {
-                        prep::tma_maps(s, bc, p.q, p.k, v, o_map, o_extra)?
+                        prep::tma_maps(s, bc, [(p.q, flat[0]), (p.k, flat[1])], v, o_map, o_extra)?
                     };
                     self.maps = Some((key, m));
                     Some(m)
@@ -329,7 +338,7 @@ impl Workspace {
         stage: Stage,
         st: &Arc<CudaStream>,
         s: &fixtures::Shape,
-        v: u64,
+        v: (u64, FlatHeads),
     ) -> Result<()> {
         if !stage.reads_vt() {
             return Ok(());

@@ -588,6 +588,39 @@ impl Attention {
         strides: Option<Strides>,
         out: &mut Output,
     ) -> Result<()> {
+        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(6);
+        let mut at = |(ptr, g)| {
+            guards.push(g);
+            ptr
+        };
+        let t = Tensors {
+            q: at(q.codes.device_ptr(stream)),
+            k: at(k.codes.device_ptr(stream)),
+            v: at(v.codes.device_ptr(stream)),
+            q_scale: at(q.scales.device_ptr(stream)),
+            k_scale: at(k.scales.device_ptr(stream)),
+            v_scale: at(v.scales.device_ptr(stream)),
+            o: 0,
+            lse: 0,
+            strides,
+        };
+        self.launch_views(gpu, stream, s, scale, stage, t, out)
+    }
+
+    /// As [`Attention::launch_into`], Q, K, V and their scales at the device addresses and strides of `t` (views the
+    /// caller keeps alive and has checked against their buffers; `t.o` and `t.lse` are ignored), O and the LSE into
+    /// `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_views(
+        &mut self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        s: Shape,
+        scale: f32,
+        stage: Stage,
+        t: Tensors,
+        out: &mut Output,
+    ) -> Result<()> {
         let rows = self.ws.output_rows(gpu, stage, &s)?;
         let (dtype, o_len) = match &out.o {
             OutBuf::F16(b) => (OutDtype::F16, b.len()),
@@ -609,24 +642,18 @@ impl Attention {
                 s.d
             )));
         }
-        let mut guards: Vec<SyncOnDrop> = Vec::with_capacity(8);
-        let mut at = |(ptr, g)| {
-            guards.push(g);
-            ptr
-        };
-        let t = Tensors {
-            q: at(q.codes.device_ptr(stream)),
-            k: at(k.codes.device_ptr(stream)),
-            v: at(v.codes.device_ptr(stream)),
-            q_scale: at(q.scales.device_ptr(stream)),
-            k_scale: at(k.scales.device_ptr(stream)),
-            v_scale: at(v.scales.device_ptr(stream)),
-            o: at(out.o.device_ptr_mut(stream)),
-            lse: at(out.lse.device_ptr_mut(stream)),
-            strides,
-        };
-        self.ws
-            .launch(gpu, stage, stream, &s, scale, self.cfg.out_dtype, &t)?;
+        let (o, _go) = out.o.device_ptr_mut(stream);
+        let (lse, _gl) = out.lse.device_ptr_mut(stream);
+        self.ws.launch(
+            gpu,
+            stage,
+            stream,
+            &s,
+            scale,
+            self.cfg.out_dtype,
+            &Tensors { o, lse, ..t },
+        )?;
+        drop((_go, _gl));
         out.shape = s;
         Ok(())
     }

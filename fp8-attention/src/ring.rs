@@ -1,10 +1,12 @@
 // Ring attention's math on one device: zigzag shards, each rank's steps by ring-schedule, partial results merged.
 use std::sync::Arc;
 
-use attn_merge::Merger;
+use attn_merge::{Merger, Rows};
 use fixtures::{OutDtype, Shape};
 use lab::Gpu;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+
+use composed::{Strides, Tensors};
 
 use crate::attention::{Attention, Config, Fp8, Lengths, OutBuf, Output};
 use crate::error::{Error, Result};
@@ -16,56 +18,64 @@ pub fn zigzag_range(s: usize, world: usize, rank: usize, half: usize) -> std::op
     at(c)..at(c + 1)
 }
 
-/// The zigzag halves of a contiguous [B, heads, S, D] tensor `x` (elements of any type) for every rank: rank r's first
-/// and second half, each [B, heads, L, D] contiguous.
-pub fn zigzag_split<T: Copy>(x: &[T], dims: [usize; 4], world: usize) -> Vec<[Vec<T>; 2]> {
+/// Every rank's zigzag shard of a contiguous [B, heads, S, D] tensor `x` (elements of any type): rank r's
+/// [B, heads, L0 + L1, D], each head's rows of its first half (chunk r) then of its second (chunk 2W − 1 − r).
+pub fn zigzag_split<T: Copy>(x: &[T], dims: [usize; 4], world: usize) -> Vec<Vec<T>> {
     let [b, h, s, d] = dims;
-    let half = |rank, part| {
-        let r = zigzag_range(s, world, rank, part);
-        let mut out = Vec::with_capacity(b * h * r.len() * d);
-        for bh in 0..b * h {
-            out.extend_from_slice(&x[(bh * s + r.start) * d..(bh * s + r.end) * d]);
-        }
-        out
-    };
-    (0..world).map(|r| [half(r, 0), half(r, 1)]).collect()
+    (0..world)
+        .map(|rank| {
+            let halves = [0, 1].map(|part| zigzag_range(s, world, rank, part));
+            let mut out = Vec::with_capacity(b * h * (halves[0].len() + halves[1].len()) * d);
+            for bh in 0..b * h {
+                for r in &halves {
+                    out.extend_from_slice(&x[(bh * s + r.start) * d..(bh * s + r.end) * d]);
+                }
+            }
+            out
+        })
+        .collect()
 }
 
-/// The inverse of [`zigzag_split`]: every rank's halves, [B, heads, L, D] each (`d` = 1 for an LSE), back into one
-/// [B, heads, S, D] tensor.
-pub fn zigzag_join<T: Copy + Default>(halves: &[[Vec<T>; 2]], dims: [usize; 4]) -> Vec<T> {
+/// The inverse of [`zigzag_split`]: every rank's shard, [B, heads, L0 + L1, D] each (`d` = 1 for an LSE), back into
+/// one [B, heads, S, D] tensor.
+pub fn zigzag_join<T: Copy + Default>(shards: &[Vec<T>], dims: [usize; 4]) -> Vec<T> {
     let [b, h, s, d] = dims;
-    let world = halves.len();
+    let world = shards.len();
     let mut out = vec![T::default(); b * h * s * d];
-    for (rank, hv) in halves.iter().enumerate() {
-        for (part, data) in hv.iter().enumerate() {
-            let r = zigzag_range(s, world, rank, part);
-            for bh in 0..b * h {
-                let src = &data[bh * r.len() * d..(bh + 1) * r.len() * d];
-                out[(bh * s + r.start) * d..(bh * s + r.end) * d].copy_from_slice(src);
+    for (rank, data) in shards.iter().enumerate() {
+        let halves = [0, 1].map(|part| zigzag_range(s, world, rank, part));
+        let l = halves[0].len() + halves[1].len();
+        for bh in 0..b * h {
+            let mut at = bh * l * d;
+            for r in &halves {
+                out[(bh * s + r.start) * d..(bh * s + r.end) * d]
+                    .copy_from_slice(&data[at..at + r.len() * d]);
+                at += r.len() * d;
             }
         }
     }
     out
 }
 
-/// One rank's E4M3 shard on the device: its zigzag halves' codes ([B, heads, L, D] each) and per-(batch, head)
-/// scales, and the halves' lengths.
+/// One rank's E4M3 shard on the device: its codes, [B, heads, L0 + L1, D] with each head's first-half rows followed by
+/// its second's ([`zigzag_split`]'s layout), one f32 scale per (batch, head) for the whole shard, and the halves'
+/// lengths. A step's launch reads any run of whole halves as one view of it.
 #[derive(Debug, Clone, Copy)]
 pub struct Shard<'a> {
-    /// The first and second half (chunks r and 2W − 1 − r).
-    pub halves: [Fp8<'a>; 2],
-    /// Their lengths in tokens.
+    /// The codes and scales.
+    pub tensor: Fp8<'a>,
+    /// The halves' lengths in tokens (chunks r and 2W − 1 − r).
     pub lens: [usize; 2],
 }
 
-/// A rank's result: per half, O (f32, [B, H, L, D]) and the LSE ([B, H, L]); over NCCL, each step's times too.
+/// A rank's result, in its shard's layout: O (f32, [B, H, L0 + L1, D]) and the LSE ([B, H, L0 + L1]), each in the
+/// first B·H·(L0 + L1) rows of its buffer; over NCCL, each step's times too.
 #[derive(Debug)]
 pub struct RankOutput {
-    /// O of each half.
-    pub o: [CudaSlice<f32>; 2],
-    /// The LSE of each half.
-    pub lse: [CudaSlice<f32>; 2],
+    /// O.
+    pub o: CudaSlice<f32>,
+    /// The LSE.
+    pub lse: CudaSlice<f32>,
     /// Each step's times on this rank (device events), in step order: empty for the one-device ring.
     pub steps: Vec<StepTime>,
     /// Where the call's host time went (zero for the one-device ring).
@@ -103,10 +113,11 @@ pub struct StepTime {
 }
 
 /// Ring attention's arithmetic for `world` ranks on one device, on `stream`: rank r's queries against every rank's
-/// K/V shard in the ring's order (ring-schedule: zigzag halves, the blocks each step computes, causal blocks on the
-/// diagonal only), each block by stage 7 into an f32 part, each part merged into the rank's running (O, LSE) by
-/// attn-merge as it lands. `shape` is the whole problem (B, H, Hkv, S, D; Sq = Sk = S); `q[r]` and `kv[r]` (K and V)
-/// are rank r's shards. What crosses ranks in a real ring (the K/V shard a step sends on) is read here in place.
+/// K/V shard in the ring's order (ring-schedule's launches over zigzag shards: the diagonal step one causal launch,
+/// causal blocks off it whole halves), each launch by stage 7, the first into the rank's (O, LSE), each later one into
+/// an f32 part merged into it by attn-merge as it lands. `shape` is the whole problem (B, H, Hkv, S, D; Sq = Sk = S);
+/// `q[r]` and `kv[r]` (K and V) are rank r's shards. What crosses ranks in a real ring (the K/V shard a step sends on)
+/// is read here in place.
 pub fn ring_on_one_device(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
@@ -129,30 +140,30 @@ pub fn ring_on_one_device(
         )));
     }
     for r in 0..world {
-        for half in 0..2 {
-            let want = zigzag_range(shape.sq, world, r, half).len();
-            for (what, got) in [
-                ("q", q[r].lens[half]),
-                ("k", kv[r].0.lens[half]),
-                ("v", kv[r].1.lens[half]),
-            ] {
-                if got != want {
-                    return Err(Error::Unsupported(format!(
-                        "ring: rank {r}'s {what} half {half} holds {got} tokens; its zigzag chunk of S = {} over {world} ranks has {want}",
-                        shape.sq
-                    )));
-                }
+        let want = [0, 1].map(|half| zigzag_range(shape.sq, world, r, half).len());
+        for (what, got) in [("q", q[r].lens), ("k", kv[r].0.lens), ("v", kv[r].1.lens)] {
+            if got != want {
+                return Err(Error::Unsupported(format!(
+                    "ring: rank {r}'s {what} halves hold {got:?} tokens; its zigzag chunks of S = {} over {world} \
+                     ranks have {want:?}",
+                    shape.sq
+                )));
             }
         }
     }
     let mut outs = Vec::with_capacity(world);
     for (rank, mine) in q.iter().enumerate() {
         let mut steps = RankSteps::new(gpu, stream, shape, mine.lens)?;
-        steps.begin(stream)?;
+        steps.begin(gpu, stream)?;
         for step in 0..world {
             let (k, v) = &kv[ring_schedule::source(world, rank, step)];
             steps.step(
-                gpu, stream, world, rank, step, mine, k.halves, v.halves, k.lens,
+                gpu,
+                stream,
+                (world, rank, step),
+                mine,
+                (k.tensor, v.tensor),
+                k.lens,
             )?;
         }
         outs.push(steps.finish(Vec::new(), HostTimes::default())?);
@@ -160,32 +171,40 @@ pub fn ring_on_one_device(
     Ok(outs)
 }
 
-/// One rank's running result and the ops it computes it with: each Q half's f32 (O, LSE), started empty (O = 0,
-/// LSE = −inf) by [`RankSteps::begin`] for each call, and a stage 7 op for full blocks and one for the causal
-/// diagonal, both writing f32 parts. The ops (their kernels, schedule tables and tensor maps) and the LSE's −inf rows
-/// are kept from call to call.
+/// Rows `bits` (ring-schedule's halves: 1 the first, 2 the second, 3 both) of a shard of halves `lens`: the first row
+/// and the count.
+fn rows_of(bits: u8, lens: [usize; 2]) -> (usize, usize) {
+    match bits {
+        1 => (0, lens[0]),
+        2 => (lens[0], lens[1]),
+        _ => (0, lens[0] + lens[1]),
+    }
+}
+
+/// One rank's running result and the ops it computes it with: the f32 (O, LSE) of its shard's rows, written by the
+/// first step's launch ([`RankSteps::begin`] makes it for each call), and a stage 7 op for full launches and one for
+/// the causal diagonal, both writing f32. The ops (their kernels, schedule tables and tensor maps) are kept from call
+/// to call.
 pub(crate) struct RankSteps {
     shape: Shape,
     q_lens: [usize; 2],
     full: Attention,
     diag: Attention,
     merger: Merger,
-    /// Every block's f32 part (O and LSE: rows for the longer Q half and any split tail's parts), made at the first
-    /// step, grown when a block needs more rows, and kept: each block writes it and its merge reads it in stream
-    /// order before the next block overwrites it (a replaced part is freed in stream order, after those reads).
+    /// Every later launch's f32 part (O and LSE: rows for the rank's shard and any split tail's parts), made at the
+    /// first such launch, grown when one needs more rows, and kept: each launch writes it and its merge reads it in
+    /// stream order before the next launch overwrites it (a replaced part is freed in stream order, after those
+    /// reads).
     part: Option<Output>,
     /// The running result of the call in progress (None between calls).
-    o: Option<[CudaSlice<f32>; 2]>,
-    lse: Option<[CudaSlice<f32>; 2]>,
-    /// Each half's LSE rows at −inf, copied into a new call's LSE on the device (no host copy a call).
-    lse_empty: [CudaSlice<f32>; 2],
+    acc: Option<Output>,
 }
 
 impl RankSteps {
-    /// A rank whose Q halves hold `q_lens` tokens, of the whole problem `shape`, its accumulators on `stream`.
+    /// A rank whose Q halves hold `q_lens` tokens, of the whole problem `shape`.
     pub(crate) fn new(
         gpu: &Gpu,
-        stream: &Arc<CudaStream>,
+        _stream: &Arc<CudaStream>,
         shape: Shape,
         q_lens: [usize; 2],
     ) -> Result<Self> {
@@ -195,14 +214,7 @@ impl RankSteps {
             softmax_scale: None,
             window: fixtures::Window::NONE,
         };
-        let rows = |half: usize| (shape.b * shape.h * q_lens[half]).max(1);
-        let drv = |e| Error::Device(anyhow::Error::from(e));
-        let lse = |h| {
-            stream
-                .clone_htod(&vec![f32::NEG_INFINITY; rows(h)])
-                .map_err(drv)
-        };
-        // NCCL's kernels share the GPU with a step's attention: each block takes its units from the counter (no
+        // NCCL's kernels share the GPU with a step's attention: each launch takes its units from the counter (no
         // split tail dealt ahead), so a block whose SM NCCL holds for a while takes fewer, not delays the step.
         let op = |causal| -> Result<Attention> {
             let mut op = Attention::with_stage(gpu, cfg(causal), crate::stage_for(gpu))?;
@@ -216,9 +228,7 @@ impl RankSteps {
             diag: op(true)?,
             merger: Merger::default(),
             part: None,
-            o: None,
-            lse: None,
-            lse_empty: [lse(0)?, lse(1)?],
+            acc: None,
         })
     }
 
@@ -228,165 +238,182 @@ impl RankSteps {
         self.diag.set_split_tail(on);
     }
 
-    /// Starts a call's running result on `stream`: O = 0 and LSE = −inf, new buffers (the last call's went out with
-    /// its [`RankOutput`]), made on the device.
-    pub(crate) fn begin(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        let drv = |e| Error::Device(anyhow::Error::from(e));
-        let o = |h: usize| {
-            stream
-                .alloc_zeros::<f32>(self.lse_empty[h].len() * self.shape.d)
-                .map_err(drv)
-        };
-        let lse = |h: usize| -> Result<CudaSlice<f32>> {
-            // SAFETY: every element is written by the copy below, in stream order, before anything reads it.
-            let mut x = unsafe { stream.alloc::<f32>(self.lse_empty[h].len()) }.map_err(drv)?;
-            stream
-                .memcpy_dtod(&self.lse_empty[h], &mut x)
-                .map_err(drv)?;
-            Ok(x)
-        };
-        self.o = Some([o(0)?, o(1)?]);
-        self.lse = Some([lse(0)?, lse(1)?]);
+    /// The rank's whole shard against a whole shard: the first step's problem (the diagonal), B·H heads of L0 + L1
+    /// rows and keys.
+    fn whole(&self) -> Shape {
+        let (s, l) = (self.shape, self.q_lens[0] + self.q_lens[1]);
+        Shape {
+            hkv: s.hkv,
+            causal: s.causal,
+            ..Shape::cross(s.b, s.h, l, l, s.d)
+        }
+    }
+
+    /// Starts a call's running result on `stream`: new buffers (the last call's went out with its [`RankOutput`]),
+    /// not initialised — the first step writes every row. A rank with no rows gets one row of O = 0, LSE = −inf.
+    pub(crate) fn begin(&mut self, gpu: &Gpu, stream: &Arc<CudaStream>) -> Result<()> {
+        let whole = self.whole();
+        let op = if whole.causal { &self.diag } else { &self.full };
+        self.acc = Some(if whole.sq == 0 {
+            let drv = |e| Error::Device(anyhow::Error::from(e));
+            Output {
+                shape: whole,
+                o: OutBuf::F32(stream.alloc_zeros::<f32>(whole.d).map_err(drv)?),
+                lse: stream.clone_htod(&[f32::NEG_INFINITY]).map_err(drv)?,
+            }
+        } else {
+            op.alloc_output(gpu, stream, &whole)?
+        });
         Ok(())
     }
 
-    /// Step `step` of rank `rank` of `world`: ring-schedule's blocks of its Q halves `q` against the K/V shard in hand
-    /// (halves `k`, `v` of `held` tokens; their codes may be longer: the first elements are read), each block by
-    /// stage 7 into an f32 part merged into the running result on `stream`.
-    #[allow(clippy::too_many_arguments)]
+    /// Step `step` of rank `rank` of `world` (`at`): ring-schedule's launches of the rank's shard `q` against the
+    /// K/V shard in hand (`kv`, halves of `held` tokens; its codes may be longer: the first elements are read), each
+    /// by stage 7 on views of whole halves; step 0's (the rank's own shard, every Q row) into the running result,
+    /// later ones into an f32 part merged into it on `stream`.
     pub(crate) fn step(
         &mut self,
         gpu: &Gpu,
         stream: &Arc<CudaStream>,
-        world: usize,
-        rank: usize,
-        step: usize,
+        (world, rank, step): (usize, usize, usize),
         q: &Shard,
-        k: [Fp8; 2],
-        v: [Fp8; 2],
+        (k, v): (Fp8, Fp8),
         held: [usize; 2],
     ) -> Result<()> {
         let (shape, d) = (self.shape, self.shape.d);
-        for blk in ring_schedule::blocks(world, rank, step, shape.causal) {
-            for (qh, kh) in (0..2).flat_map(|a| (0..2).map(move |b| (a, b))) {
-                if blk.q & (1 << qh) == 0 || blk.kv & (1 << kh) == 0 {
-                    continue;
-                }
-                let (lq, lk) = (self.q_lens[qh], held[kh]);
-                if lq == 0 || lk == 0 {
-                    continue;
-                }
-                let causal = blk.mask == ring_schedule::Mask::Causal;
-                let s = Shape {
-                    hkv: shape.hkv,
-                    causal,
-                    ..Shape::cross(shape.b, shape.h, lq, lk, d)
-                };
-                let need = Lengths::of(&s);
-                for (tensor, got, want) in [
-                    ("q", q.halves[qh].codes.len(), need.q),
-                    ("k", k[kh].codes.len(), need.k),
-                    ("v", v[kh].codes.len(), need.v),
-                ] {
-                    if got < want {
-                        let heads = if tensor == "q" { s.h } else { s.hkv };
-                        let rows = if tensor == "q" { lq } else { lk };
-                        return Err(Error::Length {
-                            tensor,
-                            got,
-                            want,
-                            dims: [s.b, heads, rows, d],
-                        });
-                    }
-                }
-                for (tensor, got, want) in [
-                    ("q scales", q.halves[qh].scales.len(), need.q_scales),
-                    ("k scales", k[kh].scales.len(), need.k_scales),
-                    ("v scales", v[kh].scales.len(), need.v_scales),
-                ] {
-                    if got < want {
-                        return Err(Error::Scales { tensor, got, want });
-                    }
-                }
-                let op = if causal {
-                    &mut self.diag
+        let (lq_all, lk_all) = (self.q_lens[0] + self.q_lens[1], held[0] + held[1]);
+        for (what, got, want) in [
+            ("q", q.tensor.codes.len(), shape.b * shape.h * lq_all * d),
+            ("k", k.codes.len(), shape.b * shape.hkv * lk_all * d),
+            ("v", v.codes.len(), shape.b * shape.hkv * lk_all * d),
+        ] {
+            if got < want {
+                let (heads, rows) = if what == "q" {
+                    (shape.h, lq_all)
                 } else {
-                    &mut self.full
+                    (shape.hkv, lk_all)
                 };
-                let (s, scale, stage) = op.checked(gpu, s, &need, None)?;
-                // The kept part grows to the most rows any block has needed: the longer Q half, and the split
-                // tail's virtual units past the real rows, which depend on the op (never for causal) and on Sk.
-                let longest = Shape {
-                    sq: self.q_lens[0].max(self.q_lens[1]),
-                    ..s
-                };
-                let (rows_longest, rows_now) =
-                    (op.output_rows(gpu, &longest)?, op.output_rows(gpu, &s)?);
-                let part = match &mut self.part {
-                    Some(p) if p.lse.len() >= rows_longest.max(rows_now) => p,
-                    _ => {
-                        let of = if rows_longest >= rows_now {
-                            &longest
-                        } else {
-                            &s
-                        };
-                        self.part.insert(op.alloc_output(gpu, stream, of)?)
-                    }
-                };
-                op.launch_into(
-                    gpu,
-                    stream,
-                    s,
-                    scale,
-                    stage,
-                    q.halves[qh],
-                    k[kh],
-                    v[kh],
-                    None,
-                    part,
-                )?;
-                let OutBuf::F32(po) = &part.o else {
-                    unreachable!("the ring's ops write f32 O")
-                };
-                let (Some(acc_o), Some(acc_l)) = (self.o.as_mut(), self.lse.as_mut()) else {
-                    return Err(Error::Ring(
-                        "a ring step outside a call (RankSteps::begin first)".into(),
-                    ));
-                };
-                let (ao, _g0) = acc_o[qh].device_ptr_mut(stream);
-                let (al, _g1) = acc_l[qh].device_ptr_mut(stream);
-                let (bo, _g2) = po.device_ptr(stream);
-                let (bl, _g3) = part.lse.device_ptr(stream);
-                // SAFETY: the accumulator holds B·H·Lq rows of O and LSE; the part's first B·H·Lq rows are the
-                // block's result (Attention::output_rows ≥ B·H·Lq); separate allocations, the part kept by RankSteps
-                // and rewritten only by a later launch on this stream, after this merge.
-                unsafe {
-                    self.merger.accumulate(
-                        gpu,
-                        stream,
-                        ao,
-                        al,
-                        bo,
-                        bl,
-                        shape.b * shape.h * lq,
-                        d,
-                    )?
-                };
+                return Err(Error::Length {
+                    tensor: what,
+                    got,
+                    want,
+                    dims: [shape.b, heads, rows, d],
+                });
             }
+        }
+        for (tensor, got, want) in [
+            ("q scales", q.tensor.scales.len(), shape.b * shape.h),
+            ("k scales", k.scales.len(), shape.b * shape.hkv),
+            ("v scales", v.scales.len(), shape.b * shape.hkv),
+        ] {
+            if got < want {
+                return Err(Error::Scales { tensor, got, want });
+            }
+        }
+        for l in ring_schedule::launches(world, rank, step, shape.causal) {
+            let ((q0, lq), (k0, lk)) = (rows_of(l.q, self.q_lens), rows_of(l.kv, held));
+            if lq == 0 || lk == 0 {
+                continue;
+            }
+            let s = Shape {
+                hkv: shape.hkv,
+                causal: l.causal,
+                ..Shape::cross(shape.b, shape.h, lq, lk, d)
+            };
+            let op = if l.causal {
+                &mut self.diag
+            } else {
+                &mut self.full
+            };
+            // The views' lengths were checked above against the whole shards they lie in.
+            let (s, scale, stage) = op.checked(gpu, s, &Lengths::of(&s), None)?;
+            let mut guards = Vec::with_capacity(6);
+            let mut at = |(ptr, g)| {
+                guards.push(g);
+                ptr
+            };
+            let (qa, ka, va) = (
+                at(q.tensor.codes.device_ptr(stream)) + (q0 * d) as u64,
+                at(k.codes.device_ptr(stream)) + (k0 * d) as u64,
+                at(v.codes.device_ptr(stream)) + (k0 * d) as u64,
+            );
+            let kv_strides = [d, lk_all * d, shape.hkv * lk_all * d];
+            let t = Tensors {
+                q: qa,
+                k: ka,
+                v: va,
+                q_scale: at(q.tensor.scales.device_ptr(stream)),
+                k_scale: at(k.scales.device_ptr(stream)),
+                v_scale: at(v.scales.device_ptr(stream)),
+                o: 0,
+                lse: 0,
+                strides: Some(Strides {
+                    q: [d, lq_all * d, shape.h * lq_all * d],
+                    k: kv_strides,
+                    v: kv_strides,
+                }),
+            };
+            let Some(acc) = self.acc.as_mut() else {
+                return Err(Error::Ring(
+                    "a ring step outside a call (RankSteps::begin first)".into(),
+                ));
+            };
+            if step == 0 {
+                // The rank's own shard: every Q row (ring-schedule's diagonal or full launch), straight into the
+                // running result.
+                if (q0, lq) != (0, lq_all) {
+                    return Err(Error::Ring(format!(
+                        "ring step 0 of rank {rank}: a launch of Q rows {q0}..{} of {lq_all}; step 0 covers them all",
+                        q0 + lq
+                    )));
+                }
+                op.launch_views(gpu, stream, s, scale, stage, t, acc)?;
+                continue;
+            }
+            let need = op.output_rows(gpu, &s)?;
+            let part = match &mut self.part {
+                Some(p) if p.lse.len() >= need => p,
+                _ => self.part.insert(op.alloc_output(gpu, stream, &s)?),
+            };
+            op.launch_views(gpu, stream, s, scale, stage, t, part)?;
+            let (OutBuf::F32(po), OutBuf::F32(ao)) = (&part.o, &mut acc.o) else {
+                unreachable!("the ring's ops write f32 O")
+            };
+            let (ao, _g0) = ao.device_ptr_mut(stream);
+            let (al, _g1) = acc.lse.device_ptr_mut(stream);
+            let (bo, _g2) = po.device_ptr(stream);
+            let (bl, _g3) = part.lse.device_ptr(stream);
+            // Each head's lq part rows into its rows q0 … of the shard's lq_all.
+            let rows = Rows {
+                n: shape.b * shape.h * lq,
+                per: lq,
+                stride: lq_all,
+                off: q0,
+            };
+            // SAFETY: the part's first B·H·lq rows are the launch's result (output_rows ≥ B·H·lq); the accumulator
+            // holds B·H·lq_all rows (rows.acc_rows() ≤ that); separate allocations, the part kept by RankSteps and
+            // rewritten only by a later launch on this stream, after this merge.
+            unsafe {
+                self.merger
+                    .accumulate_rows(gpu, stream, (ao, al), (bo, bl), rows, d)?
+            };
         }
         Ok(())
     }
 
     /// The rank's result.
     pub(crate) fn finish(&mut self, steps: Vec<StepTime>, host: HostTimes) -> Result<RankOutput> {
-        let (Some(o), Some(lse)) = (self.o.take(), self.lse.take()) else {
+        let Some(acc) = self.acc.take() else {
             return Err(Error::Ring(
                 "a ring call finished twice (RankSteps::begin first)".into(),
             ));
         };
+        let OutBuf::F32(o) = acc.o else {
+            unreachable!("the ring's ops write f32 O")
+        };
         Ok(RankOutput {
             o,
-            lse,
+            lse: acc.lse,
             steps,
             host,
         })
@@ -402,16 +429,17 @@ mod tests {
         for (world, s) in [(1, 5), (2, 7), (3, 100), (4, 3)] {
             let dims = [2, 3, s, 4];
             let x: Vec<u32> = (0..dims.iter().product::<usize>() as u32).collect();
-            let halves = zigzag_split(&x, dims, world);
-            for (r, hv) in halves.iter().enumerate() {
-                for (part, data) in hv.iter().enumerate() {
-                    assert_eq!(
-                        data.len(),
-                        2 * 3 * zigzag_range(s, world, r, part).len() * 4
-                    );
-                }
+            let shards = zigzag_split(&x, dims, world);
+            for (r, data) in shards.iter().enumerate() {
+                let [a, b] = [0, 1].map(|part| zigzag_range(s, world, r, part));
+                assert_eq!(data.len(), 2 * 3 * (a.len() + b.len()) * 4);
+                // Head 1's rows: the first half's tokens, then the second's.
+                let l = a.len() + b.len();
+                let head1: Vec<u32> = a.chain(b).map(|t| x[(s + t) * 4]).collect();
+                let got: Vec<u32> = (0..l).map(|i| data[(l + i) * 4]).collect();
+                assert_eq!(got, head1, "W = {world}, S = {s}, rank {r}");
             }
-            assert_eq!(zigzag_join(&halves, dims), x, "W = {world}, S = {s}");
+            assert_eq!(zigzag_join(&shards, dims), x, "W = {world}, S = {s}");
         }
     }
 

@@ -16,21 +16,29 @@ use crate::ring_comm::{RingComm, group, nccl};
 /// A step's events: its attention's start and end on the rank's stream, its transfer's on the communicator's.
 type StepMarks = (CudaEvent, CudaEvent, Option<(CudaEvent, CudaEvent)>);
 
-/// The two halves of a travelling tensor as the attention reads them.
-fn halves<'a>(codes: &'a [CudaSlice<u8>; 2], scales: &'a [CudaSlice<f32>; 2]) -> [Fp8<'a>; 2] {
-    [0, 1].map(|h| Fp8 {
-        codes: &codes[h],
-        scales: &scales[h],
-    })
+/// A K/V shard as it travels: K's and V's codes (sized for the longest shard of any rank; a shard fills the first
+/// elements) and their per-(batch, K/V head) scales.
+struct Travel {
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    ks: CudaSlice<f32>,
+    vs: CudaSlice<f32>,
 }
 
-/// A K/V shard as it travels: both halves' codes of K and of V (sized for the longest half of any rank) and their
-/// per-(batch, K/V head) scales.
-struct Travel {
-    k: [CudaSlice<u8>; 2],
-    v: [CudaSlice<u8>; 2],
-    ks: [CudaSlice<f32>; 2],
-    vs: [CudaSlice<f32>; 2],
+impl Travel {
+    /// K and V as the attention reads them.
+    fn tensors(&self) -> (Fp8<'_>, Fp8<'_>) {
+        (
+            Fp8 {
+                codes: &self.k,
+                scales: &self.ks,
+            },
+            Fp8 {
+                codes: &self.v,
+                scales: &self.vs,
+            },
+        )
+    }
 }
 
 fn drv(e: lab::cudarc::driver::DriverError) -> Error {
@@ -109,16 +117,20 @@ impl RingRank {
         let lens = |r: usize| [0, 1].map(|h| zigzag_range(shape.sq, world, r, h).len());
         let st = gpu.ctx.new_stream().map_err(drv)?;
         let per_tok = shape.b * shape.hkv * shape.d;
-        let longest = (0..world).flat_map(&lens).max().unwrap_or(1).max(1);
+        let longest = (0..world)
+            .map(|r| lens(r).iter().sum::<usize>())
+            .max()
+            .unwrap_or(1)
+            .max(1);
         let heads_kv = (shape.b * shape.hkv).max(1);
         let alloc = || -> Result<Travel> {
             let codes = || st.alloc_zeros::<u8>(longest * per_tok.max(1)).map_err(drv);
             let scales = || st.alloc_zeros::<f32>(heads_kv).map_err(drv);
             Ok(Travel {
-                k: [codes()?, codes()?],
-                v: [codes()?, codes()?],
-                ks: [scales()?, scales()?],
-                vs: [scales()?, scales()?],
+                k: codes()?,
+                v: codes()?,
+                ks: scales()?,
+                vs: scales()?,
             })
         };
         let bufs = [alloc()?, alloc()?];
@@ -220,29 +232,19 @@ impl RingRank {
         // The last call's reads of the travel buffers are done (its drain waited for both streams).
         let bufs = &mut self.bufs;
         // Step 0's shard is this rank's own, copied into the first travel buffer.
-        for h in 0..2 {
-            let n = k.lens[h] * per_tok;
-            if n > 0 {
-                st.memcpy_dtod(
-                    &k.halves[h].codes.slice(0..n),
-                    &mut bufs[0].k[h].slice_mut(0..n),
-                )
+        let n = (k.lens[0] + k.lens[1]) * per_tok;
+        if n > 0 {
+            st.memcpy_dtod(&k.tensor.codes.slice(0..n), &mut bufs[0].k.slice_mut(0..n))
                 .map_err(drv)?;
-                st.memcpy_dtod(
-                    &v.halves[h].codes.slice(0..n),
-                    &mut bufs[0].v[h].slice_mut(0..n),
-                )
-                .map_err(drv)?;
-            }
-        }
-        for h in 0..2 {
-            st.memcpy_dtod(&k.halves[h].scales.slice(0..heads_kv), &mut bufs[0].ks[h])
-                .map_err(drv)?;
-            st.memcpy_dtod(&v.halves[h].scales.slice(0..heads_kv), &mut bufs[0].vs[h])
+            st.memcpy_dtod(&v.tensor.codes.slice(0..n), &mut bufs[0].v.slice_mut(0..n))
                 .map_err(drv)?;
         }
+        st.memcpy_dtod(&k.tensor.scales.slice(0..heads_kv), &mut bufs[0].ks)
+            .map_err(drv)?;
+        st.memcpy_dtod(&v.tensor.scales.slice(0..heads_kv), &mut bufs[0].vs)
+            .map_err(drv)?;
         let steps = &mut self.steps;
-        steps.begin(&st)?;
+        steps.begin(gpu, &st)?;
         let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
         // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
         let timed = |s: &Arc<CudaStream>| {
@@ -273,39 +275,28 @@ impl RingRank {
                     lens(ring_schedule::source(world, rank, step + 1)),
                 );
                 group(|| {
-                    for h in 0..2 {
-                        let (ns, nr) = (send_lens[h] * per_tok, recv_lens[h] * per_tok);
-                        for (c, n) in [(&cur.k[h], &mut nxt.k[h]), (&cur.v[h], &mut nxt.v[h])] {
-                            if ns > 0 {
-                                comm.send(&c.slice(0..ns), next)?;
-                            }
-                            if nr > 0 {
-                                comm.recv(&mut n.slice_mut(0..nr), prev)?;
-                            }
+                    let (ns, nr) = (
+                        send_lens.iter().sum::<usize>() * per_tok,
+                        recv_lens.iter().sum::<usize>() * per_tok,
+                    );
+                    for (c, n) in [(&cur.k, &mut nxt.k), (&cur.v, &mut nxt.v)] {
+                        if ns > 0 {
+                            comm.send(&c.slice(0..ns), next)?;
+                        }
+                        if nr > 0 {
+                            comm.recv(&mut n.slice_mut(0..nr), prev)?;
                         }
                     }
-                    for h in 0..2 {
-                        for (c, n) in [(&cur.ks[h], &mut nxt.ks[h]), (&cur.vs[h], &mut nxt.vs[h])] {
-                            comm.send(&c.slice(..), next)?;
-                            comm.recv(&mut n.slice_mut(..), prev)?;
-                        }
+                    for (c, n) in [(&cur.ks, &mut nxt.ks), (&cur.vs, &mut nxt.vs)] {
+                        comm.send(&c.slice(..), next)?;
+                        comm.recv(&mut n.slice_mut(..), prev)?;
                     }
                     Ok(())
                 })?;
                 transfer = Some((c0, timed(&comm_stream)?));
             }
-            // The travel buffers are sized for the longest half: the step reads the first elements.
-            steps.step(
-                gpu,
-                &st,
-                world,
-                rank,
-                step,
-                &q,
-                halves(&cur.k, &cur.ks),
-                halves(&cur.v, &cur.vs),
-                lens(src),
-            )?;
+            // The travel buffers are sized for the longest shard: the step reads the first elements.
+            steps.step(gpu, &st, (world, rank, step), &q, cur.tensors(), lens(src))?;
             marks.push((a0, timed(&st)?, transfer));
         }
         let queue_ms = since(t2);

@@ -9,25 +9,15 @@ use lab::cudarc::driver::sys::CUevent_flags;
 
 use crate::shape_text;
 
-/// One rank's zigzag halves of Q, K and V, generated on the host (unit-normal values, quantized per head a half).
-struct HostShard {
-    q: [fixtures::Quantized; 2],
-}
-
-/// The shards of rank `r`: each half its own small problem [B, heads, L, D] (so that no rank builds the whole
-/// sequence on the host), quantized per head.
-fn host_shard(s: Shape, world: usize, r: usize) -> HostShard {
-    let half = |h: usize| {
-        let l = zigzag_range(s.sq, world, r, h).len().max(1);
-        let shape = Shape {
-            hkv: s.hkv,
-            ..Shape::new(s.b, s.h, l, s.d)
-        };
-        quantize_per_head(&Raw::random(shape, 1000 + (2 * r + h) as u64, 1.0))
+/// The shard of rank `r` (both zigzag halves, each head's in turn: [B, heads, L0 + L1, D]) generated on the host as a
+/// small problem of its own (so that no rank builds the whole sequence), unit-normal values quantized per head.
+fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
+    let l: usize = (0..2).map(|h| zigzag_range(s.sq, world, r, h).len()).sum();
+    let shape = Shape {
+        hkv: s.hkv,
+        ..Shape::new(s.b, s.h, l.max(1), s.d)
     };
-    HostShard {
-        q: [half(0), half(1)],
-    }
+    quantize_per_head(&Raw::random(shape, 1000 + r as u64, 1.0))
 }
 
 /// One rank's timings: wall ms a call with a fresh state each call, with a kept one, and with the kept one dealing
@@ -55,23 +45,19 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         let st = comm.stream();
         let h = host_shard(s, world, r);
         let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
-        let up = |x: &[u8]| st.clone_htod(x);
-        let upf = |x: &[f32]| st.clone_htod(x);
-        let codes: Vec<[CudaSlice<u8>; 2]> = vec![
-            [up(&h.q[0].q)?, up(&h.q[1].q)?],
-            [up(&h.q[0].k)?, up(&h.q[1].k)?],
-            [up(&h.q[0].v)?, up(&h.q[1].v)?],
-        ];
-        let scales: Vec<[CudaSlice<f32>; 2]> = vec![
-            [upf(&h.q[0].q_scale)?, upf(&h.q[1].q_scale)?],
-            [upf(&h.q[0].k_scale)?, upf(&h.q[1].k_scale)?],
-            [upf(&h.q[0].v_scale)?, upf(&h.q[1].v_scale)?],
-        ];
+        let codes: Vec<CudaSlice<u8>> = [&h.q, &h.k, &h.v]
+            .iter()
+            .map(|x| st.clone_htod(x.as_slice()))
+            .collect::<Result<_, _>>()?;
+        let scales: Vec<CudaSlice<f32>> = [&h.q_scale, &h.k_scale, &h.v_scale]
+            .iter()
+            .map(|x| st.clone_htod(x.as_slice()))
+            .collect::<Result<_, _>>()?;
         let shard = |t: usize| Shard {
-            halves: [0, 1].map(|i| Fp8 {
-                codes: &codes[t][i],
-                scales: &scales[t][i],
-            }),
+            tensor: Fp8 {
+                codes: &codes[t],
+                scales: &scales[t],
+            },
             lens,
         };
         let limit = std::time::Duration::from_secs(300);

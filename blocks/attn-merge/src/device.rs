@@ -42,6 +42,37 @@ fn grid(n: usize) -> LaunchConfig {
     }
 }
 
+/// Where a part's rows go in the accumulator: the part's `n` rows in groups of `per`, group g's into accumulator rows
+/// g·`stride` + `off` … (a Q half's rows inside a shard's heads of both halves). `Rows::all(n)`: row r into row r.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    pub n: usize,
+    pub per: usize,
+    pub stride: usize,
+    pub off: usize,
+}
+
+impl Rows {
+    /// `n` rows, each into the accumulator's row of the same index.
+    pub fn all(n: usize) -> Rows {
+        Rows {
+            n,
+            per: n.max(1),
+            stride: 0,
+            off: 0,
+        }
+    }
+
+    /// Rows the accumulator must hold: one past the last it is written at.
+    pub fn acc_rows(&self) -> usize {
+        if self.n == 0 {
+            0
+        } else {
+            (self.n - 1) / self.per * self.stride + self.off + (self.n - 1) % self.per + 1
+        }
+    }
+}
+
 impl Merger {
     /// Queues acc ← merge(acc, part) on `stream`: `rows` rows of `d` f32 (O) and one f32 (LSE) each, at the device
     /// addresses given. An accumulator starts as a part, or as O = 0, LSE = −inf.
@@ -61,14 +92,54 @@ impl Merger {
         rows: usize,
         d: usize,
     ) -> Result<()> {
+        // SAFETY: as the caller vouches, with every part row into the accumulator row of its index.
+        unsafe {
+            self.accumulate_rows(
+                gpu,
+                stream,
+                (o_acc, lse_acc),
+                (o_part, lse_part),
+                Rows::all(rows),
+                d,
+            )
+        }
+    }
+
+    /// As [`Merger::accumulate`], the part's rows into the accumulator's rows as `rows` places them.
+    ///
+    /// # Safety
+    /// The part's addresses must hold `rows.n`·`d` and `rows.n` f32, the accumulator's `rows.acc_rows()`·`d` and
+    /// `rows.acc_rows()` (16-byte aligned O), of `gpu`'s context, alive until the kernel has run; acc must not
+    /// overlap the part.
+    pub unsafe fn accumulate_rows(
+        &self,
+        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
+        (o_acc, lse_acc): (u64, u64),
+        (o_part, lse_part): (u64, u64),
+        rows: Rows,
+        d: usize,
+    ) -> Result<()> {
         ensure!(
             [64, 128, 256].contains(&d),
             "the merge takes D = 64, 128 or 256 (whole rows a block of {THREADS} threads), not {d}"
         );
+        ensure!(
+            rows.per >= 1 && (rows.n <= rows.per || rows.stride >= rows.off + rows.per),
+            "the merge's rows: groups of {} rows at a stride of {} from row {} overlap",
+            rows.per,
+            rows.stride,
+            rows.off
+        );
+        if rows.n == 0 {
+            return Ok(());
+        }
         let k = gpu.load(&self.accumulate)?;
-        let (r, dd) = (rows as i64, d as i32);
+        let (r, dd) = (rows.n as i64, d as i32);
+        let (per, stride, off) = (rows.per as i64, rows.stride as i64, rows.off as i64);
         // SAFETY: amerge_accumulate(float* o_acc, float* lse_acc, const float* o_part, const float* lse_part,
-        // long long rows, int d); the caller vouches for the addresses; grid-stride, whole rows a block.
+        // long long rows, int d, long long per, long long stride, long long off); the caller vouches for the
+        // addresses; grid-stride, whole rows a block.
         unsafe {
             stream
                 .launch_builder(&k.func)
@@ -78,7 +149,10 @@ impl Merger {
                 .arg(&lse_part)
                 .arg(&r)
                 .arg(&dd)
-                .launch(grid(rows * d / 8))
+                .arg(&per)
+                .arg(&stride)
+                .arg(&off)
+                .launch(grid(rows.n * d / 8))
         }
         .context("launching amerge_accumulate")?;
         Ok(())

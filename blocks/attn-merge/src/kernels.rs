@@ -41,8 +41,9 @@ const fn lib(name: &'static str) -> KernelSpec {
     }
 }
 
-/// `amerge_accumulate(o_acc, lse_acc, o_part, lse_part, rows, d)`: acc ← merge(acc, part) in place; 128 threads a
-/// block (whole rows a block for d = 64, 128, 256), grid-stride.
+/// `amerge_accumulate(o_acc, lse_acc, o_part, lse_part, rows, d, per, stride, off)`: acc ← merge(acc, part) in place,
+/// part row r into acc row (r / per)·stride + off + r % per; 128 threads a block (whole rows a block for d = 64, 128,
+/// 256), grid-stride.
 pub const ACCUMULATE: KernelSpec = lib("amerge_accumulate");
 /// `amerge_store_bf16(x, n2, out)` / `amerge_store_f16`: f32 pairs stored rounded to nearest even.
 pub const STORE_BF16: KernelSpec = lib("amerge_store_bf16");

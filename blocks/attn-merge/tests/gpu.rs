@@ -189,6 +189,25 @@ fn main() {
         }
         Ok(())
     });
+    t.gpu("merger::grouped_rows_as_the_model", |gpu| {
+        // A ring step's merges: a part of one Q half's rows lands in every head's rows of that half, in an
+        // accumulator of heads of both halves (groups of `per` rows, `stride` apart, from row `off`); rows a part
+        // does not reach keep their value. Against the model on the parts spread to the accumulator's rows (−inf
+        // elsewhere); and a mutant that drops the offset is caught.
+        let m = Merger::default();
+        check_grouped(gpu, &m)?;
+        let bad = Merger {
+            accumulate: ACCUMULATE
+                .mutated_source("stride + off + row % per", "stride + row % per")?,
+            ..m
+        };
+        match check_grouped(gpu, &bad) {
+            Err(e) => eprintln!("mutant `offset dropped` caught: {e:#}"),
+            Ok(()) => anyhow::bail!("the mutant `offset dropped` passed"),
+        }
+        eprintln!("merger: grouped rows (two halves of 10 heads, then all rows) as the model");
+        Ok(())
+    });
     t.gpu("merger::parts_accumulated_in_turn_as_the_model", |gpu| {
         // The library's form: a running (O, LSE), starting empty (O = 0, LSE = −inf), each part merged in turn (a
         // ring's steps); then stored as bf16 and f16 against half's round-to-nearest-even.
@@ -254,4 +273,78 @@ fn main() {
         Ok(())
     });
     t.run()
+}
+
+/// Accumulates three parts as a ring rank does (the first Q half's 60 rows of each of 10 heads of 100, the second's
+/// 40 from row 60, then every row) and checks every accumulator row against the model.
+fn check_grouped(gpu: &Gpu, m: &Merger) -> Result<()> {
+    let st = &gpu.stream;
+    let (heads, pitch) = (10, 100);
+    let rows = heads * pitch;
+    let layouts = [
+        Rows {
+            n: heads * 60,
+            per: 60,
+            stride: pitch,
+            off: 0,
+        },
+        Rows {
+            n: heads * 40,
+            per: 40,
+            stride: pitch,
+            off: 60,
+        },
+        Rows::all(rows),
+    ];
+    let mut spread = Vec::new();
+    let mut acc_o = st.alloc_zeros::<f32>(rows * D)?;
+    let mut acc_l = st.clone_htod(&vec![f32::NEG_INFINITY; rows])?;
+    for (j, at) in layouts.iter().enumerate() {
+        let o = Inputs::seeded(500 + j as u64).normal(at.n * D, 0.0, 1.0);
+        let lse = Inputs::seeded(600 + j as u64).normal(at.n, 0.0, 3.0);
+        let mut full = Part {
+            o: vec![0.0; rows * D],
+            lse: vec![f32::NEG_INFINITY; rows],
+        };
+        for r in 0..at.n {
+            let a = r / at.per * at.stride + at.off + r % at.per;
+            full.lse[a] = lse[r];
+            full.o[a * D..(a + 1) * D].copy_from_slice(&o[r * D..(r + 1) * D]);
+        }
+        spread.push(full);
+        let (po, pl) = (st.clone_htod(&o)?, st.clone_htod(&lse)?);
+        let (ao, _g0) = acc_o.device_ptr_mut(st);
+        let (al, _g1) = acc_l.device_ptr_mut(st);
+        let (bo, _g2) = po.device_ptr(st);
+        let (bl, _g3) = pl.device_ptr(st);
+        ensure!(at.acc_rows() <= rows, "{at:?} reaches past the accumulator");
+        // SAFETY: the part holds at.n rows, the accumulator at.acc_rows() ≤ rows; separate allocations, alive until
+        // the synchronisation below.
+        unsafe { m.accumulate_rows(gpu, st, (ao, al), (bo, bl), *at, D)? };
+        st.synchronize()?;
+    }
+    let (o, l) = (st.clone_dtoh(&acc_o)?, st.clone_dtoh(&acc_l)?);
+    let (wo, wl) = merge(&spread, rows, D);
+    for r in 0..rows {
+        let el = (f64::from(l[r]) - wl[r]).abs() / wl[r].abs().max(1.0);
+        ensure!(
+            el <= 1.2e-5,
+            "row {r} (head {}, row {}): LSE {} against {}",
+            r / pitch,
+            r % pitch,
+            l[r],
+            wl[r]
+        );
+        for i in r * D..(r + 1) * D {
+            let e = (f64::from(o[i]) - wo[i]).abs();
+            ensure!(
+                e <= 1.2e-5,
+                "row {r} col {}: O {} against {}",
+                i % D,
+                o[i],
+                wo[i]
+            );
+        }
+    }
+    Ok(())
 }

@@ -8,7 +8,10 @@ mod kernels;
 mod model;
 
 pub use kernels::{HEADERS, KERNELS, SCHEDULE, SOURCE};
-pub use model::{Block, Mask, blocks, check_coverage, chunk_begin, shard, source, work};
+pub use model::{
+    Block, Launch, Mask, blocks, check_coverage, check_launch_coverage, chunk_begin, launches,
+    shard, source, work,
+};
 
 /// Every kernel of this block, for `cargo xtask ptxas`.
 pub fn kernels() -> Vec<lab::KernelSpec> {

@@ -53,6 +53,98 @@ pub fn blocks(world: usize, rank: usize, step: usize, causal: bool) -> Vec<Block
     }
 }
 
+/// One kernel launch of a step, in a rank's shard coordinates (its halves concatenated: rows 0 … L0 − 1 the first
+/// half, L0 … L0 + L1 − 1 the second): the rank's Q rows and the held shard's K/V rows (bit sets as [`Block`]'s:
+/// 1 the first half, 2 the second, 3 both, which are contiguous rows), and whether the launch is causal in shard
+/// coordinates (key row y seen from query row x when y ≤ x; only with both halves of both, Sq = Sk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    pub q: u8,
+    pub kv: u8,
+    pub causal: bool,
+}
+
+/// The launches of rank `rank`'s step `step`: each of [`blocks`] as one launch, except the diagonal step's three
+/// causal blocks — (first, first) causal, (second, first) full, (second, second) causal — which are exactly a causal
+/// mask over the shard's concatenated halves (the second half's chunk follows the first's in the sequence), so one
+/// causal launch.
+pub fn launches(world: usize, rank: usize, step: usize, causal: bool) -> Vec<Launch> {
+    let blocks = blocks(world, rank, step, causal);
+    if causal && source(world, rank, step) == rank {
+        return vec![Launch {
+            q: 3,
+            kv: 3,
+            causal: true,
+        }];
+    }
+    blocks
+        .iter()
+        .map(|b| Launch {
+            q: b.q,
+            kv: b.kv,
+            causal: b.mask == Mask::Causal,
+        })
+        .collect()
+}
+
+/// Checks that `launches` compute every visible (query, key) pair once over all ranks and steps, and nothing else, as
+/// [`check_coverage`] does for the blocks: a launch's rows mapped from shard coordinates to the sequence through
+/// zigzag's chunks; a causal launch masked in shard coordinates.
+pub fn check_launch_coverage(
+    world: usize,
+    s: u64,
+    causal: bool,
+    launches: impl Fn(usize, usize, usize, bool) -> Vec<Launch>,
+) -> Result<()> {
+    let n = s as usize;
+    let mut seen = vec![0u8; n * n];
+    // A shard's rows in the sequence, in shard order, for the halves in `bits`, with their shard coordinates.
+    let rows = |r: usize, bits: u8| -> Vec<(usize, u64)> {
+        let [a, b] = shard(world, r);
+        let (ca, cb) = (chunk(s, world, a), chunk(s, world, b));
+        let l0 = (ca.end - ca.start) as usize;
+        let mut v = Vec::new();
+        if bits & 1 != 0 {
+            v.extend(ca.clone().enumerate());
+        }
+        if bits & 2 != 0 {
+            v.extend(cb.clone().enumerate().map(|(x, t)| (l0 + x, t)));
+        }
+        v
+    };
+    for rank in 0..world {
+        for step in 0..world {
+            let src = source(world, rank, step);
+            for l in launches(world, rank, step, causal) {
+                ensure!(
+                    !l.causal || (l.q == 3 && l.kv == 3 && src == rank),
+                    "rank {rank} step {step}: a causal launch of Q halves {} against K/V halves {} of rank {src}",
+                    l.q,
+                    l.kv
+                );
+                for &(x, i) in &rows(rank, l.q) {
+                    for &(y, j) in &rows(src, l.kv) {
+                        if !(l.causal && y > x) {
+                            seen[i as usize * n + j as usize] += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for i in 0..n {
+        for j in 0..n {
+            let (want, got) = (u8::from(!causal || j <= i), seen[i * n + j]);
+            ensure!(
+                got == want,
+                "W = {world}, S = {s}{}: query {i} × key {j} computed {got} times by the launches, visible {want}",
+                if causal { ", causal" } else { "" }
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Token range [begin, end) of chunk `c`.
 fn chunk(s: u64, world: usize, c: usize) -> std::ops::Range<u64> {
     chunk_begin(s, world, c)..chunk_begin(s, world, c + 1)
@@ -203,6 +295,51 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("computed"), "{e}");
+    }
+
+    #[test]
+    fn launches_compute_every_visible_pair_once() {
+        for world in [1, 2, 3, 4, 8] {
+            for s in [1, 2, 7, 16, 33, 100] {
+                for causal in [false, true] {
+                    check_launch_coverage(world, s, causal, launches).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mutant_diagonal_launch_unmasked_is_caught() {
+        let open = |w, r, st, c| {
+            launches(w, r, st, c)
+                .into_iter()
+                .map(|l| Launch { causal: false, ..l })
+                .collect()
+        };
+        let e = check_launch_coverage(4, 64, true, open)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("computed"), "{e}");
+        // The diagonal fused with the halves' order in the shard swapped: second half's rows first.
+        let first_only = |w, r, st, c| {
+            let mut v = launches(w, r, st, c);
+            if c && source(w, r, st) == r {
+                v = vec![
+                    Launch {
+                        q: 1,
+                        kv: 3,
+                        causal: false,
+                    },
+                    Launch {
+                        q: 2,
+                        kv: 2,
+                        causal: false,
+                    },
+                ];
+            }
+            v
+        };
+        assert!(check_launch_coverage(2, 16, true, first_only).is_err());
     }
 
     #[test]

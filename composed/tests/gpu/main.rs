@@ -10,6 +10,7 @@ mod stage7;
 mod stage8;
 mod tables;
 mod varlen;
+mod views;
 mod window;
 
 /// What every test module uses: the crates' items and the shared cases and checks.
@@ -42,6 +43,7 @@ fn main() {
     stage7::add(&mut t);
     stage8::add(&mut t);
     varlen::add(&mut t);
+    views::add(&mut t);
     split_kv::add(&mut t);
     window::add(&mut t);
     programmatic::add(&mut t);

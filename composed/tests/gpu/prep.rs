@@ -1,6 +1,6 @@
 // The device preparation kernels: Vᵀ (transposed, and as tile images) and quantization by every scheme, with mutants.
 use crate::prelude::*;
-use lab::cudarc::driver::DevicePtr;
+use lab::cudarc::driver::{CudaSlice, DevicePtr};
 
 /// Vᵀ and device quantization against their host models.
 pub fn add(t: &mut Suite) {
@@ -37,6 +37,30 @@ pub fn add(t: &mut Suite) {
             Ok(()) => anyhow::bail!("a transpose in plain key order passed"),
         }
     });
+    for (what, spec) in [
+        ("transpose_v", composed::TRANSPOSE_V),
+        ("vt_tiles", composed::VT_TILES),
+    ] {
+        t.gpu(
+            &format!("{what}::mutant_ignoring_the_head_stride_is_caught"),
+            move |gpu| {
+                let m = spec.mutated_source("v + head * hs", "v + head * sk * d")?;
+                let shape = Shape::cross(1, 2, 5, 300, 128);
+                let r = if what == "vt_tiles" {
+                    check_vt_tiles(gpu, &m, shape)
+                } else {
+                    check_transpose_v(gpu, &m, shape)
+                };
+                match r {
+                    Err(e) => {
+                        eprintln!("mutant caught: {e:#}");
+                        Ok(())
+                    }
+                    Ok(()) => anyhow::bail!("{what} reading heads Sk·D apart passed on a view"),
+                }
+            },
+        );
+    }
     for (scheme, shapes) in device_schemes() {
         t.gpu(
             &format!("device_quantization::{}", scheme.name()),
@@ -90,73 +114,111 @@ pub fn add(t: &mut Suite) {
     });
 }
 
-/// prep_vt against its host model, byte for byte (every position of every padded row).
+/// V on the device twice: contiguous, and as a view (each head's Sk rows 3 rows into a head of Sk + 7 rows, NaN codes
+/// around them), with the view's `FlatHeads`; a transpose that reads outside the view meets the NaN codes.
+fn v_on_device(
+    gpu: &Gpu,
+    v: &[u8],
+    shape: &Shape,
+) -> Result<[(CudaSlice<u8>, composed::FlatHeads, usize); 2]> {
+    let (sk, d) = (shape.sk, shape.d);
+    let (rows, off) = (sk + 7, 3);
+    let mut padded = vec![0x7fu8; shape.kv_heads() * rows * d];
+    for h in 0..shape.kv_heads() {
+        padded[(h * rows + off) * d..(h * rows + off + sk) * d]
+            .copy_from_slice(&v[h * sk * d..(h + 1) * sk * d]);
+    }
+    Ok([
+        (
+            gpu.stream.clone_htod(v)?,
+            composed::FlatHeads::contiguous(sk, d),
+            0,
+        ),
+        (
+            gpu.stream.clone_htod(&padded)?,
+            composed::FlatHeads {
+                row: d,
+                head: rows * d,
+            },
+            off * d,
+        ),
+    ])
+}
+
+/// prep_vt against its host model, byte for byte (every position of every padded row), from V contiguous and from a
+/// view of it.
 pub fn check_transpose_v(gpu: &Gpu, spec: &lab::KernelSpec, shape: Shape) -> Result<()> {
     let qz = quantize_per_head(&normal(shape, 9));
-    let dv = gpu.stream.clone_htod(&qz.v)?;
-    let (v, _g) = dv.device_ptr(&gpu.stream);
-    let got = gpu.stream.clone_dtoh(&composed::transpose_v_with(
-        gpu,
-        spec,
-        &gpu.stream,
-        v,
-        &shape,
-    )?)?;
     let want = composed::transpose_v_model(&qz.v, &shape);
-    ensure!(
-        got.len() == want.len(),
-        "{} bytes, want {}",
-        got.len(),
+    for (dv, rows, off) in v_on_device(gpu, &qz.v, &shape)? {
+        let (v, _g) = dv.device_ptr(&gpu.stream);
+        let got = gpu.stream.clone_dtoh(&composed::transpose_v_with(
+            gpu,
+            spec,
+            &gpu.stream,
+            (v + off as u64, rows),
+            &shape,
+        )?)?;
+        ensure!(
+            got.len() == want.len(),
+            "{} bytes, want {}",
+            got.len(),
+            want.len()
+        );
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            let kp = composed::vt_keys(shape.sk);
+            anyhow::bail!(
+                "{shape:?}, V at {rows:?}: Vᵀ head {} channel {} position {}: device {:#04x}, model {:#04x}",
+                i / (shape.d * kp),
+                i / kp % shape.d,
+                i % kp,
+                got[i],
+                want[i]
+            );
+        }
+    }
+    eprintln!(
+        "Vᵀ {shape:?}: {} bytes bit-exact to the model, from V contiguous and from a view",
         want.len()
     );
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        let kp = composed::vt_keys(shape.sk);
-        anyhow::bail!(
-            "{shape:?}: Vᵀ head {} channel {} position {}: device {:#04x}, model {:#04x}",
-            i / (shape.d * kp),
-            i / kp % shape.d,
-            i % kp,
-            got[i],
-            want[i]
-        );
-    }
-    eprintln!("Vᵀ {shape:?}: {} bytes bit-exact to the model", want.len());
     Ok(())
 }
 
-/// prep_vt_tiles against its host model (stage 7's tiles at D = 128: 224 keys), byte for byte.
+/// prep_vt_tiles against its host model (stage 7's tiles at D = 128: 224 keys), byte for byte, from V contiguous and
+/// from a view of it.
 pub fn check_vt_tiles(gpu: &Gpu, spec: &lab::KernelSpec, shape: Shape) -> Result<()> {
     let bc = Stage::S7.bc(128);
     let qz = quantize_per_head(&normal(shape, 10));
-    let dv = gpu.stream.clone_htod(&qz.v)?;
-    let (v, _g) = dv.device_ptr(&gpu.stream);
-    let got = gpu.stream.clone_dtoh(&composed::vt_tiles_with(
-        gpu,
-        spec,
-        &gpu.stream,
-        v,
-        &shape,
-        bc,
-    )?)?;
     let want = composed::vt_tiles_model(&qz.v, &shape, bc);
-    ensure!(
-        got.len() == want.len() && want.len() == composed::vt_tiles_bytes(&shape, bc),
-        "{} bytes, want {}",
-        got.len(),
-        want.len()
-    );
-    if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        let tile = bc * shape.d;
-        anyhow::bail!(
-            "{shape:?}: Vᵀ tile image {} byte {}: device {:#04x}, model {:#04x}",
-            i / tile,
-            i % tile,
-            got[i],
-            want[i]
+    for (dv, rows, off) in v_on_device(gpu, &qz.v, &shape)? {
+        let (v, _g) = dv.device_ptr(&gpu.stream);
+        let got = gpu.stream.clone_dtoh(&composed::vt_tiles_with(
+            gpu,
+            spec,
+            &gpu.stream,
+            (v + off as u64, rows),
+            &shape,
+            bc,
+        )?)?;
+        ensure!(
+            got.len() == want.len() && want.len() == composed::vt_tiles_bytes(&shape, bc),
+            "{} bytes, want {}",
+            got.len(),
+            want.len()
         );
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            let tile = bc * shape.d;
+            anyhow::bail!(
+                "{shape:?}, V at {rows:?}: Vᵀ tile image {} byte {}: device {:#04x}, model {:#04x}",
+                i / tile,
+                i % tile,
+                got[i],
+                want[i]
+            );
+        }
     }
     eprintln!(
-        "Vᵀ tile images {shape:?}: {} bytes bit-exact to the model",
+        "Vᵀ tile images {shape:?}: {} bytes bit-exact to the model, from V contiguous and from a view",
         want.len()
     );
     Ok(())

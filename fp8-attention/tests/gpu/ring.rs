@@ -6,23 +6,21 @@ use lab::{Gpu, Suite};
 
 use crate::lab_path;
 
-/// A rank's shard of one tensor: its two zigzag halves' codes, their scales (one per (batch, head), shared), and the
-/// halves' token counts.
+/// A rank's shard of one tensor: its codes (both zigzag halves, each head's in turn), its scales (one per (batch,
+/// head), shared by every rank here), and the halves' token counts.
 fn shard<'a>(
-    codes: &'a [lab::cudarc::driver::CudaSlice<u8>; 2],
+    codes: &'a lab::cudarc::driver::CudaSlice<u8>,
     scales: &'a lab::cudarc::driver::CudaSlice<f32>,
     lens: [usize; 2],
 ) -> Shard<'a> {
     Shard {
-        halves: [0, 1].map(|h| Fp8 {
-            codes: &codes[h],
-            scales,
-        }),
+        tensor: Fp8 { codes, scales },
         lens,
     }
 }
 
-/// `ring_on_one_device` over `world` virtual ranks on `qz` (shape `s`), its ranks' halves joined: O and LSE of the whole.
+/// `ring_on_one_device` over `world` virtual ranks on `qz` (shape `s`), its ranks' shards joined: O and LSE of the
+/// whole.
 fn ring_one_device_joined(
     gpu: &Gpu,
     qz: &Quantized,
@@ -32,23 +30,14 @@ fn ring_one_device_joined(
     use fp8_attention::{ring_on_one_device, zigzag_join, zigzag_split};
     let st = gpu.ctx.new_stream()?;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
-    let (qs, ks, vs) = (
-        zigzag_split(&qz.q, qd, world),
-        zigzag_split(&qz.k, kd, world),
-        zigzag_split(&qz.v, kd, world),
-    );
     let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
-    let (dq, dk, dv): (Vec<_>, Vec<_>, Vec<_>) = (
-        qs.iter()
-            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
-            .collect::<Result<Vec<_>>>()?,
-        ks.iter()
-            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
-            .collect::<Result<Vec<_>>>()?,
-        vs.iter()
-            .map(|h| Ok([up(&h[0])?, up(&h[1])?]))
-            .collect::<Result<Vec<_>>>()?,
-    );
+    let upload = |x: &[u8], dims| -> Result<Vec<_>> {
+        Ok(zigzag_split(x, dims, world)
+            .iter()
+            .map(up)
+            .collect::<Result<_, _>>()?)
+    };
+    let (dq, dk, dv) = (upload(&qz.q, qd)?, upload(&qz.k, kd)?, upload(&qz.v, kd)?);
     let (sq, sk, sv) = (
         st.clone_htod(&qz.q_scale)?,
         st.clone_htod(&qz.k_scale)?,
@@ -60,24 +49,14 @@ fn ring_one_device_joined(
         .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
         .collect();
     let outs = ring_on_one_device(gpu, &st, s, &q, &kv)?;
-    let mut o_halves = vec![];
-    let mut l_halves = vec![];
+    let (mut o_shards, mut l_shards) = (vec![], vec![]);
     for (r, out) in outs.iter().enumerate() {
-        let l = lens(r);
-        let take = |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
-            Ok(st.clone_dtoh(x)?[..n].to_vec())
-        };
-        o_halves.push([
-            take(&out.o[0], s.heads() * l[0] * s.d)?,
-            take(&out.o[1], s.heads() * l[1] * s.d)?,
-        ]);
-        l_halves.push([
-            take(&out.lse[0], s.heads() * l[0])?,
-            take(&out.lse[1], s.heads() * l[1])?,
-        ]);
+        let rows = s.heads() * lens(r).iter().sum::<usize>();
+        o_shards.push(st.clone_dtoh(&out.o)?[..rows * s.d].to_vec());
+        l_shards.push(st.clone_dtoh(&out.lse)?[..rows].to_vec());
     }
-    let o = zigzag_join(&o_halves, [s.b, s.h, s.sq, s.d]);
-    let lse = zigzag_join(&l_halves, [s.b, s.h, s.sq, 1]);
+    let o = zigzag_join(&o_shards, [s.b, s.h, s.sq, s.d]);
+    let lse = zigzag_join(&l_shards, [s.b, s.h, s.sq, 1]);
     Ok((o, lse))
 }
 
@@ -127,11 +106,11 @@ fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
     Ok(())
 }
 
-/// A rank's O halves and LSE halves, on the host.
-type RankHalves = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+/// A rank's O and LSE (its shard's rows), on the host.
+type RankRows = (Vec<f32>, Vec<f32>);
 
 /// Ring attention over NCCL on `world` GPUs (one thread and communicator a rank, `ring_attention_rank`) on shape `s`:
-/// the whole problem's O and LSE, joined from every rank's halves, must equal ring_on_one_device's on device 0 bit
+/// the whole problem's O and LSE, joined from every rank's shard, must equal ring_on_one_device's on device 0 bit
 /// for bit (the same kernels and merges in the same order, on GPUs of one model), which check_ring holds against the
 /// f64 reference.
 fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
@@ -139,15 +118,14 @@ fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
     let world = gpus.len();
     let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
     let results = ring_nccl_run(gpus, &qz, None);
-    let mut o_h = vec![];
-    let mut l_h = vec![];
+    let (mut o_s, mut l_s) = (vec![], vec![]);
     for (r, res) in results.into_iter().enumerate() {
-        let (o0, o1, l0, l1) = res.map_err(|e| e.context(format!("rank {r}")))?;
-        o_h.push([o0, o1]);
-        l_h.push([l0, l1]);
+        let (o, l) = res.map_err(|e| e.context(format!("rank {r}")))?;
+        o_s.push(o);
+        l_s.push(l);
     }
-    let o = zigzag_join(&o_h, [s.b, s.h, s.sq, s.d]);
-    let lse = zigzag_join(&l_h, [s.b, s.h, s.sq, 1]);
+    let o = zigzag_join(&o_s, [s.b, s.h, s.sq, s.d]);
+    let lse = zigzag_join(&l_s, [s.b, s.h, s.sq, 1]);
     let (one_o, one_l) = ring_one_device_joined(gpus[0], &qz, s, world)?;
     ensure!(
         o.iter()
@@ -166,12 +144,12 @@ fn check_ring_nccl(gpus: &[&'static Gpu], s: Shape) -> Result<()> {
 }
 
 /// Every rank of a ring over NCCL on `gpus` on `qz` (its shape's whole sequence), one thread and communicator a rank;
-/// rank `bad`, if any, passes halves one token short. Each rank's O halves and LSE halves, or its error.
+/// rank `bad`, if any, claims a second half one token short. Each rank's O and LSE, or its error.
 fn ring_nccl_run(
     gpus: &[&'static Gpu],
     qz: &Quantized,
     bad: Option<usize>,
-) -> Vec<Result<RankHalves>> {
+) -> Vec<Result<RankRows>> {
     use fp8_attention::{RingRank, on_ranks, ring_attention_rank, zigzag_range, zigzag_split};
     let world = gpus.len();
     let s = qz.shape;
@@ -182,15 +160,10 @@ fn ring_nccl_run(
         zigzag_split(&qz.v, kd, world),
     );
     let lens = move |r: usize| [0, 1].map(|h| zigzag_range(s.sq, world, r, h).len());
-    let run = on_ranks(world, |r, gpu, comm| -> Result<RankHalves> {
-        let (qs, ks, vs) = (&qs[r], &ks[r], &vs[r]);
+    let run = on_ranks(world, |r, gpu, comm| -> Result<RankRows> {
         let st = comm.stream();
         let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
-        let (dq, dk, dv) = (
-            [up(&qs[0])?, up(&qs[1])?],
-            [up(&ks[0])?, up(&ks[1])?],
-            [up(&vs[0])?, up(&vs[1])?],
-        );
+        let (dq, dk, dv) = (up(&qs[r])?, up(&ks[r])?, up(&vs[r])?);
         let (sq, sk, sv) = (
             st.clone_htod(&qz.q_scale)?,
             st.clone_htod(&qz.k_scale)?,
@@ -217,13 +190,11 @@ fn ring_nccl_run(
         for call in 0..2 {
             let (q2, k2, v2) = shards();
             let again = kept.run(gpu, comm, q2, k2, v2, limit)?;
-            for h in 0..2 {
-                ensure!(
-                    st.clone_dtoh(&again.o[h])? == st.clone_dtoh(&out.o[h])?
-                        && st.clone_dtoh(&again.lse[h])? == st.clone_dtoh(&out.lse[h])?,
-                    "rank {r}: call {call} on a kept RingRank differs from ring_attention_rank in half {h}"
-                );
-            }
+            ensure!(
+                st.clone_dtoh(&again.o)? == st.clone_dtoh(&out.o)?
+                    && st.clone_dtoh(&again.lse)? == st.clone_dtoh(&out.lse)?,
+                "rank {r}: call {call} on a kept RingRank differs from ring_attention_rank"
+            );
         }
         // A time for every step: attention and step positive, a transfer on every step but the last.
         ensure!(
@@ -239,14 +210,10 @@ fn ring_nccl_run(
                 "rank {r}, step {i}: {t:?}"
             );
         }
-        let take = |x: &lab::cudarc::driver::CudaSlice<f32>, n: usize| -> Result<Vec<f32>> {
-            Ok(st.clone_dtoh(x)?[..n].to_vec())
-        };
+        let rows = s.heads() * (l[0] + l[1]);
         Ok((
-            take(&out.o[0], s.heads() * l[0] * s.d)?,
-            take(&out.o[1], s.heads() * l[1] * s.d)?,
-            take(&out.lse[0], s.heads() * l[0])?,
-            take(&out.lse[1], s.heads() * l[1])?,
+            st.clone_dtoh(&out.o)?[..rows * s.d].to_vec(),
+            st.clone_dtoh(&out.lse)?[..rows].to_vec(),
         ))
     });
     match run {
@@ -296,9 +263,9 @@ pub fn add(t: &mut Suite) {
     ] {
         t.gpu(&format!("ring::on_one_device::{name}"), move |gpu| {
             if name.ends_with("split_tail") {
-                // A full block of the ring (a Q half against a K half) must split its tail on this GPU.
-                let half = shape.sq / 4;
-                let block = Shape::new(shape.b, shape.h, half, shape.d);
+                // A step's launch at W = 2 (a rank's shard against a shard) must split its tail on this GPU where the
+                // split tail is on (the bench's A/B; off in the ring by default).
+                let block = Shape::new(shape.b, shape.h, shape.sq / 2, shape.d);
                 let plan = composed::SplitPlan::of(composed::Stage::S7, &block, 128, gpu.sms);
                 ensure!(
                     plan.pieces > 0,
@@ -401,11 +368,7 @@ pub fn add(t: &mut Suite) {
                     return Ok("stopped".into());
                 }
                 let up = |x: &Vec<u8>| st.clone_htod(&x[..]);
-                let (dq, dk, dv) = (
-                    [up(&qs[0][0])?, up(&qs[0][1])?],
-                    [up(&ks[0][0])?, up(&ks[0][1])?],
-                    [up(&vs[0][0])?, up(&vs[0][1])?],
-                );
+                let (dq, dk, dv) = (up(&qs[0])?, up(&ks[0])?, up(&vs[0])?);
                 let (sq, sk, sv) = (
                     st.clone_htod(&qz.q_scale)?,
                     st.clone_htod(&qz.k_scale)?,
