@@ -37,14 +37,18 @@ pub fn add(t: &mut Suite) {
             Ok(()) => anyhow::bail!("a transpose in plain key order passed"),
         }
     });
-    for (what, spec) in [
-        ("transpose_v", composed::TRANSPOSE_V),
-        ("vt_tiles", composed::VT_TILES),
+    // Each kernel's own read of V (prep.cu holds both): heads Sk·D apart, as if V were contiguous.
+    for (what, spec, rows) in [
+        ("transpose_v", composed::TRANSPOSE_V, "32"),
+        ("vt_tiles", composed::VT_TILES, "bc"),
     ] {
         t.gpu(
             &format!("{what}::mutant_ignoring_the_head_stride_is_caught"),
             move |gpu| {
-                let m = spec.mutated_source("v + head * hs", "v + head * sk * d")?;
+                let m = spec.mutated_source(
+                    &format!("stage_rows(v + head * hs, sk, d, rs, k0, {rows}, rows)"),
+                    &format!("stage_rows(v + head * sk * d, sk, d, rs, k0, {rows}, rows)"),
+                )?;
                 let shape = Shape::cross(1, 2, 5, 300, 128);
                 let r = if what == "vt_tiles" {
                     check_vt_tiles(gpu, &m, shape)
