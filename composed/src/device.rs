@@ -236,7 +236,8 @@ impl OnDevice {
     }
 
     /// From now on Q, K and V sit on the device as [B, S, H, D] (the same values, moved), and launches read them
-    /// through those strides (`Tensors::strides`: stage 8 only; the other stages refuse them by name).
+    /// through those strides (`Tensors::strides`: stage 8 at any B, stages 6 and 7 at B = 1 — `Strides::flat_heads`;
+    /// the others refuse them by name).
     pub fn use_bshd_inputs(&mut self, gpu: &Gpu) -> Result<()> {
         if self.strides.is_some() {
             return Ok(());

@@ -340,10 +340,17 @@ impl Attention {
         }
     }
 
-    /// The stage a strided call runs: stage 8 (its tensor maps take the strides), unless the op fixed another.
-    fn strided_stage(&self) -> Stage {
+    /// The stage a strided call on `s` runs: an op that picks by shape takes stage 7 where a contiguous call would
+    /// ([`crate::stage_for_shape`]) and the views' heads are evenly spaced (`Strides::flat_heads`: B = 1, or a
+    /// [B, H, S, D]-like view), and stage 8 otherwise (its tensor maps take any strides); an op fixed on a stage runs
+    /// it.
+    fn strided_stage(&self, s: &Shape, strides: &Strides) -> Stage {
         if self.fixed || self.stage != Stage::S7 {
-            self.stage
+            return self.stage;
+        }
+        let s = self.configured(s);
+        if self.stage_for_call(&s) == Stage::S7 && strides.flat_heads(&s).is_ok() {
+            Stage::S7
         } else {
             Stage::S8
         }
@@ -452,10 +459,11 @@ impl Attention {
     }
 
     /// As [`Attention::forward_into`], on E4M3 codes at any element strides ([`Strides`]: the S, H and B dimensions
-    /// of Q, K and V, D contiguous: [B, S, H, D], the heads of a fused projection, ...), read in place, on stage 8 (an
-    /// op that picks by shape runs it for every strided call; one fixed on another stage refuses): its tensor maps take
-    /// the strides, so no copy is made. Each buffer must hold its
-    /// view's last element; each stride must be a positive multiple of 16 bytes.
+    /// of Q, K and V, D contiguous: [B, S, H, D], the heads of a fused projection, ...), read in place: on stage 8,
+    /// whose tensor maps take any strides, or, where an op that picks by shape would run stage 7 (long keys, D = 256)
+    /// and each tensor's heads are evenly spaced (B = 1, or a [B, H, S, D]-like view: `Strides::flat_heads`), on
+    /// stage 7, whose maps and V's transpose read such views. No copy is made. Each buffer must hold its view's last
+    /// element; each stride must be a positive multiple of 16 bytes.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_strided(
         &mut self,
@@ -468,10 +476,15 @@ impl Attention {
         strides: Strides,
         out: &mut Output,
     ) -> Result<()> {
-        let stage = self.strided_stage();
-        if !stage.transposes_v() {
+        let stage = self.strided_stage(&s, &strides);
+        if stage == Stage::S7 {
+            if let Err(e) = strides.flat_heads(&self.configured(&s)) {
+                return Err(Error::Unsupported(format!("{e:#}; this op runs stage7")));
+            }
+        } else if !stage.transposes_v() {
             return Err(Error::Unsupported(format!(
-                "strided E4M3 inputs are read in place by stage8 (Attention::with_stage); this op runs {}",
+                "strided E4M3 inputs are read in place by stage8 (any strides) or stage7 (heads evenly spaced) \
+                 (Attention::with_stage); this op runs {}",
                 stage.name()
             )));
         }
@@ -488,7 +501,7 @@ impl Attention {
 
     /// Rows O (each D wide) and the LSE must hold for a call on `s` ([`Attention::forward_into`]'s outputs): B·H·Sq,
     /// and room for the kernel's partial results after them where the work splits (the most any stage a call on `s`
-    /// may run needs: a strided call runs stage 8).
+    /// may run needs: a strided call may run stage 8 where a contiguous one runs stage 7).
     pub fn output_rows(&self, gpu: &Gpu, s: &Shape) -> Result<usize> {
         let s = self.configured(s);
         let mut rows = 0;

@@ -146,6 +146,10 @@ pub enum Cmd {
         /// launches are programmatic dependent launches: the next may start while one runs, up to its wait).
         #[arg(long)]
         serial: bool,
+        /// Q, K and V moved to [B, S, H, D] on the device and read in place through those strides (stage8 at any B;
+        /// stage7 at B = 1, where its flat heads read them).
+        #[arg(long)]
+        bshd: bool,
         /// Causal masking (stage7 and stage8); its TFLOP/s count half the work.
         #[arg(long)]
         causal: bool,

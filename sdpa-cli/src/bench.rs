@@ -71,6 +71,8 @@ pub struct Knobs<'a> {
     pub blocks: &'a [usize],
     pub sections: &'a [usize],
     pub serial: bool,
+    /// Inputs as [B, S, H, D], read through their strides.
+    pub bshd: bool,
 }
 
 pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) -> Result<()> {
@@ -79,6 +81,7 @@ pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) 
         blocks,
         sections,
         serial,
+        bshd,
     } = *knobs;
     // Everything that needs no GPU is checked before the GPU is asked for.
     composed::validate_shape(&s)?;
@@ -141,6 +144,12 @@ pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) 
     let raw = fixtures::Raw::generate(s, 1000, dist);
     let mut sets = [OnDevice::prepare(gpu, &raw, scheme, OutDtype::F16)?];
     drop(raw);
+    if bshd {
+        sets[0].use_bshd_inputs(gpu)?;
+        for r in &mut runs {
+            r.name.push_str(" [B, S, H, D]");
+        }
+    }
     // Interleaved rounds, best p50 of two, so that a clock or thermal drift during the run favours no side.
     let mut best: Vec<Option<Timing>> = vec![None; runs.len()];
     for _round in 0..2 {

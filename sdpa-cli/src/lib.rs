@@ -70,6 +70,7 @@ pub fn execute(args: Args) -> Result<()> {
             blocks,
             sections,
             serial,
+            bshd,
             causal,
             kv_heads,
             window,
@@ -131,6 +132,7 @@ pub fn execute(args: Args) -> Result<()> {
                 blocks: &blocks,
                 sections: &sections,
                 serial,
+                bshd,
             };
             bench::bench(stage, s, dist, &knobs, scheme.scheme())
         }

@@ -129,7 +129,8 @@ pub fn add(t: &mut Suite) {
     );
     t.gpu("stage8::the_default_op_picks_by_shape", |gpu| {
         // Attention::new runs stage 8 up to STAGE8_MAX_KEYS keys (D = 64, 128) and stage 7 past them: each call's bits
-        // are those of the op fixed on the stage it picked; a strided call runs stage 8 at any length.
+        // are those of the op fixed on the stage it picked; a strided call whose heads are evenly spaced picks the same
+        // (stage 7 reads such views), and [B, S, H, D] with B > 1 runs stage 8 at any length.
         let st = gpu.ctx.new_stream()?;
         for (s, want) in [
             (Shape::new(1, 4, 300, 64), Stage::S8),
@@ -158,29 +159,58 @@ pub fn add(t: &mut Suite) {
                 "{s:?}: the default op's bits are not {}'s",
                 want.name()
             );
-            if s.d <= 128 {
-                let f = |codes, scales| Fp8 { codes, scales };
-                let mut o = auto.alloc_output(gpu, &st, &s)?;
-                auto.forward_strided(
-                    gpu,
-                    &st,
-                    s,
-                    f(&x.q, &x.qs),
-                    f(&x.k, &x.ks),
-                    f(&x.v, &x.vs),
-                    Strides::contiguous(&s),
-                    &mut o,
-                )?;
-                let mut eight = Attention::with_stage(gpu, Config::default(), Stage::S8)?;
-                ensure!(
-                    same_bits(
-                        &o.to_host(&st)?,
-                        &forward(&mut eight, gpu, &st, s, &x)?.to_host(&st)?
-                    ),
-                    "{s:?}: the default op's strided call is not stage 8's"
-                );
-            }
+            let f = |codes, scales| Fp8 { codes, scales };
+            let mut o = auto.alloc_output(gpu, &st, &s)?;
+            auto.forward_strided(
+                gpu,
+                &st,
+                s,
+                f(&x.q, &x.qs),
+                f(&x.k, &x.ks),
+                f(&x.v, &x.vs),
+                Strides::contiguous(&s),
+                &mut o,
+            )?;
+            ensure!(
+                same_bits(&o.to_host(&st)?, &got),
+                "{s:?}: the default op's strided call (contiguous strides) is not {}'s",
+                want.name()
+            );
         }
+        // [B, S, H, D] at B = 2 past STAGE8_MAX_KEYS: heads of two batches not evenly spaced, so stage 8 reads it.
+        let s = Shape::cross(2, 2, 64, fp8_attention::STAGE8_MAX_KEYS + 1, 128);
+        let qz = quantize_per_head(&Raw::random(s, 31, 1.0));
+        let sw = |a: &[u8], h: usize, rows: usize| bshd(a, s.b, h, rows, s.d);
+        let y = inputs(
+            &st,
+            &fixtures::Quantized {
+                q: sw(&qz.q, s.h, s.sq),
+                k: sw(&qz.k, s.hkv, s.sk),
+                v: sw(&qz.v, s.hkv, s.sk),
+                ..qz.clone()
+            },
+        )?;
+        let f = |codes, scales| Fp8 { codes, scales };
+        let mut auto = Attention::new(gpu, Config::default())?;
+        let mut o = auto.alloc_output(gpu, &st, &s)?;
+        auto.forward_strided(
+            gpu,
+            &st,
+            s,
+            f(&y.q, &y.qs),
+            f(&y.k, &y.ks),
+            f(&y.v, &y.vs),
+            Strides::bshd(&s),
+            &mut o,
+        )?;
+        let mut eight = Attention::with_stage(gpu, Config::default(), Stage::S8)?;
+        ensure!(
+            same_bits(
+                &o.to_host(&st)?,
+                &forward(&mut eight, gpu, &st, s, &inputs(&st, &qz)?)?.to_host(&st)?
+            ),
+            "{s:?} as [B, S, H, D]: the default op's strided call is not stage 8's"
+        );
         eprintln!(
             "the default op: stage 8 up to {} keys, stage 7 past them and at D = 256",
             fp8_attention::STAGE8_MAX_KEYS
@@ -193,9 +223,55 @@ pub fn add(t: &mut Suite) {
         let st = gpu.stream.clone();
         let x = inputs(&st, &qz)?;
         let f = |codes, scales| Fp8 { codes, scales };
-        // An op fixed on stage 7 refuses strided inputs (one that picks by shape runs them on stage 8).
+        // An op fixed on stage 7 reads [B, S, H, D] at B = 1 (its heads evenly spaced): stage 7's bits.
         let mut seven = Attention::with_stage(gpu, Config::default(), Stage::S7)?;
+        let y = inputs(
+            &st,
+            &fixtures::Quantized {
+                q: bshd(&qz.q, s.b, s.h, s.sq, s.d),
+                k: bshd(&qz.k, s.b, s.hkv, s.sk, s.d),
+                v: bshd(&qz.v, s.b, s.hkv, s.sk, s.d),
+                ..qz.clone()
+            },
+        )?;
         let mut o = seven.alloc_output(gpu, &st, &s)?;
+        seven.forward_strided(
+            gpu,
+            &st,
+            s,
+            f(&y.q, &y.qs),
+            f(&y.k, &y.ks),
+            f(&y.v, &y.vs),
+            Strides::bshd(&s),
+            &mut o,
+        )?;
+        ensure!(
+            same_bits(
+                &o.to_host(&st)?,
+                &forward(&mut seven, gpu, &st, s, &x)?.to_host(&st)?
+            ),
+            "stage 7 on [B, S, H, D] at B = 1 differs from [B, H, S, D]"
+        );
+        // At B = 2 its heads are not evenly spaced: refused by name (strides only: the buffers are not read).
+        let two = Shape::new(2, 2, 32, 64);
+        let e = seven
+            .forward_strided(
+                gpu,
+                &st,
+                two,
+                f(&x.q, &x.qs),
+                f(&x.k, &x.ks),
+                f(&x.v, &x.vs),
+                Strides::bshd(&two),
+                &mut o,
+            )
+            .err()
+            .ok_or_else(|| anyhow::anyhow!("stage 7 took [B, S, H, D] at B = 2"))?
+            .to_string();
+        ensure!(
+            e.contains("q at strides") && e.contains("runs stage7"),
+            "{e}"
+        );
         // The error `op` gives for these strides (each of these calls must be refused).
         let mut refused = |op: &mut Attention, strides: Strides| -> anyhow::Result<String> {
             let r = op.forward_strided(
@@ -212,11 +288,6 @@ pub fn add(t: &mut Suite) {
                 .ok_or_else(|| anyhow::anyhow!("strides {strides:?} were taken"))?
                 .to_string())
         };
-        let e = refused(&mut seven, Strides::bshd(&s))?;
-        ensure!(
-            e.contains("read in place by stage8") && e.contains("runs stage7"),
-            "{e}"
-        );
         let mut eight = Attention::with_stage(gpu, Config::default(), Stage::S8)?;
         let wide = Strides {
             k: [2 * 64 + 16, 64, 64 * 2 * 64],
