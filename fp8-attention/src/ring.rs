@@ -82,17 +82,19 @@ pub struct RankOutput {
     pub host: HostTimes,
 }
 
-/// A ring call's host time on a rank, ms, in its order: the ranks' input check (an all-reduce the host waits for:
-/// every rank's arrival), the setup (buffers, the ops, the own shard's copy), queueing the steps (NCCL's calls and
-/// every kernel launch), and the wait for the device to finish. A step's device time above its share of the work,
-/// with queueing as long as the steps, says the host is what the device waits for.
+/// A ring call's host time on a rank, ms: the ranks' input check (an all-reduce the host waits for: every rank's
+/// arrival), the setup (buffers, the own shard's copy, and under `RingRank::set_overlap_check` step 0's attention,
+/// queued before the check's wait), queueing the steps (NCCL's calls and every kernel launch), and the wait for the
+/// device to finish. A step's
+/// device time above its share of the work, with queueing as long as the steps, says the host is what the device
+/// waits for.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct HostTimes {
     /// The input check, ms.
     pub check_ms: f64,
-    /// Buffers, ops and the own shard's copy, ms.
+    /// Buffers and the own shard's copy (and step 0's attention, overlapped with the check), ms.
     pub setup_ms: f64,
-    /// Queueing every step, ms.
+    /// Queueing every step's transfer and attention (step 0's already queued where it overlaps the check), ms.
     pub queue_ms: f64,
     /// Waiting for the device, ms.
     pub drain_ms: f64,
@@ -169,6 +171,37 @@ pub fn ring_on_one_device(
         outs.push(steps.finish(Vec::new(), HostTimes::default())?);
     }
     Ok(outs)
+}
+
+/// Why a rank's shards `q`, `k`, `v` (halves of `lens` tokens, of the whole problem `shape`) cannot be read: a codes
+/// buffer shorter than its shard or a scales buffer shorter than its heads, named; None when they can.
+pub(crate) fn short_buffer(
+    shape: Shape,
+    lens: [usize; 2],
+    q: &Shard,
+    k: &Shard,
+    v: &Shard,
+) -> Option<String> {
+    let l = lens[0] + lens[1];
+    let rows = [("q", q, shape.h), ("k", k, shape.hkv), ("v", v, shape.hkv)];
+    rows.iter().find_map(|(what, t, heads)| {
+        let (codes, scales) = (shape.b * heads * l * shape.d, shape.b * heads);
+        if t.tensor.codes.len() < codes {
+            Some(format!(
+                "its {what} codes hold {} bytes; its shard [B, heads, L0 + L1, D] = [{}, {heads}, {l}, {}] needs {codes}",
+                t.tensor.codes.len(),
+                shape.b,
+                shape.d
+            ))
+        } else if t.tensor.scales.len() < scales {
+            Some(format!(
+                "its {what} scales hold {}; one per (batch, head) is {scales}",
+                t.tensor.scales.len()
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 /// Rows `bits` (ring-schedule's halves: 1 the first, 2 the second, 3 both) of a shard of halves `lens`: the first row

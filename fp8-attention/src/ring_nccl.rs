@@ -66,10 +66,11 @@ fn wait(st: &Arc<CudaStream>, deadline: Instant, rank: usize, what: &str) -> Res
 /// This rank's part of ring attention over `comm` (rank `comm.rank()` of `comm.world_size()`, on `gpu`, whose
 /// stream the communicator was made with): its zigzag shards `q`, `k`, `v` of the whole problem `shape` (Sq = Sk =
 /// S over every rank). At each step the K/V shard in hand goes on to rank + 1 and the next comes from rank − 1 on the
-/// communicator's stream, while this rank attends the one in hand on a stream of its own (ring-schedule's blocks,
-/// stage 7 into f32 parts, each merged into the running (O, LSE) by attn-merge); a step's transfer waits for the
+/// communicator's stream, while this rank attends the one in hand on a stream of its own (ring-schedule's launches,
+/// stage 7 on views of the shards' halves, each after the first into an f32 part merged into the running (O, LSE) by
+/// attn-merge); a step's transfer waits for the
 /// step before's reads of the buffer it fills, and a step's attention for the transfer that filled its buffer.
-/// Every rank must call this with the same `shape`. Before anything else the ranks tell each other whether their
+/// Every rank must call this with the same `shape`. Before anything is sent the ranks tell each other whether their
 /// inputs are right (an all-reduce of one flag): where one rank's are not, every rank returns an error naming that
 /// rank, and nothing is sent. Where a peer stops later (it died, or its device failed), this rank's wait for the ring
 /// ends after `timeout` with [`Error::Ring`], whether it waits on the device or inside NCCL on the host (connecting
@@ -98,6 +99,8 @@ pub struct RingRank {
     st: Arc<CudaStream>,
     bufs: [Travel; 2],
     steps: RankSteps,
+    /// Queue step 0's attention before waiting for the ranks' verdict (`set_overlap_check`).
+    overlap_check: bool,
 }
 
 impl std::fmt::Debug for RingRank {
@@ -142,6 +145,7 @@ impl RingRank {
             st,
             bufs,
             steps,
+            overlap_check: false,
         })
     }
 
@@ -150,6 +154,14 @@ impl RingRank {
     /// [`Attention::set_split_tail`](crate::Attention::set_split_tail)). On for an A/B.
     pub fn set_split_tail(&mut self, on: bool) {
         self.steps.set_split_tail(on);
+    }
+
+    /// With `on`, step 0's attention (the own shard, which needs no peer) is queued before the host waits for the
+    /// ranks' verdict on their inputs, so that the wait runs under it; step 0's transfer is then posted behind a
+    /// persistent launch that holds every SM, and runs when it ends. Off by default: the verdict first, then step 0's
+    /// transfer and attention (the A/B in `sdpa bench --ranks`, docs/decisions.md).
+    pub fn set_overlap_check(&mut self, on: bool) {
+        self.overlap_check = on;
     }
 
     /// One call ([`ring_attention_rank`]'s, on this state): every rank of `comm` calls it with its shards.
@@ -206,32 +218,28 @@ impl RingRank {
                 ));
             }
         }
+        if mine.is_none() {
+            mine = crate::ring::short_buffer(shape, lens(rank), &q, &k, &v);
+        }
         let comm_stream: Arc<CudaStream> = comm.stream();
+        let st = self.st.clone();
         // Every rank's verdict on its inputs: the largest failing rank + 1 (0: all fine), by an all-reduce (max).
         let flag = comm_stream
             .clone_htod(&[if mine.is_some() { rank as i32 + 1 } else { 0 }])
             .map_err(drv)?;
         let mut worst = comm_stream.alloc_zeros::<i32>(1).map_err(drv)?;
         comm.all_reduce_max(&flag, &mut worst)?;
-        wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
-        let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
         if let Some(why) = mine {
+            wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
             return Err(Error::Ring(format!("rank {rank} of {world}: {why}")));
         }
-        if worst > 0 {
-            return Err(Error::Ring(format!(
-                "rank {rank} of {world}: rank {} refused its inputs (its own error says why); nothing was sent",
-                worst - 1
-            )));
-        }
-        let check_ms = since(t0);
         let t1 = Instant::now();
-        let st = self.st.clone();
         let per_tok = shape.b * shape.hkv * shape.d;
         let heads_kv = shape.b * shape.hkv;
         // The last call's reads of the travel buffers are done (its drain waited for both streams).
         let bufs = &mut self.bufs;
-        // Step 0's shard is this rank's own, copied into the first travel buffer.
+        // Step 0's shard is this rank's own, copied into the first travel buffer; its attention (which needs nothing
+        // from a peer) is queued before the host waits for the verdict, so that the wait runs under it.
         let n = (k.lens[0] + k.lens[1]) * per_tok;
         if n > 0 {
             st.memcpy_dtod(&k.tensor.codes.slice(0..n), &mut bufs[0].k.slice_mut(0..n))
@@ -243,30 +251,75 @@ impl RingRank {
             .map_err(drv)?;
         st.memcpy_dtod(&v.tensor.scales.slice(0..heads_kv), &mut bufs[0].vs)
             .map_err(drv)?;
-        let steps = &mut self.steps;
-        steps.begin(gpu, &st)?;
-        let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
+        let copied = st.record_event(None).map_err(drv)?;
         // Each step's events: attention start and end on `st`, transfer start and end on the communicator's stream.
         let timed = |s: &Arc<CudaStream>| {
             s.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(drv)
         };
+        let steps = &mut self.steps;
+        steps.begin(gpu, &st)?;
+        // The verdict: every rank's inputs right, or this rank's error naming the one that refused (after the device
+        // is done with the caller's shard).
+        let verdict = || -> Result<()> {
+            wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
+            let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
+            if worst > 0 {
+                wait(&st, deadline, rank, "step 0's attention")?;
+                return Err(Error::Ring(format!(
+                    "rank {rank} of {world}: rank {} refused its inputs (its own error says why); nothing was sent",
+                    worst - 1
+                )));
+            }
+            Ok(())
+        };
+        let mut first = None;
+        let setup_ms;
+        if self.overlap_check {
+            let a0 = timed(&st)?;
+            steps.step(
+                gpu,
+                &st,
+                (world, rank, 0),
+                &q,
+                bufs[0].tensors(),
+                lens(rank),
+            )?;
+            first = Some((a0, timed(&st)?));
+            setup_ms = since(t1);
+            verdict()?;
+        } else {
+            setup_ms = since(t1);
+            verdict()?;
+        }
+        let check_ms = since(t0) - setup_ms;
+        let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
         let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
-        let setup_ms = since(t1);
         let t2 = Instant::now();
         for step in 0..world {
-            // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
-            // done before this step's transfer fills it.
-            st.join(&comm_stream).map_err(drv)?;
-            comm_stream.join(&st).map_err(drv)?;
-            let a0 = timed(&st)?;
-            let mut transfer = None;
             let (lo, hi) = bufs.split_at_mut(1);
             let (cur, nxt) = if step % 2 == 0 {
                 (&mut lo[0], &mut hi[0])
             } else {
                 (&mut hi[0], &mut lo[0])
             };
+            // The transfer that filled this step's buffer has landed; the step before's reads of the other buffer are
+            // done before this step's transfer fills it. Step 0's attention is queued already: its transfer waits
+            // only for the own shard's copy.
+            if step == 0 {
+                comm_stream.wait(&copied).map_err(drv)?;
+            } else {
+                st.join(&comm_stream).map_err(drv)?;
+                comm_stream.join(&st).map_err(drv)?;
+            }
+            // Step 0's attention, where it was queued before the verdict, has its marks; a step's starts here.
+            let queued = if step == 0 { first.take() } else { None };
+            let start = if queued.is_none() {
+                Some(timed(&st)?)
+            } else {
+                None
+            };
+            let mut transfer = None;
             let src = ring_schedule::source(world, rank, step);
             if step + 1 < world {
                 let c0 = timed(&comm_stream)?;
@@ -295,9 +348,13 @@ impl RingRank {
                 })?;
                 transfer = Some((c0, timed(&comm_stream)?));
             }
-            // The travel buffers are sized for the longest shard: the step reads the first elements.
-            steps.step(gpu, &st, (world, rank, step), &q, cur.tensors(), lens(src))?;
-            marks.push((a0, timed(&st)?, transfer));
+            if let Some((a0, a1)) = queued {
+                marks.push((a0, a1, transfer));
+            } else if let Some(a0) = start {
+                // The travel buffers are sized for the longest shard: the step reads the first elements.
+                steps.step(gpu, &st, (world, rank, step), &q, cur.tensors(), lens(src))?;
+                marks.push((a0, timed(&st)?, transfer));
+            }
         }
         let queue_ms = since(t2);
         let t3 = Instant::now();

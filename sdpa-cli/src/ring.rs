@@ -20,9 +20,16 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
     quantize_per_head(&Raw::random(shape, 1000 + r as u64, 1.0))
 }
 
-/// One rank's timings: wall ms a call with a fresh state each call, with a kept one, and with the kept one dealing
-/// split tails ahead (the A/B), and its last fresh call's step and host times.
-type RankTimes = (Vec<f64>, Vec<f64>, Vec<f64>, Vec<StepTime>, HostTimes);
+/// One rank's timings: wall ms a call with a fresh state each call, then on a kept one in each of [`KEPT_RUNS`]'
+/// settings, and its last fresh call's step and host times.
+type RankTimes = (Vec<f64>, Vec<Vec<f64>>, Vec<StepTime>, HostTimes);
+
+/// The kept state's runs: as the library sets it, then two A/Bs.
+const KEPT_RUNS: [&str; 3] = [
+    "on a state kept across calls (RingRank)",
+    "the same with each step's launches dealing a split tail ahead (A/B)",
+    "the same with step 0 queued under the ranks' input check (A/B)",
+];
 
 /// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
 /// rank's stream synchronised: the ranks run in lockstep), each call with its own state (`ring_attention_rank`) and
@@ -66,35 +73,40 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)
         })?;
         let (steps, host) = (last.steps, last.host);
-        // The same calls on a state kept across them (RingRank: buffers and ops made once); then, as an A/B, with
-        // each step's launches dealing a split tail ahead.
+        // The same calls on a state kept across them (RingRank: buffers and ops made once); then, as A/Bs, with each
+        // step's launches dealing a split tail ahead, and with step 0 queued under the ranks' input check.
         let mut kept = RingRank::new(gpu, comm, s)?;
-        let (out_kept, _) = timed_calls(iters, || {
-            kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
-        })?;
-        kept.set_split_tail(true);
-        let (out_split, _) = timed_calls(iters, || {
-            kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
-        })?;
-        Ok((out, out_kept, out_split, steps, host))
+        let mut runs = Vec::with_capacity(KEPT_RUNS.len());
+        for (i, _) in KEPT_RUNS.iter().enumerate() {
+            kept.set_split_tail(i == 1);
+            kept.set_overlap_check(i == 2);
+            runs.push(
+                timed_calls(iters, || {
+                    kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
+                })?
+                .0,
+            );
+        }
+        Ok((out, runs, steps, host))
     })?;
-    let (mut rank0, mut kept0, mut split0, mut steps0, mut host0) =
-        (vec![], vec![], vec![], vec![], HostTimes::default());
+    let (mut rank0, mut kept0, mut steps0, mut host0) =
+        (vec![], vec![], vec![], HostTimes::default());
     // Each rank's device time in its last call's steps (its attention, the transfers under it): a rank whose steps
     // take longer holds up the others at the next call's input check.
     let mut in_steps = vec![];
     for (r, t) in times.into_iter().enumerate() {
-        let (t, kept, split, steps, host) = t.with_context(|| format!("rank {r}"))?;
+        let (t, kept, steps, host) = t.with_context(|| format!("rank {r}"))?;
         in_steps.push(steps.iter().map(|st| f64::from(st.step_ms)).sum::<f64>());
         if r == 0 {
-            (rank0, kept0, split0, steps0, host0) = (t, kept, split, steps, host);
+            (rank0, kept0, steps0, host0) = (t, kept, steps, host);
         }
     }
+    let median = |mut x: Vec<f64>| {
+        x.sort_by(f64::total_cmp);
+        x[x.len() / 2]
+    };
+    let kept_ms: Vec<f64> = kept0.into_iter().map(median).collect();
     rank0.sort_by(f64::total_cmp);
-    kept0.sort_by(f64::total_cmp);
-    split0.sort_by(f64::total_cmp);
-    let kept_ms = kept0[kept0.len() / 2];
-    let split_ms = split0[split0.len() / 2];
     let ring_ms = rank0[rank0.len() / 2];
     // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
     let gpu = lab::Gpu::device(0)?;
@@ -117,15 +129,13 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         flops / (one_ms * 1e-3) / 1e12,
         one_ms / ring_ms
     );
-    println!(
-        "  on a state kept across calls (RingRank): {kept_ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU",
-        flops / (kept_ms * 1e-3) / 1e12,
-        one_ms / kept_ms
-    );
-    println!(
-        "  the same with each step's launches dealing a split tail ahead (A/B): {split_ms:.3} ms a call: {:.2}× one GPU",
-        one_ms / split_ms
-    );
+    for (label, ms) in KEPT_RUNS.iter().zip(&kept_ms) {
+        println!(
+            "  {label}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU",
+            flops / (ms * 1e-3) / 1e12,
+            one_ms / ms
+        );
+    }
     println!(
         "  each rank's steps (its last call, device events): {} ms",
         in_steps

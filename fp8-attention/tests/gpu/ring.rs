@@ -184,10 +184,29 @@ fn ring_nccl_run(
         };
         let limit = std::time::Duration::from_secs(60);
         let (q1, k1, v1) = shards();
-        let out = ring_attention_rank(gpu, comm, s, q1, k1, v1, limit)?;
-        // The same call twice on a kept state (RingRank: its buffers and ops reused): both give the one-call bits.
+        let out = ring_attention_rank(gpu, comm, s, q1, k1, v1, limit);
+        if bad.is_some() {
+            // The same refusal on a state that queues step 0 under the ranks' check: the same error on every rank.
+            let mut overlapped = RingRank::new(gpu, comm, s)?;
+            overlapped.set_overlap_check(true);
+            let (q2, k2, v2) = shards();
+            let again = overlapped.run(gpu, comm, q2, k2, v2, limit);
+            let text = |r: &fp8_attention::Result<fp8_attention::RankOutput>| {
+                r.as_ref().err().map(|e| e.to_string())
+            };
+            ensure!(
+                text(&out).is_some() && text(&out) == text(&again),
+                "rank {r}: refusals differ with step 0 under the check: {:?} / {:?}",
+                text(&out),
+                text(&again)
+            );
+        }
+        let out = out?;
+        // The same call twice on a kept state (RingRank: its buffers and ops reused), the second with step 0 queued
+        // under the ranks' input check: both give the one-call bits.
         let mut kept = RingRank::new(gpu, comm, s)?;
         for call in 0..2 {
+            kept.set_overlap_check(call == 1);
             let (q2, k2, v2) = shards();
             let again = kept.run(gpu, comm, q2, k2, v2, limit)?;
             ensure!(
