@@ -155,7 +155,7 @@ pub fn ring_on_one_device(
     }
     let mut outs = Vec::with_capacity(world);
     for (rank, mine) in q.iter().enumerate() {
-        let mut steps = RankSteps::new(gpu, stream, shape, mine.lens)?;
+        let mut steps = RankSteps::new(gpu, world, shape, mine.lens)?;
         steps.begin(gpu, stream)?;
         for step in 0..world {
             let (k, v) = &kv[ring_schedule::source(world, rank, step)];
@@ -204,6 +204,19 @@ pub(crate) fn short_buffer(
     })
 }
 
+/// Which ring steps' launches deal the last, partial wave of their units ahead to every block, split by key tiles
+/// (`Attention::set_split_tail`). A step with a transfer in flight shares the GPU with NCCL's kernels, and a block
+/// that starts late would hold up its dealt share; the last step sends nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitTail {
+    /// No step: every unit whole, taken from the counter.
+    Never,
+    /// The last step only (the default).
+    Last,
+    /// Every step.
+    Every,
+}
+
 /// Rows `bits` (ring-schedule's halves: 1 the first, 2 the second, 3 both) of a shard of halves `lens`: the first row
 /// and the count.
 fn rows_of(bits: u8, lens: [usize; 2]) -> (usize, usize) {
@@ -220,7 +233,9 @@ fn rows_of(bits: u8, lens: [usize; 2]) -> (usize, usize) {
 /// to call.
 pub(crate) struct RankSteps {
     shape: Shape,
+    world: usize,
     q_lens: [usize; 2],
+    split: SplitTail,
     full: Attention,
     diag: Attention,
     merger: Merger,
@@ -234,29 +249,23 @@ pub(crate) struct RankSteps {
 }
 
 impl RankSteps {
-    /// A rank whose Q halves hold `q_lens` tokens, of the whole problem `shape`.
-    pub(crate) fn new(
-        gpu: &Gpu,
-        _stream: &Arc<CudaStream>,
-        shape: Shape,
-        q_lens: [usize; 2],
-    ) -> Result<Self> {
+    /// A rank of `world` whose Q halves hold `q_lens` tokens, of the whole problem `shape`.
+    pub(crate) fn new(gpu: &Gpu, world: usize, shape: Shape, q_lens: [usize; 2]) -> Result<Self> {
         let cfg = |causal| Config {
             causal,
             out_dtype: OutDtype::F32,
             softmax_scale: None,
             window: fixtures::Window::NONE,
         };
-        // NCCL's kernels share the GPU with a step's attention: each launch takes its units from the counter (no
-        // split tail dealt ahead), so a block whose SM NCCL holds for a while takes fewer, not delays the step.
-        let op = |causal| -> Result<Attention> {
-            let mut op = Attention::with_stage(gpu, cfg(causal), crate::stage_for(gpu))?;
-            op.set_split_tail(false);
-            Ok(op)
-        };
+        // NCCL's kernels share the GPU with a step's attention: a step with a transfer takes its units from the
+        // counter (no split tail dealt ahead), so a block whose SM NCCL holds for a while takes fewer, not delays the
+        // step (`SplitTail`, set per step).
+        let op = |causal| Attention::with_stage(gpu, cfg(causal), crate::stage_for(gpu));
         Ok(RankSteps {
             shape,
+            world,
             q_lens,
+            split: SplitTail::Last,
             full: op(false)?,
             diag: op(true)?,
             merger: Merger::default(),
@@ -265,8 +274,18 @@ impl RankSteps {
         })
     }
 
-    /// Both ops' split tail (`Attention::set_split_tail`).
-    pub(crate) fn set_split_tail(&mut self, on: bool) {
+    /// Which steps deal a split tail ahead.
+    pub(crate) fn set_split_tail(&mut self, split: SplitTail) {
+        self.split = split;
+    }
+
+    /// Both ops' split tail as `self.split` sets it for step `step`.
+    fn split_for(&mut self, step: usize) {
+        let on = match self.split {
+            SplitTail::Never => false,
+            SplitTail::Last => step + 1 == self.world,
+            SplitTail::Every => true,
+        };
         self.full.set_split_tail(on);
         self.diag.set_split_tail(on);
     }
@@ -285,6 +304,8 @@ impl RankSteps {
     /// Starts a call's running result on `stream`: new buffers (the last call's went out with its [`RankOutput`]),
     /// not initialised — the first step writes every row. A rank with no rows gets one row of O = 0, LSE = −inf.
     pub(crate) fn begin(&mut self, gpu: &Gpu, stream: &Arc<CudaStream>) -> Result<()> {
+        // Step 0's launch writes the result, with its split tail's parts past the rows where it splits.
+        self.split_for(0);
         let whole = self.whole();
         let op = if whole.causal { &self.diag } else { &self.full };
         self.acc = Some(if whole.sq == 0 {
@@ -343,6 +364,7 @@ impl RankSteps {
                 return Err(Error::Scales { tensor, got, want });
             }
         }
+        self.split_for(step);
         for l in ring_schedule::launches(world, rank, step, shape.causal) {
             let ((q0, lq), (k0, lk)) = (rows_of(l.q, self.q_lens), rows_of(l.kv, held));
             if lq == 0 || lk == 0 {

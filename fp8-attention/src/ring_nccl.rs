@@ -10,7 +10,7 @@ use lab::cudarc::nccl::Id;
 
 use crate::attention::Fp8;
 use crate::error::{Error, Result};
-use crate::ring::{HostTimes, RankOutput, RankSteps, Shard, StepTime, zigzag_range};
+use crate::ring::{HostTimes, RankOutput, RankSteps, Shard, SplitTail, StepTime, zigzag_range};
 use crate::ring_comm::{RingComm, group, nccl};
 
 /// A step's events: its attention's start and end on the rank's stream, its transfer's on the communicator's.
@@ -137,7 +137,7 @@ impl RingRank {
             })
         };
         let bufs = [alloc()?, alloc()?];
-        let steps = RankSteps::new(gpu, &st, shape, lens(rank))?;
+        let steps = RankSteps::new(gpu, world, shape, lens(rank))?;
         Ok(RingRank {
             shape,
             world,
@@ -149,11 +149,10 @@ impl RingRank {
         })
     }
 
-    /// Whether each step's attention launches deal a split last wave ahead to their blocks (off by default: NCCL's
-    /// kernels hold some SMs during a step, and a block that starts late then takes fewer units from the counter;
-    /// [`Attention::set_split_tail`](crate::Attention::set_split_tail)). On for an A/B.
-    pub fn set_split_tail(&mut self, on: bool) {
-        self.steps.set_split_tail(on);
+    /// Which steps' launches deal their last, partial wave ahead to every block ([`SplitTail`]; by default the last
+    /// step's, the one with no transfer beside it). The others are A/Bs.
+    pub fn set_split_tail(&mut self, split: SplitTail) {
+        self.steps.set_split_tail(split);
     }
 
     /// With `on`, step 0's attention (the own shard, which needs no peer) is queued before the host waits for the

@@ -3,7 +3,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use fixtures::{Raw, Shape, quantize_per_head};
-use fp8_attention::{Fp8, HostTimes, RingRank, Shard, StepTime, ring_attention_rank, zigzag_range};
+use fp8_attention::{
+    Fp8, HostTimes, RingRank, Shard, SplitTail, StepTime, ring_attention_rank, zigzag_range,
+};
 use lab::cudarc::driver::CudaSlice;
 use lab::cudarc::driver::sys::CUevent_flags;
 
@@ -25,9 +27,10 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 type RankTimes = (Vec<f64>, Vec<Vec<f64>>, Vec<StepTime>, HostTimes);
 
 /// The kept state's runs: as the library sets it, then two A/Bs.
-const KEPT_RUNS: [&str; 3] = [
-    "on a state kept across calls (RingRank)",
-    "the same with each step's launches dealing a split tail ahead (A/B)",
+const KEPT_RUNS: [&str; 4] = [
+    "on a state kept across calls (RingRank; the last step's launch splits its tail)",
+    "the same with no step splitting its tail (A/B)",
+    "the same with every step's launch splitting its tail (A/B)",
     "the same with step 0 queued under the ranks' input check (A/B)",
 ];
 
@@ -73,13 +76,20 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)
         })?;
         let (steps, host) = (last.steps, last.host);
-        // The same calls on a state kept across them (RingRank: buffers and ops made once); then, as A/Bs, with each
-        // step's launches dealing a split tail ahead, and with step 0 queued under the ranks' input check.
+        // The same calls on a state kept across them (RingRank: buffers and ops made once); then, as A/Bs, with no
+        // step's launch splitting its tail, with every step's, and with step 0 queued under the ranks' input check.
         let mut kept = RingRank::new(gpu, comm, s)?;
         let mut runs = Vec::with_capacity(KEPT_RUNS.len());
         for (i, _) in KEPT_RUNS.iter().enumerate() {
-            kept.set_split_tail(i == 1);
-            kept.set_overlap_check(i == 2);
+            kept.set_split_tail(
+                [
+                    SplitTail::Last,
+                    SplitTail::Never,
+                    SplitTail::Every,
+                    SplitTail::Last,
+                ][i],
+            );
+            kept.set_overlap_check(i == 3);
             runs.push(
                 timed_calls(iters, || {
                     kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)

@@ -282,8 +282,8 @@ pub fn add(t: &mut Suite) {
     ] {
         t.gpu(&format!("ring::on_one_device::{name}"), move |gpu| {
             if name.ends_with("split_tail") {
-                // A step's launch at W = 2 (a rank's shard against a shard) must split its tail on this GPU where the
-                // split tail is on (the bench's A/B; off in the ring by default).
+                // A step's launch at W = 2 (a rank's shard against a shard) must split its tail on this GPU: the last
+                // step's does (SplitTail::Last, the default), its parts merged in the kernel's own merge.
                 let block = Shape::new(shape.b, shape.h, shape.sq / 2, shape.d);
                 let plan = composed::SplitPlan::of(composed::Stage::S7, &block, 128, gpu.sms);
                 ensure!(
