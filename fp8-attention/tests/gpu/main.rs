@@ -45,6 +45,30 @@ pub fn forward(
     Ok(op.forward(gpu, st, s, f(&x.q, &x.qs), f(&x.k, &x.ks), f(&x.v, &x.vs))?)
 }
 
+/// `op`'s call on `x` read through `strides` (`Attention::forward_strided`), into new outputs.
+pub fn forward_strided(
+    op: &mut Attention,
+    gpu: &Gpu,
+    st: &Arc<CudaStream>,
+    s: Shape,
+    x: &Inputs,
+    strides: fp8_attention::Strides,
+) -> Result<Output> {
+    let f = |codes, scales| Fp8 { codes, scales };
+    let mut o = op.alloc_output(gpu, st, &s)?;
+    op.forward_strided(
+        gpu,
+        st,
+        s,
+        f(&x.q, &x.qs),
+        f(&x.k, &x.ks),
+        f(&x.v, &x.vs),
+        strides,
+        &mut o,
+    )?;
+    Ok(o)
+}
+
 /// The lab's own path (upload, launch, download with every element checked written) on the same problem.
 pub fn lab_path(gpu: &Gpu, qz: &Quantized, out: OutDtype) -> Result<fixtures::Attention<f32>> {
     lab_path_on(gpu, qz, out, fp8_attention::fastest_stage(gpu, &qz.shape)?)

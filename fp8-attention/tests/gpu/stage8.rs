@@ -4,7 +4,7 @@ use fixtures::{OutDtype, Raw, Shape, quantize_per_head};
 use fp8_attention::{Attention, Config, Fp8, OutBuf, Packed, PagedCache, Real, Stage, Strides};
 use lab::Suite;
 
-use crate::{CASES, forward, inputs, lab_path_on, same_bits};
+use crate::{CASES, Inputs, forward, forward_strided, inputs, lab_path_on, same_bits};
 
 /// [B, H, S, D] (row-major) as [B, S, H, D].
 fn bshd(a: &[u8], b: usize, h: usize, s: usize, d: usize) -> Vec<u8> {
@@ -18,6 +18,23 @@ fn bshd(a: &[u8], b: usize, h: usize, s: usize, d: usize) -> Vec<u8> {
         }
     }
     out
+}
+
+/// `qz`'s codes on the device as [B, S, H, D] (its scales as they are).
+fn bshd_inputs(
+    st: &std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    qz: &fixtures::Quantized,
+) -> anyhow::Result<Inputs> {
+    let s = qz.shape;
+    inputs(
+        st,
+        &fixtures::Quantized {
+            q: bshd(&qz.q, s.b, s.h, s.sq, s.d),
+            k: bshd(&qz.k, s.b, s.hkv, s.sk, s.d),
+            v: bshd(&qz.v, s.b, s.hkv, s.sk, s.d),
+            ..qz.clone()
+        },
+    )
 }
 
 pub fn add(t: &mut Suite) {
@@ -42,28 +59,7 @@ pub fn add(t: &mut Suite) {
                 "{name}: stage 8's op differs from the lab's stage 8 launch"
             );
             // [B, S, H, D] copies of the same codes, read in place through their strides.
-            let sw = |a: &[u8], h: usize, rows: usize| bshd(a, s.b, h, rows, s.d);
-            let y = inputs(
-                &st,
-                &fixtures::Quantized {
-                    q: sw(&qz.q, s.h, s.sq),
-                    k: sw(&qz.k, s.hkv, s.sk),
-                    v: sw(&qz.v, s.hkv, s.sk),
-                    ..qz.clone()
-                },
-            )?;
-            let f = |codes, scales| Fp8 { codes, scales };
-            let mut o = op.alloc_output(gpu, &st, &s)?;
-            op.forward_strided(
-                gpu,
-                &st,
-                s,
-                f(&y.q, &y.qs),
-                f(&y.k, &y.ks),
-                f(&y.v, &y.vs),
-                Strides::bshd(&s),
-                &mut o,
-            )?;
+            let o = forward_strided(&mut op, gpu, &st, s, &bshd_inputs(&st, &qz)?, Strides::bshd(&s))?;
             ensure!(
                 same_bits(&o.to_host(&st)?, &got),
                 "{name}: [B, S, H, D] inputs give other bits"
@@ -159,18 +155,7 @@ pub fn add(t: &mut Suite) {
                 "{s:?}: the default op's bits are not {}'s",
                 want.name()
             );
-            let f = |codes, scales| Fp8 { codes, scales };
-            let mut o = auto.alloc_output(gpu, &st, &s)?;
-            auto.forward_strided(
-                gpu,
-                &st,
-                s,
-                f(&x.q, &x.qs),
-                f(&x.k, &x.ks),
-                f(&x.v, &x.vs),
-                Strides::contiguous(&s),
-                &mut o,
-            )?;
+            let o = forward_strided(&mut auto, gpu, &st, s, &x, Strides::contiguous(&s))?;
             ensure!(
                 same_bits(&o.to_host(&st)?, &got),
                 "{s:?}: the default op's strided call (contiguous strides) is not {}'s",
@@ -180,28 +165,14 @@ pub fn add(t: &mut Suite) {
         // [B, S, H, D] at B = 2 past STAGE8_MAX_KEYS: heads of two batches not evenly spaced, so stage 8 reads it.
         let s = Shape::cross(2, 2, 64, fp8_attention::STAGE8_MAX_KEYS + 1, 128);
         let qz = quantize_per_head(&Raw::random(s, 31, 1.0));
-        let sw = |a: &[u8], h: usize, rows: usize| bshd(a, s.b, h, rows, s.d);
-        let y = inputs(
-            &st,
-            &fixtures::Quantized {
-                q: sw(&qz.q, s.h, s.sq),
-                k: sw(&qz.k, s.hkv, s.sk),
-                v: sw(&qz.v, s.hkv, s.sk),
-                ..qz.clone()
-            },
-        )?;
-        let f = |codes, scales| Fp8 { codes, scales };
         let mut auto = Attention::new(gpu, Config::default())?;
-        let mut o = auto.alloc_output(gpu, &st, &s)?;
-        auto.forward_strided(
+        let o = forward_strided(
+            &mut auto,
             gpu,
             &st,
             s,
-            f(&y.q, &y.qs),
-            f(&y.k, &y.ks),
-            f(&y.v, &y.vs),
+            &bshd_inputs(&st, &qz)?,
             Strides::bshd(&s),
-            &mut o,
         )?;
         let mut eight = Attention::with_stage(gpu, Config::default(), Stage::S8)?;
         ensure!(
@@ -225,25 +196,13 @@ pub fn add(t: &mut Suite) {
         let f = |codes, scales| Fp8 { codes, scales };
         // An op fixed on stage 7 reads [B, S, H, D] at B = 1 (its heads evenly spaced): stage 7's bits.
         let mut seven = Attention::with_stage(gpu, Config::default(), Stage::S7)?;
-        let y = inputs(
-            &st,
-            &fixtures::Quantized {
-                q: bshd(&qz.q, s.b, s.h, s.sq, s.d),
-                k: bshd(&qz.k, s.b, s.hkv, s.sk, s.d),
-                v: bshd(&qz.v, s.b, s.hkv, s.sk, s.d),
-                ..qz.clone()
-            },
-        )?;
-        let mut o = seven.alloc_output(gpu, &st, &s)?;
-        seven.forward_strided(
+        let mut o = forward_strided(
+            &mut seven,
             gpu,
             &st,
             s,
-            f(&y.q, &y.qs),
-            f(&y.k, &y.ks),
-            f(&y.v, &y.vs),
+            &bshd_inputs(&st, &qz)?,
             Strides::bshd(&s),
-            &mut o,
         )?;
         ensure!(
             same_bits(
