@@ -76,3 +76,61 @@ impl Strides {
         ])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_heads_of_the_layouts_stage_7_reads_and_refuses() {
+        let s = fixtures::Shape::cross(1, 4, 100, 300, 64)
+            .with_kv_heads(2)
+            .unwrap();
+        // Contiguous: rows D apart, heads S·D apart.
+        let c = Strides::contiguous(&s).flat_heads(&s).unwrap();
+        assert_eq!(c[0], FlatHeads::contiguous(100, 64));
+        assert_eq!(c[1], FlatHeads::contiguous(300, 64));
+        // [B, S, H, D] at B = 1: rows H·D apart, heads D apart.
+        let b = Strides::bshd(&s).flat_heads(&s).unwrap();
+        assert_eq!(
+            b[0],
+            FlatHeads {
+                row: 4 * 64,
+                head: 64
+            }
+        );
+        assert_eq!(
+            b[2],
+            FlatHeads {
+                row: 2 * 64,
+                head: 64
+            }
+        );
+        // A run of rows of heads 500 rows long (the ring's halves), B = 2: heads evenly spaced across batches.
+        let two = fixtures::Shape::cross(2, 4, 100, 300, 64);
+        let view = [64, 500 * 64, 4 * 500 * 64];
+        let v = Strides {
+            q: view,
+            k: view,
+            v: view,
+        }
+        .flat_heads(&two)
+        .unwrap();
+        assert_eq!(
+            v[1],
+            FlatHeads {
+                row: 64,
+                head: 500 * 64
+            }
+        );
+        // [B, S, H, D] at B = 2: a batch's heads are not where b·H + h would put them; named.
+        let e = Strides::bshd(&two)
+            .flat_heads(&two)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("q at strides") && e.contains("take stage8"),
+            "{e}"
+        );
+    }
+}

@@ -63,6 +63,18 @@ impl Rows {
         }
     }
 
+    /// Why the merge cannot place these rows (groups that overlap, or groups of no rows), named; Ok where it can.
+    pub fn check(&self) -> Result<()> {
+        ensure!(
+            self.per >= 1 && (self.n <= self.per || self.stride >= self.off + self.per),
+            "the merge's rows: groups of {} rows at a stride of {} from row {} overlap",
+            self.per,
+            self.stride,
+            self.off
+        );
+        Ok(())
+    }
+
     /// Rows the accumulator must hold: one past the last it is written at.
     pub fn acc_rows(&self) -> usize {
         if self.n == 0 {
@@ -124,13 +136,7 @@ impl Merger {
             [64, 128, 256].contains(&d),
             "the merge takes D = 64, 128 or 256 (whole rows a block of {THREADS} threads), not {d}"
         );
-        ensure!(
-            rows.per >= 1 && (rows.n <= rows.per || rows.stride >= rows.off + rows.per),
-            "the merge's rows: groups of {} rows at a stride of {} from row {} overlap",
-            rows.per,
-            rows.stride,
-            rows.off
-        );
+        rows.check()?;
         if rows.n == 0 {
             return Ok(());
         }
@@ -190,5 +196,29 @@ impl Merger {
         }
         .with_context(|| format!("launching {}", spec.name))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_reach_and_overlap() {
+        // A ring rank's second half: 10 heads of 40 rows, into heads of 100 from row 60.
+        let half = Rows {
+            n: 400,
+            per: 40,
+            stride: 100,
+            off: 60,
+        };
+        half.check().unwrap();
+        assert_eq!(half.acc_rows(), 9 * 100 + 60 + 40);
+        assert_eq!(Rows::all(7).acc_rows(), 7);
+        assert_eq!(Rows::all(0).acc_rows(), 0);
+        Rows::all(0).check().unwrap();
+        // Groups of 40 from row 61 run into the next group's rows.
+        let e = Rows { off: 61, ..half }.check().unwrap_err().to_string();
+        assert!(e.contains("overlap"), "{e}");
     }
 }
