@@ -478,7 +478,7 @@ impl Attention {
     ) -> Result<()> {
         let stage = self.strided_stage(&s, &strides);
         if stage == Stage::S7 {
-            if let Err(e) = strides.flat_heads(&self.configured(&s)) {
+            if let Err(e) = strides.flat_heads(&s) {
                 return Err(Error::Unsupported(format!("{e:#}; this op runs stage7")));
             }
         } else if !stage.transposes_v() {
@@ -655,8 +655,8 @@ impl Attention {
                 s.d
             )));
         }
-        let (o, _go) = out.o.device_ptr_mut(stream);
-        let (lse, _gl) = out.lse.device_ptr_mut(stream);
+        let (o, o_guard) = out.o.device_ptr_mut(stream);
+        let (lse, lse_guard) = out.lse.device_ptr_mut(stream);
         self.ws.launch(
             gpu,
             stage,
@@ -666,7 +666,7 @@ impl Attention {
             self.cfg.out_dtype,
             &Tensors { o, lse, ..t },
         )?;
-        drop((_go, _gl));
+        drop((o_guard, lse_guard));
         out.shape = s;
         Ok(())
     }

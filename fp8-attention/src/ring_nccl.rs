@@ -272,9 +272,8 @@ impl RingRank {
             }
             Ok(())
         };
-        let mut first = None;
-        let setup_ms;
-        if self.overlap_check {
+        // Step 0's attention queued before the verdict (`set_overlap_check`): its start and end marks.
+        let mut first = if self.overlap_check {
             let a0 = timed(&st)?;
             steps.step(
                 gpu,
@@ -284,13 +283,12 @@ impl RingRank {
                 bufs[0].tensors(),
                 lens(rank),
             )?;
-            first = Some((a0, timed(&st)?));
-            setup_ms = since(t1);
-            verdict()?;
+            Some((a0, timed(&st)?))
         } else {
-            setup_ms = since(t1);
-            verdict()?;
-        }
+            None
+        };
+        let setup_ms = since(t1);
+        verdict()?;
         let check_ms = since(t0) - setup_ms;
         let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
         let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
@@ -312,11 +310,10 @@ impl RingRank {
                 comm_stream.join(&st).map_err(drv)?;
             }
             // Step 0's attention, where it was queued before the verdict, has its marks; a step's starts here.
-            let queued = if step == 0 { first.take() } else { None };
-            let start = if queued.is_none() {
-                Some(timed(&st)?)
-            } else {
-                None
+            let queued = first.take();
+            let start = match queued {
+                Some(_) => None,
+                None => Some(timed(&st)?),
             };
             let mut transfer = None;
             let src = ring_schedule::source(world, rank, step);

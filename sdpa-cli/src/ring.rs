@@ -26,12 +26,28 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 /// settings, and its last fresh call's step and host times.
 type RankTimes = (Vec<f64>, Vec<Vec<f64>>, Vec<StepTime>, HostTimes);
 
-/// The kept state's runs: as the library sets it, then two A/Bs.
-const KEPT_RUNS: [&str; 4] = [
-    "on a state kept across calls (RingRank; the last step's launch splits its tail)",
-    "the same with no step splitting its tail (A/B)",
-    "the same with every step's launch splitting its tail (A/B)",
-    "the same with step 0 queued under the ranks' input check (A/B)",
+/// The kept state's runs, each (label, split tail, step 0 under the ranks' check): as the library sets it, then A/Bs.
+const KEPT_RUNS: [(&str, SplitTail, bool); 4] = [
+    (
+        "on a state kept across calls (RingRank; the last step's launch splits its tail)",
+        SplitTail::Last,
+        false,
+    ),
+    (
+        "the same with no step splitting its tail (A/B)",
+        SplitTail::Never,
+        false,
+    ),
+    (
+        "the same with every step's launch splitting its tail (A/B)",
+        SplitTail::Every,
+        false,
+    ),
+    (
+        "the same with step 0 queued under the ranks' input check (A/B)",
+        SplitTail::Last,
+        true,
+    ),
 ];
 
 /// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
@@ -80,16 +96,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         // step's launch splitting its tail, with every step's, and with step 0 queued under the ranks' input check.
         let mut kept = RingRank::new(gpu, comm, s)?;
         let mut runs = Vec::with_capacity(KEPT_RUNS.len());
-        for (i, _) in KEPT_RUNS.iter().enumerate() {
-            kept.set_split_tail(
-                [
-                    SplitTail::Last,
-                    SplitTail::Never,
-                    SplitTail::Every,
-                    SplitTail::Last,
-                ][i],
-            );
-            kept.set_overlap_check(i == 3);
+        for (_, split, overlap) in KEPT_RUNS {
+            kept.set_split_tail(split);
+            kept.set_overlap_check(overlap);
             runs.push(
                 timed_calls(iters, || {
                     kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
@@ -139,7 +148,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         flops / (one_ms * 1e-3) / 1e12,
         one_ms / ring_ms
     );
-    for (label, ms) in KEPT_RUNS.iter().zip(&kept_ms) {
+    for ((label, _, _), ms) in KEPT_RUNS.iter().zip(&kept_ms) {
         println!(
             "  {label}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU",
             flops / (ms * 1e-3) / 1e12,
