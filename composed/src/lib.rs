@@ -26,7 +26,7 @@ mod workspace;
 pub use device::OnDevice;
 pub use fixtures::OutDtype;
 pub use packed::{PagedKv, VarlenShape, VarlenTensors};
-pub use plan::{SECTION_KV_BYTES, SplitPlan, grid, schedule_section};
+pub use plan::{SECTION_KV_BYTES, SplitPlan, blocks_leaving, grid, schedule_section};
 pub use prep::{
     LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,
     transpose_v_with, vt_keys, vt_tiles_bytes, vt_tiles_model, vt_tiles_with,

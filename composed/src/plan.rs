@@ -51,6 +51,18 @@ pub fn grid(
     Ok((s.heads() as u32, tiles as u32, 1))
 }
 
+/// The blocks of a persistent launch of `units` work units on `sms` SMs that leaves `free` SMs to other kernels
+/// (a communication library's beside a ring step): at most `sms − free` (at least one), and, where the units are equal
+/// (`equal`: not causal), the fewest that run them in as many waves as `sms − free` blocks would — at 4,096 units
+/// on 132 SMs less one, 128 blocks run the 32 waves 131 would, and leave 4 SMs free.
+pub fn blocks_leaving(units: usize, sms: usize, free: usize, equal: bool) -> usize {
+    let most = sms.saturating_sub(free).max(1);
+    if !equal || units == 0 {
+        return most.min(units.max(1));
+    }
+    units.div_ceil(units.div_ceil(most))
+}
+
 /// Stage 7's split tail (`sdpa::SplitTable`, in the schedule's buffer): with G blocks sharing equal units, the
 /// busiest block runs ⌈U / G⌉ of them where the average is U / G — at (4, 16, 4096, 128), 2048 units on 132 SMs, 16
 /// against 15.5 (ncu: 1984 units cost what 2048 do, 1920 6.4% less; docs/decisions.md, "The last wave"). So the last R
@@ -216,7 +228,42 @@ pub fn schedule_section(s: &fixtures::Shape) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::SplitPlan;
+    use super::{SplitPlan, blocks_leaving};
+
+    #[test]
+    fn blocks_leaving_keep_the_waves_of_the_rest() {
+        // The ring's steps at (1, 16, 131072, 128): 4 GPUs, 4,096 units; 2 GPUs, 8,192.
+        assert_eq!(blocks_leaving(4096, 132, 1, true), 128);
+        assert_eq!(blocks_leaving(8192, 132, 1, true), 131);
+        assert_eq!(blocks_leaving(8192, 132, 2, true), 128);
+        // Causal units differ in length: no wave count, every SM but the free ones.
+        assert_eq!(blocks_leaving(4096, 132, 1, false), 131);
+        // Fewer units than SMs: one block a unit; nothing free asked: one block an SM where the units fill them.
+        assert_eq!(blocks_leaving(40, 132, 4, true), 40);
+        assert_eq!(blocks_leaving(40, 132, 4, false), 40);
+        assert_eq!(blocks_leaving(264, 132, 0, true), 132);
+        // Never no block, even with every SM asked free.
+        assert_eq!(blocks_leaving(100, 4, 9, true), 1);
+        for units in 1..2000 {
+            for free in 0..8 {
+                let most = 132 - free;
+                let b = blocks_leaving(units, 132, free, true);
+                assert!(
+                    b <= most && b >= 1,
+                    "{units} units, {free} free: {b} blocks"
+                );
+                assert_eq!(
+                    units.div_ceil(b),
+                    units.div_ceil(most),
+                    "{units} units, {free} free: {b} blocks"
+                );
+                assert!(
+                    b == 1 || units.div_ceil(b - 1) > units.div_ceil(most),
+                    "{units}, {free}: {b} not the fewest"
+                );
+            }
+        }
+    }
 
     /// `sdpa::tail_piece`: the piece of tail tile `t`.
     fn device_piece(p: &SplitPlan, t: usize) -> usize {

@@ -9,7 +9,7 @@ use lab::{Gpu, Kernel, KernelSpec};
 
 use lab::cudarc::driver::CudaSlice;
 
-use crate::plan::{SplitPlan, grid, schedule_section};
+use crate::plan::{SplitPlan, blocks_leaving, grid, schedule_section};
 use crate::prep;
 use crate::stages::Stage;
 use crate::strides::{FlatHeads, Strides};
@@ -53,6 +53,8 @@ pub struct Workspace {
     plan: Option<SplitPlan>,
     kernel: Option<KernelSpec>,
     blocks: Option<usize>,
+    /// SMs a persistent launch leaves to other kernels (`leave_sms`).
+    free_sms: usize,
     section: Option<usize>,
     /// Plan no split tail: every unit whole and taken from the counter (`use_split_tail`).
     no_split: bool,
@@ -92,6 +94,29 @@ impl Workspace {
     /// Launch a persistent stage with `blocks` blocks from now on (`None`: one an SM).
     pub fn use_blocks(&mut self, blocks: Option<usize>) {
         self.blocks = blocks;
+    }
+
+    /// Leave `free` SMs to other kernels from now on (0, the default: none): a persistent stage's launch takes
+    /// `plan::blocks_leaving`'s blocks, unless `use_blocks` set a count. For launches beside a communication library's
+    /// kernels (NCCL's during a ring step), which otherwise wait for an SM until the launch's blocks end.
+    pub fn leave_sms(&mut self, free: usize) {
+        self.free_sms = free;
+    }
+
+    /// The block count a persistent launch of `stage` on `s` (units of `rows` rows) asks for: `use_blocks`'s, else
+    /// `leave_sms`'s, else none (one an SM).
+    fn blocks_for(
+        &self,
+        stage: Stage,
+        s: &fixtures::Shape,
+        rows: usize,
+        sms: usize,
+    ) -> Option<usize> {
+        if self.blocks.is_some() || self.free_sms == 0 || !stage.persistent() {
+            return self.blocks;
+        }
+        let units = s.heads() * s.sq.div_ceil(rows);
+        Some(blocks_leaving(units, sms, self.free_sms, !s.causal))
     }
 
     /// With `on` (the default), a persistent launch whose units do not fill its last wave splits that wave's units
@@ -134,7 +159,13 @@ impl Workspace {
     /// How a launch of `stage` on `s` splits its tail, with the block count set now.
     pub fn plan(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<SplitPlan> {
         let rows = stage.rows_for(s, gpu.sms);
-        let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
+        let grid_dim = grid(
+            stage,
+            s,
+            rows,
+            gpu.sms,
+            self.blocks_for(stage, s, rows, gpu.sms),
+        )?;
         Ok(self.split_plan(stage, s, rows, grid_dim.0 as usize))
     }
 
@@ -186,7 +217,13 @@ impl Workspace {
         };
         let rows = stage.rows_for(s, gpu.sms);
         // Checked first: it bounds the work units and query tiles the parameters carry as i32.
-        let grid_dim = grid(stage, s, rows, gpu.sms, self.blocks)?;
+        let grid_dim = grid(
+            stage,
+            s,
+            rows,
+            gpu.sms,
+            self.blocks_for(stage, s, rows, gpu.sms),
+        )?;
         let plan = self.split_plan(stage, s, rows, grid_dim.0 as usize);
         self.write_schedule(st, s, plan, rows)?;
         self.make_vt(gpu, stage, st, s, (t.v, flat[2]))?;

@@ -297,6 +297,14 @@ impl Attention {
         self.ws.use_split_tail(on);
     }
 
+    /// Leave `free` SMs to other kernels (0, the default: none): a persistent stage's launch then takes at most the
+    /// others, and where its units are equal the fewest blocks that run them in as many waves
+    /// ([`composed::blocks_leaving`]). For calls beside a communication library's kernels (NCCL's during a ring step),
+    /// which would otherwise wait for an SM until the launch's blocks end.
+    pub fn set_free_sms(&mut self, free: usize) {
+        self.ws.leave_sms(free);
+    }
+
     /// With `on`, packed batches ([`Attention::forward_varlen`], [`Attention::forward_paged`]) whose grouped-query
     /// heads can be packed (G = H / Hkv > 1 dividing 64, no sliding window) put a token's G query heads in consecutive
     /// rows of one unit, so they share one pass over their K/V head's keys (FlashAttention-3's PackGQA; for decode,

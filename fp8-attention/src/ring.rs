@@ -217,6 +217,11 @@ pub enum SplitTail {
     Every,
 }
 
+/// SMs a ring step with a transfer leaves free of its attention's blocks by default, so that NCCL's kernels start at
+/// once: its launch of equal units then takes the fewest blocks that run them in the waves of the others
+/// ([`composed::blocks_leaving`]; at (1, 16, 131072, 128) on 4 GPUs, 128 blocks for 4,096 units, as many waves as 132).
+pub const FREE_SMS: usize = 1;
+
 /// Rows `bits` (ring-schedule's halves: 1 the first, 2 the second, 3 both) of a shard of halves `lens`: the first row
 /// and the count.
 fn rows_of(bits: u8, lens: [usize; 2]) -> (usize, usize) {
@@ -236,6 +241,8 @@ pub(crate) struct RankSteps {
     world: usize,
     q_lens: [usize; 2],
     split: SplitTail,
+    /// SMs a step with a transfer leaves to NCCL's kernels.
+    free_sms: usize,
     full: Attention,
     diag: Attention,
     merger: Merger,
@@ -266,6 +273,7 @@ impl RankSteps {
             world,
             q_lens,
             split: SplitTail::Last,
+            free_sms: FREE_SMS,
             full: op(false)?,
             diag: op(true)?,
             merger: Merger::default(),
@@ -279,15 +287,25 @@ impl RankSteps {
         self.split = split;
     }
 
-    /// Both ops' split tail as `self.split` sets it for step `step`.
-    fn split_for(&mut self, step: usize) {
+    /// SMs each step with a transfer leaves to NCCL's kernels ([`FREE_SMS`] by default; 0: none).
+    pub(crate) fn set_free_sms(&mut self, free: usize) {
+        self.free_sms = free;
+    }
+
+    /// Both ops' split tail and free SMs as `self.split` and `self.free_sms` set them for step `step` (every step
+    /// but the last sends the next shard beside its attention).
+    fn configure(&mut self, step: usize) {
+        let last = step + 1 == self.world;
         let on = match self.split {
             SplitTail::Never => false,
-            SplitTail::Last => step + 1 == self.world,
+            SplitTail::Last => last,
             SplitTail::Every => true,
         };
-        self.full.set_split_tail(on);
-        self.diag.set_split_tail(on);
+        let free = if last { 0 } else { self.free_sms };
+        for op in [&mut self.full, &mut self.diag] {
+            op.set_split_tail(on);
+            op.set_free_sms(free);
+        }
     }
 
     /// The rank's whole shard against a whole shard: the first step's problem (the diagonal), B·H heads of L0 + L1
@@ -305,7 +323,7 @@ impl RankSteps {
     /// not initialised — the first step writes every row. A rank with no rows gets one row of O = 0, LSE = −inf.
     pub(crate) fn begin(&mut self, gpu: &Gpu, stream: &Arc<CudaStream>) -> Result<()> {
         // Step 0's launch writes the result, with its split tail's parts past the rows where it splits.
-        self.split_for(0);
+        self.configure(0);
         let whole = self.whole();
         let op = if whole.causal { &self.diag } else { &self.full };
         self.acc = Some(if whole.sq == 0 {
@@ -364,7 +382,7 @@ impl RankSteps {
                 return Err(Error::Scales { tensor, got, want });
             }
         }
-        self.split_for(step);
+        self.configure(step);
         for l in ring_schedule::launches(world, rank, step, shape.causal) {
             let ((q0, lq), (k0, lk)) = (rows_of(l.q, self.q_lens), rows_of(l.kv, held));
             if lq == 0 || lk == 0 {

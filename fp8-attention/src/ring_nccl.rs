@@ -155,10 +155,16 @@ impl RingRank {
         self.steps.set_split_tail(split);
     }
 
+    /// Each step with a transfer leaves `free` SMs to NCCL's kernels ([`crate::FREE_SMS`] by default; 0: its
+    /// attention takes every SM, and the transfer's kernel waits for one of its blocks to end).
+    pub fn set_free_sms(&mut self, free: usize) {
+        self.steps.set_free_sms(free);
+    }
+
     /// With `on`, step 0's attention (the own shard, which needs no peer) is queued before the host waits for the
-    /// ranks' verdict on their inputs, so that the wait runs under it; step 0's transfer is then posted behind a
-    /// persistent launch that holds every SM, and runs when it ends. Off by default: the verdict first, then step 0's
-    /// transfer and attention (the A/B in `sdpa bench --ranks`, docs/decisions.md).
+    /// ranks' verdict on their inputs, so that the wait runs under it; step 0's transfer is posted after the verdict,
+    /// beside it on the SMs it leaves free ([`RingRank::set_free_sms`]). Off by default: the verdict first, then
+    /// step 0's transfer and attention (the A/B in `sdpa bench --ranks`, docs/decisions.md).
     pub fn set_overlap_check(&mut self, on: bool) {
         self.overlap_check = on;
     }

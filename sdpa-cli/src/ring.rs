@@ -26,28 +26,47 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 /// settings, and its last fresh call's step and host times.
 type RankTimes = (Vec<f64>, Vec<Vec<f64>>, Vec<StepTime>, HostTimes);
 
-/// The kept state's runs, each (label, split tail, step 0 under the ranks' check): as the library sets it, then A/Bs.
-const KEPT_RUNS: [(&str, SplitTail, bool); 4] = [
-    (
-        "on a state kept across calls (RingRank; the last step's launch splits its tail)",
-        SplitTail::Last,
-        false,
-    ),
-    (
-        "the same with no step splitting its tail (A/B)",
-        SplitTail::Never,
-        false,
-    ),
-    (
-        "the same with every step's launch splitting its tail (A/B)",
-        SplitTail::Every,
-        false,
-    ),
-    (
-        "the same with step 0 queued under the ranks' input check (A/B)",
-        SplitTail::Last,
-        true,
-    ),
+/// One run on the kept state: its label, which steps split their tail, whether step 0 runs under the ranks' check,
+/// and the SMs a step with a transfer leaves to NCCL.
+struct Kept {
+    label: &'static str,
+    split: SplitTail,
+    overlap: bool,
+    free_sms: usize,
+}
+
+/// The kept state's runs: as the library sets it, then A/Bs.
+const KEPT_RUNS: [Kept; 5] = [
+    Kept {
+        label: "on a state kept across calls (RingRank; the last step's launch splits its tail, a step with a transfer leaves 1 SM free)",
+        split: SplitTail::Last,
+        overlap: false,
+        free_sms: fp8_attention::FREE_SMS,
+    },
+    Kept {
+        label: "the same with every SM to the attention (A/B)",
+        split: SplitTail::Last,
+        overlap: false,
+        free_sms: 0,
+    },
+    Kept {
+        label: "the same with no step splitting its tail (A/B)",
+        split: SplitTail::Never,
+        overlap: false,
+        free_sms: fp8_attention::FREE_SMS,
+    },
+    Kept {
+        label: "the same with step 0 queued under the ranks' input check (A/B)",
+        split: SplitTail::Last,
+        overlap: true,
+        free_sms: fp8_attention::FREE_SMS,
+    },
+    Kept {
+        label: "the same with step 0 under the check and 4 SMs free (A/B)",
+        split: SplitTail::Last,
+        overlap: true,
+        free_sms: 4,
+    },
 ];
 
 /// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
@@ -92,13 +111,14 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)
         })?;
         let (steps, host) = (last.steps, last.host);
-        // The same calls on a state kept across them (RingRank: buffers and ops made once); then, as A/Bs, with no
-        // step's launch splitting its tail, with every step's, and with step 0 queued under the ranks' input check.
+        // The same calls on a state kept across them (RingRank: buffers and ops made once), in each of KEPT_RUNS'
+        // settings.
         let mut kept = RingRank::new(gpu, comm, s)?;
         let mut runs = Vec::with_capacity(KEPT_RUNS.len());
-        for (_, split, overlap) in KEPT_RUNS {
-            kept.set_split_tail(split);
-            kept.set_overlap_check(overlap);
+        for k in &KEPT_RUNS {
+            kept.set_split_tail(k.split);
+            kept.set_overlap_check(k.overlap);
+            kept.set_free_sms(k.free_sms);
             runs.push(
                 timed_calls(iters, || {
                     kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
@@ -148,9 +168,10 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         flops / (one_ms * 1e-3) / 1e12,
         one_ms / ring_ms
     );
-    for ((label, _, _), ms) in KEPT_RUNS.iter().zip(&kept_ms) {
+    for (k, ms) in KEPT_RUNS.iter().zip(&kept_ms) {
         println!(
-            "  {label}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU",
+            "  {}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU",
+            k.label,
             flops / (ms * 1e-3) / 1e12,
             one_ms / ms
         );
