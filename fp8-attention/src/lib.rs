@@ -59,7 +59,7 @@ pub use lab::Gpu;
 pub use paged_plan::PagedPlan;
 pub use real::{Real, RealDtype, RealElem};
 pub use ring::{
-    FREE_SMS, HostTimes, RankOutput, Shard, SplitTail, StepTime, ring_on_one_device, zigzag_join,
+    HostTimes, RankOutput, Shard, SplitTail, StepTime, ring_on_one_device, zigzag_join,
     zigzag_range, zigzag_split,
 };
 pub use ring_comm::RingComm;

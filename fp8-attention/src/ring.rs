@@ -217,11 +217,6 @@ pub enum SplitTail {
     Every,
 }
 
-/// SMs a ring step with a transfer leaves free of its attention's blocks by default, so that NCCL's kernels start at
-/// once: its launch of equal units then takes the fewest blocks that run them in the waves of the others
-/// ([`composed::blocks_leaving`]; at (1, 16, 131072, 128) on 4 GPUs, 128 blocks for 4,096 units, as many waves as 132).
-pub const FREE_SMS: usize = 1;
-
 /// Rows `bits` (ring-schedule's halves: 1 the first, 2 the second, 3 both) of a shard of halves `lens`: the first row
 /// and the count.
 fn rows_of(bits: u8, lens: [usize; 2]) -> (usize, usize) {
@@ -273,7 +268,7 @@ impl RankSteps {
             world,
             q_lens,
             split: SplitTail::Last,
-            free_sms: FREE_SMS,
+            free_sms: 0,
             full: op(false)?,
             diag: op(true)?,
             merger: Merger::default(),
@@ -287,7 +282,7 @@ impl RankSteps {
         self.split = split;
     }
 
-    /// SMs each step with a transfer leaves to NCCL's kernels ([`FREE_SMS`] by default; 0: none).
+    /// SMs each step with a transfer leaves to NCCL's kernels (0 by default: none).
     pub(crate) fn set_free_sms(&mut self, free: usize) {
         self.free_sms = free;
     }

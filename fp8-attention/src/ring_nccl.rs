@@ -155,8 +155,9 @@ impl RingRank {
         self.steps.set_split_tail(split);
     }
 
-    /// Each step with a transfer leaves `free` SMs to NCCL's kernels ([`crate::FREE_SMS`] by default; 0: its
-    /// attention takes every SM, and the transfer's kernel waits for one of its blocks to end).
+    /// Each step with a transfer leaves `free` SMs to NCCL's kernels (0, the default: its attention takes every SM);
+    /// its launch of equal units then takes the fewest blocks that run them in the waves of the others
+    /// ([`composed::blocks_leaving`]). Measured level on two GPUs (docs/decisions.md), kept as an A/B.
     pub fn set_free_sms(&mut self, free: usize) {
         self.steps.set_free_sms(free);
     }

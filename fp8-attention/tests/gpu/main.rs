@@ -176,6 +176,36 @@ fn main() {
             Ok(())
         });
     }
+    t.gpu(
+        "forward::fewer_blocks_beside_free_sms_give_the_same_bits",
+        |gpu| {
+            // Units are whole and taken from the counter (no split tail), so a grid that leaves SMs to other kernels
+            // (Attention::set_free_sms: 512 units on the SMs less 8, in the fewest blocks with as many waves) gives
+            // every unit's bits as the full grid does; causal too (every SM but the free ones).
+            for causal in [false, true] {
+                let s = Shape::new(1, 16, 4096, 128).with_causal(causal);
+                let qz = quantize_per_head(&Raw::random(s, 23, 1.0));
+                let st = gpu.stream.clone();
+                let x = inputs(&st, &qz)?;
+                let cfg = Config {
+                    causal,
+                    ..Config::default()
+                };
+                let mut full = Attention::new(gpu, cfg)?;
+                full.set_split_tail(false);
+                let mut fewer = Attention::new(gpu, cfg)?;
+                fewer.set_split_tail(false);
+                fewer.set_free_sms(8);
+                let a = forward(&mut full, gpu, &st, s, &x)?.to_host(&st)?;
+                let b = forward(&mut fewer, gpu, &st, s, &x)?.to_host(&st)?;
+                ensure!(
+                    same_bits(&a, &b),
+                    "causal {causal}: 8 SMs left free changes O or the LSE"
+                );
+            }
+            Ok(())
+        },
+    );
     t.gpu("forward::new_values_in_the_same_v_buffer_are_read", |gpu| {
         // A model reuses its activation buffers: V rewritten in place must give the new problem's O (V's
         // transposed copy made again), not the old one's.
