@@ -488,6 +488,13 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   mark(kMarkEpilogueEnd);
 }
 
+}  // namespace sdpa
+
+// consume_chain: the dense schedule's consumers, chaining consume_unit's turns across units.
+#include "unit_chain.cuh"
+
+namespace sdpa {
+
 // As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an arrive on
 // the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores over, and runs tile
 // t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own P·V(t − 1) also runs under
@@ -543,6 +550,10 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   // consumer holds O (128 a thread), S (64) and P (16): 232 left ptxas 16 bytes short (a spill and wgmma serialised,
   // C7512), so the producer gives up 16 more.
   constexpr int kProducerRegs = D == 256 ? 24 : 40, kConsumerRegs = D == 256 ? 240 : 232;
+  // The dense schedule's consumers chain their units' turns (consume_chain) at D = 64. At D = 128 the boundary turn
+  // holds S (224 or 192 keys), O and P in flight with the finished unit's epilogue, which ptxas cannot fit in 232
+  // registers without spilling or serialising the wgmmas (docs/decisions.md, "Units chained").
+  constexpr bool kChain = !VARLEN && !WIN && !kSplit && D == 64;
   if (roles::warpgroup() == 0) {
     roles::release_registers<kProducerRegs>();
     if (threadIdx.x == 0) {
@@ -593,14 +604,20 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     Marks mark;
     // O's staging panels (epilogue_staged), 64 rows × 128 bytes a consumer, after the ring.
     unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;
-    // The unit count: read from Params at each use in the dense schedule (a copy in a register moved ptxas's schedule
-    // of stage 7's last turn and epilogue), the plan's count in the ragged one.
-    const auto units = [&] { return VARLEN ? work : p.work; };
-    for (int w = blockIdx.x, n = 0; w < units(); w = tickets ? blk.unit(++n) : units()) {
-      // A block's first unit is whole (the host splits only past a first wave); later ones say so in their slot.
-      consume_unit<D, BC, VARLEN, WIN, PACK>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); }, mark, mo,
-                                  so, n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1, rg, win);
-      at.advance();
+    if constexpr (kChain) {
+      // The dense schedule at D = 64: one chain of turns across the block's units.
+      consume_chain<D, BC>(p, blk, wg, tickets, at, mark, mo, so);
+    } else {
+      // The unit count: read from Params at each use in the dense schedule (a copy in a register moved ptxas's
+      // schedule of stage 7's last turn and epilogue), the plan's count in the ragged one.
+      const auto units = [&] { return VARLEN ? work : p.work; };
+      for (int w = blockIdx.x, n = 0; w < units(); w = tickets ? blk.unit(++n) : units()) {
+        // A block's first unit is whole (the host splits only past a first wave); later ones say so in their slot.
+        consume_unit<D, BC, VARLEN, WIN, PACK>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); },
+                                    mark, mo, so, n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1,
+                                    rg, win);
+        at.advance();
+      }
     }
     if (threadIdx.x % 128 == 0) tma::store_wait<0>();  // O's last stores written before the block's shared memory goes
   }

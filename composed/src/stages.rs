@@ -28,6 +28,10 @@ pub const HEADERS: &[Header] = &[
         code: include_str!("../cuda/pingpong_attention.cuh"),
     },
     Header {
+        name: "unit_chain.cuh",
+        code: include_str!("../cuda/unit_chain.cuh"),
+    },
+    Header {
         name: "v_staging.cuh",
         code: include_str!("../cuda/v_staging.cuh"),
     },

@@ -130,14 +130,26 @@ pub fn add(t: &mut Suite) {
         // Q·Kᵀ is D/32 QGMMA a tile and P·V bc/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
         // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
         // three scales (LDG); stage 7 also reads its split tail's table (sdpa::SplitTable: split, pieces, its piece's
-        // bounds and parts, and where they are: 6 LDG in its producer), and stores O with UTMASTG.
+        // bounds and parts, and where they are: 6 LDG in its producer), and stores O with UTMASTG; a chain of units
+        // (D = 64) reads the three scales at the boundary turn too.
         for stage in [Stage::S5, Stage::S6, Stage::S7] {
             for &d in stage.dims() {
                 let spec = stage.kernel(d);
                 let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
                 let h = lab::sass::histogram(&cubin, spec.name)?;
-                // Stage 7 peels its first and last turns: each GEMM appears twice in its code.
-                let want = (d / 32 + stage.bc(d) / 32) * if stage == Stage::S7 { 2 } else { 1 };
+                // Stage 7 peels its first and last turns: each GEMM appears twice in its code; at D = 64 its units
+                // are chained (unit_chain.cuh), and the boundary turn that issues both is a third copy.
+                let copies = match stage {
+                    Stage::S7 if d == 64 => 3,
+                    Stage::S7 => 2,
+                    _ => 1,
+                };
+                let want = (d / 32 + stage.bc(d) / 32) * copies;
+                let ldg = match stage {
+                    Stage::S7 if copies == 3 => 12,
+                    Stage::S7 => 9,
+                    _ => 3,
+                };
                 ensure!(
                     h.get("QGMMA") == Some(&want) && !h.contains_key("HMMA"),
                     "{}: QGMMA {:?} (want {want}), HMMA {:?}",
@@ -149,8 +161,7 @@ pub fn add(t: &mut Suite) {
                     ensure!(
                         h.get("UTMALDG").is_some_and(|&n| n >= 3)
                             && !h.contains_key("LDGSTS")
-                            && h.get("LDG")
-                                .is_none_or(|&n| n <= if stage == Stage::S7 { 9 } else { 3 }),
+                            && h.get("LDG").is_none_or(|&n| n <= ldg),
                         "{}: UTMALDG {:?}, LDGSTS {:?}, LDG {:?}",
                         spec.name,
                         h.get("UTMALDG"),
