@@ -148,7 +148,7 @@ __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk,
       // runs (its last tile's row sums are in hand; its last P·V changes neither m nor l).
       osm::step_end(sum, alpha, st);
       osm::finish_rows<kFp8POffset>(st, cur.scale, inv, lse);
-      const int dst = blk.qb->dest[wg];
+      const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier, which thread 0 passes to write the next
       const int obh = dst < 0 ? cur.u.bh : dst / p.q_tiles;
       const int orow = (dst < 0 ? cur.u.q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
       store_lse(p, lse, obh, orow);

@@ -1,6 +1,24 @@
 // Stage 7's capabilities: GQA/MQA, causal, persistent blocks, the split tail and its merge, O's TMA stores, the trace.
 use crate::prelude::*;
 
+/// Stage 7 on `qz` with `blocks` blocks, a split tail (checked) and O in `out`, launched with `spec` (a mutant, or the
+/// stage's kernel), downloaded.
+fn split_f32_run<'a>(
+    gpu: &'a Gpu,
+    qz: &'a Quantized,
+    blocks: usize,
+    out: OutDtype,
+) -> impl Fn(Option<lab::KernelSpec>) -> Result<Attention<f32>> + 'a {
+    move |spec| {
+        let mut d = OnDevice::upload_as(gpu, qz, out)?;
+        d.use_blocks(Some(blocks));
+        d.use_kernel(spec);
+        ensure!(d.split_plan(gpu, Stage::S7)?.pieces > 0, "no split");
+        d.launch(gpu, Stage::S7)?;
+        d.download(gpu)
+    }
+}
+
 /// Stage 7 (and stage 6 where it shares the path), capability by capability.
 /// The split tail's mutants (name, header, from, to), each a plausible bug its GPU test must catch.
 const SPLIT_MUTANTS: [(&str, &str, &str, &str); 3] = [
@@ -226,22 +244,15 @@ pub fn add(t: &mut Suite) {
         // barrier) the warpgroup's first warp could go on to its next unit and overwrite it before a slower warp had
         // read it: that warp's 16 rows then went elsewhere (seen once under racecheck as 1024 NaN in O). Warps 1–3
         // are made to lag before they read it: with the epilogue's barrier O is as without the lag; without the
-        // barrier, the lag must show.
+        // barrier, the lag must show. D = 128 (consume_unit's units); D = 64 chains its units, below.
         let lag = "if (threadIdx.x % 128 >= 32)\n    for (int i = 0; i < 200; ++i) __nanosleep(1000);\n  const int dst = blk.qb->dest[wg];";
-        let (shape, blocks, out) = (Shape::new(2, 2, 300, 64).with_kv_heads(2)?, 5, OutDtype::F32);
+        let (shape, blocks, out) = (Shape::new(2, 2, 300, 128).with_kv_heads(2)?, 5, OutDtype::F32);
         let shape = Shape { sk: 1024, ..shape };
         let qz = quantize_per_head(&normal(shape, 73));
-        let run = |spec: Option<lab::KernelSpec>| -> Result<Attention<f32>> {
-            let mut d = OnDevice::upload_as(gpu, &qz, out)?;
-            d.use_blocks(Some(blocks));
-            d.use_kernel(spec);
-            ensure!(d.split_plan(gpu, Stage::S7)?.pieces > 0, "no split");
-            d.launch(gpu, Stage::S7)?;
-            d.download(gpu)
-        };
+        let run = split_f32_run(gpu, &qz, blocks, out);
         let plain = run(None)?;
         let lagging = Stage::S7
-            .kernel(64)
+            .kernel(128)
             .mutated("pingpong_attention.cuh", "const int dst = blk.qb->dest[wg];", lag)?;
         ensure!(
             bit_identical(&run(Some(lagging))?, &plain),
@@ -255,6 +266,48 @@ pub fn add(t: &mut Suite) {
         );
         eprintln!("f32 split parts: lagging warps land their rows with the barrier; without it: {}",
             broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()));
+        Ok(())
+    });
+    t.gpu("split::stage7::chained_parts_land_when_warps_lag", |gpu| {
+        // The same at D = 64, where a block's units are chained (unit_chain.cuh): each thread reads the finished
+        // unit's destination before the boundary turn's barrier, and thread 0 writes the next unit's after the
+        // epilogue. Warps 1–3 lag before their read: O is as without the lag; with the next destination written
+        // before the barrier (the mutant), the lag must show.
+        let at = "const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier";
+        let lag = format!("if (threadIdx.x % 128 >= 32)\n        for (int i = 0; i < 200; ++i) __nanosleep(1000);\n      {at}");
+        let (shape, blocks, out) = (Shape::new(2, 2, 300, 64).with_kv_heads(2)?, 5, OutDtype::F32);
+        let shape = Shape { sk: 1024, ..shape };
+        let qz = quantize_per_head(&normal(shape, 73));
+        let run = split_f32_run(gpu, &qz, blocks, out);
+        let plain = run(None)?;
+        let lagging = Stage::S7.kernel(64).mutated("unit_chain.cuh", at, &lag)?;
+        ensure!(
+            bit_identical(&run(Some(lagging))?, &plain),
+            "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it"
+        );
+        let early = lagging.mutated(
+            "unit_chain.cuh",
+            "      ++n;\n      cur.begin(",
+            "      ++n;\n      if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);\n      cur.begin(",
+        )?;
+        let broken = run(Some(early));
+        ensure!(
+            !broken.as_ref().is_ok_and(|b| bit_identical(b, &plain)),
+            "the next destination written before the turn's barrier: the lagging warps' rows still landed"
+        );
+        Ok(())
+    });
+    t.model("split::stage7::chained_mutants_apply", || {
+        // The chained lag test's two edits still find their text (no GPU needed).
+        let at = "const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier";
+        Stage::S7
+            .kernel(64)
+            .mutated("unit_chain.cuh", at, at)?
+            .mutated(
+                "unit_chain.cuh",
+                "      ++n;\n      cur.begin(",
+                "      ++n;\n      cur.begin(",
+            )?;
         Ok(())
     });
     // Every mutation still applies to today's headers (no GPU needed): a mutant whose text moved would otherwise be
@@ -451,7 +504,9 @@ pub fn add(t: &mut Suite) {
                 {
                     // `sdpa trace`'s build of stage 7 (clock64 marks) writes the same O and LSE, bit for bit, and its
                     // two blocks' consumer warps mark whole turns: every unit a first turn and a last, a softmax in
-                    // every turn but the last, and per consumer warp T + 1 turns for a unit of T key tiles.
+                    // every turn but a unit's last, and per consumer warp T + 1 turns for a unit of T key tiles. At
+                    // D = 64 a block's units are chained (unit_chain.cuh): a unit's last turn is the next one's first
+                    // (both, with its softmax), so a block of n units has n·T + 1 turns.
                     let qz = quantize_per_head(&normal(shape, 73));
                     let mut d = OnDevice::upload(gpu, &qz)?;
                     d.use_blocks(Some(2));
@@ -465,22 +520,23 @@ pub fn add(t: &mut Suite) {
                     let units = shape.heads() * shape.sq.div_ceil(128);
                     let tiles = shape.sk.div_ceil(Stage::S7.bc(shape.d));
                     for warp in 0..8 {
-                        let (mut u, mut turns) = (0, 0);
+                        let (mut u, mut turns, mut blocks) = (0, 0, 0);
                         for l in lines.iter().filter(|l| l.warp == warp) {
+                            blocks += 1;
                             let t = composed::trace::turns(l).context("marks out of order")?;
                             ensure!(
-                                t.iter().all(|x| x.softmax.is_some() != x.last),
-                                "warp {warp}: a softmax in a last turn, or none in another"
+                                t.iter().all(|x| x.softmax.is_some() != (x.last && !x.first)),
+                                "warp {warp}: a softmax in a unit's last turn, or none in another"
                             );
                             let firsts = t.iter().filter(|x| x.first).count();
                             ensure!(firsts == t.iter().filter(|x| x.last).count());
                             u += firsts;
                             turns += t.len();
                         }
+                        let want = units * tiles + if shape.d == 64 { blocks } else { units };
                         ensure!(
-                            u == units && turns == units * (tiles + 1),
-                            "warp {warp}: {u} units and {turns} turns traced, want {units} and {}",
-                            units * (tiles + 1)
+                            u == units && turns == want,
+                            "warp {warp}: {u} units and {turns} turns traced, want {units} and {want}"
                         );
                     }
                     let s = composed::trace::summarize(&lines)?;
