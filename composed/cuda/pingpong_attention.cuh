@@ -605,8 +605,13 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     // O's staging panels (epilogue_staged), 64 rows × 128 bytes a consumer, after the ring.
     unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;
     if constexpr (kChain) {
-      // The dense schedule at D = 64: one chain of turns across the block's units.
-      consume_chain<D, BC>(p, blk, wg, tickets, at, mark, mo, so);
+      // The dense schedule at D = 64: where blocks take several units, one chain of turns across them; a block of one
+      // unit (the mission shape's) runs consume_unit's turns, 0.1 µs shorter there.
+      if (tickets) {
+        consume_chain<D, BC>(p, blk, wg, tickets, at, mark, mo, so);
+      } else if (int(blockIdx.x) < p.work) {
+        consume_unit<D, BC>(p, blk, wg, blockIdx.x, 0, at, [] { return false; }, mark, mo, so, 0, -1, -1, rg, win);
+      }
     } else {
       // The unit count: read from Params at each use in the dense schedule (a copy in a register moved ptxas's
       // schedule of stage 7's last turn and epilogue), the plan's count in the ragged one.
