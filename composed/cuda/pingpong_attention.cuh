@@ -250,6 +250,49 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
   }
 }
 
+// Consumer warpgroup wg's 64 rows from row0 of head bh merged into O and the LSE already there (f32 O: ring
+// attention's running result; the ACC kernels), instead of written: the rows' part is O·(1/l)·V's scale, as
+// epilogue_staged's f32 stores make it, and its LSE `lse`; each row's (O, LSE) becomes attn-merge's merge of the two,
+// accumulated first (the attn-merge kernel's arithmetic: the same bits as writing the part and merging it after).
+// A row's quad reads its LSE before the quad's first lane writes the merged one.
+template <int D>
+__device__ __forceinline__ void accumulate_rows(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                                const float (&inv)[2], float vs, const float (&lse)[2], int bh,
+                                                int row0, int wg) {
+  roles::sync(3 + wg, 128);  // QBarriers::dest read by all (epilogue_staged's f32 path)
+  const int t = threadIdx.x % 128;
+  float* out = static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D;
+  float* lacc = p.lse + (long long)bh * p.sq + row0;
+  amerge::Weights<2> w[2];
+  float winv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = frag::wgmma_d_row(t, 2 * h);
+    const float l[2] = {row0 + r < p.sq ? lacc[r] : 0.0f, lse[h]};
+    w[h] = amerge::weights(l, 2);
+    winv[h] = amerge::inv_sum(w[h]);
+  }
+  __syncwarp();
+  if ((t & 3) == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = frag::wgmma_d_row(t, 2 * h);
+      if (row0 + r < p.sq) lacc[r] = w[h].lse;
+    }
+  }
+  osm::rescale<frag::WgmmaD<D>>(o, inv);
+#pragma unroll
+  for (int i = 0; i < D / 2; i += 2) {
+    const int row = frag::wgmma_d_row(t, i), col = frag::wgmma_d_col(t, i), h = frag::acc_half(i);
+    if (row0 + row < p.sq) {
+      float2* at = reinterpret_cast<float2*>(out + (long long)row * D + col);
+      const float2 a = *at;
+      const float v0[2] = {a.x, o[0].x[i] * vs}, v1[2] = {a.y, o[0].x[i + 1] * vs};
+      *at = make_float2(amerge::merge1(w[h], v0, 2, winv[h]), amerge::merge1(w[h], v1, 2, winv[h]));
+    }
+  }
+}
+
 // A consumer that holds none of its unit's rows (VARLEN: all of them below its 64; a decode unit's few rows — a
 // token's G packed heads — are consumer 0's): consume_unit's waits, turns and releases, turn for turn, without its
 // GEMMs, softmax or stores, so that the other consumer has the tensor cores to itself and the ring's stages go back as
@@ -296,7 +339,8 @@ __device__ __forceinline__ void idle_unit(const Block& blk, int wg, int n, int t
 // PACK (VARLEN, no window): a plan of packed heads (packed_view): row r of the unit is query head r % group of token r /
 // group, each with its own Q scale (osm::RowScale), its causal limit its token's, its O and LSE stored at its head and
 // token (relayout::GroupedRows, store_lse_grouped); group divides 64.
-template <int D, int BC, bool VARLEN = false, bool WIN = false, bool PACK = false, class Block, class Next>
+template <int D, int BC, bool VARLEN = false, bool WIN = false, bool PACK = false, bool ACC = false, class Block,
+          class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n,
                                              tma::Cursor<Block::kStages>& at,
                                              Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so, int k0,
@@ -311,6 +355,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   // kt >= 0: a split tail's part, key tiles k0 .. k0 + kt − 1, its limits moved instead of its columns (never causal).
   // bh and kv: the scales' heads (VARLEN: sequence · heads + head, sequence · K/V heads + K/V head).
   static_assert(!PACK || (VARLEN && !WIN), "packed heads: a packed batch without a window");
+  static_assert(!ACC || (!VARLEN && !WIN), "accumulated rows: the dense schedule");
   const UnitView u = unit_view<VARLEN, BC, WIN, PACK>(p, rg, w, kt, win);
   if constexpr (VARLEN) {
     if (u.rows <= 64 * wg) return idle_unit(blk, wg, n, u.tiles, at, next);
@@ -474,7 +519,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   } else {
     const int dst = blk.qb->dest[wg];
     const int obh = dst < 0 ? bh : dst / p.q_tiles, orow = (dst < 0 ? q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
-    store_lse(p, lse, obh, orow);
+    if constexpr (!ACC) store_lse(p, lse, obh, orow);
     const float vs = p.v_scale[kv];
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
@@ -483,7 +528,11 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
       if constexpr (Block::kSplit) at.release_second();  // Vᵀ of the last tile (its K went back before P·V)
       else at.release();
     }
-    epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+    if constexpr (ACC) {
+      accumulate_rows<D>(p, o, inv, vs, lse, obh, orow, wg);
+    } else {
+      epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+    }
   }
   mark(kMarkEpilogueEnd);
 }
@@ -522,7 +571,8 @@ namespace sdpa {
 // dense ones; a packed batch's plan counts each unit's tiles under the window).
 // PACK (stage 8 varlen with packed heads): the plan's units are (sequence, K/V head, 128 packed rows), a token's
 // p.group query heads in consecutive rows (consume_unit, produce_q_grouped).
-template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN = false, bool PACK = false>
+template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN = false, bool PACK = false,
+          bool ACC = false>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
                                    const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs(),
                                    const PagedArgs* pg = nullptr, const Window win = kNoWindow) {
@@ -608,9 +658,10 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       // The dense schedule at D = 64: where blocks take several units, one chain of turns across them; a block of one
       // unit (the mission shape's) runs consume_unit's turns, 0.1 µs shorter there.
       if (tickets) {
-        consume_chain<D, BC>(p, blk, wg, tickets, at, mark, mo, so);
+        consume_chain<D, BC, ACC>(p, blk, wg, tickets, at, mark, mo, so);
       } else if (int(blockIdx.x) < p.work) {
-        consume_unit<D, BC>(p, blk, wg, blockIdx.x, 0, at, [] { return false; }, mark, mo, so, 0, -1, -1, rg, win);
+        consume_unit<D, BC, false, false, false, ACC>(p, blk, wg, blockIdx.x, 0, at, [] { return false; }, mark, mo, so,
+                                                      0, -1, -1, rg, win);
       }
     } else {
       // The unit count: read from Params at each use in the dense schedule (a copy in a register moved ptxas's
@@ -618,7 +669,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       const auto units = [&] { return VARLEN ? work : p.work; };
       for (int w = blockIdx.x, n = 0; w < units(); w = tickets ? blk.unit(++n) : units()) {
         // A block's first unit is whole (the host splits only past a first wave); later ones say so in their slot.
-        consume_unit<D, BC, VARLEN, WIN, PACK>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); },
+        consume_unit<D, BC, VARLEN, WIN, PACK, ACC>(p, blk, wg, w, n, at, [&] { return tickets && blk.unit(n + 1) < units(); },
                                     mark, mo, so, n > 0 ? blk.k0(n) : 0, n > 0 ? blk.kt(n) : -1, n > 0 ? blk.dst(n) : -1,
                                     rg, win);
         at.advance();

@@ -26,21 +26,25 @@ struct ChainUnit {
 // its last tile's slot back (`release`, by each warp's lane 0) and its O through epilogue_staged, to its own rows or
 // to the virtual unit its destination names (QBarriers::dest, written at the unit's start; every thread reads it
 // before the epilogue's first barrier).
-template <int D, class Block, class SL, class Release>
+template <int D, bool ACC, class Block, class SL, class Release>
 __device__ __forceinline__ void finish_chain_unit(const Params& p, const Block& blk, int wg, const UnitView& u,
                                                   const float (&inv)[2], const float (&lse)[2],
                                                   frag::Regs<frag::WgmmaD<D>> (&o)[1], SL (&s)[1], Release&& release,
                                                   Marks& mark, const tma::Map* mo, unsigned char* so) {
   const int dst = blk.qb->dest[wg];
   const int obh = dst < 0 ? u.bh : dst / p.q_tiles, orow = (dst < 0 ? u.q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
-  store_lse(p, lse, obh, orow);
+  if constexpr (!ACC) store_lse(p, lse, obh, orow);
   const float vs = p.v_scale[u.kv];
   wgmma::wait<0>();
   wgmma::fence_operand(o[0].x);
   wgmma::fence_operand(s[0].x);
   __syncwarp();
   if (roles::lane() == 0) release();
-  epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+  if constexpr (ACC) {
+    accumulate_rows<D>(p, o, inv, vs, lse, obh, orow, wg);
+  } else {
+    epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+  }
   mark(kMarkEpilogueEnd);
 }
 
@@ -53,7 +57,7 @@ __device__ __forceinline__ void finish_chain_unit(const Params& p, const Block& 
 // barriers end with as many arrivals as waits. Both consumers learn the next unit at the boundary (its Q slot, which
 // the producer filled a ring's depth before). The bits of each unit are consume_unit's: the same GEMMs, softmax and
 // epilogue in the same order on the same registers.
-template <int D, int BC, class Block>
+template <int D, int BC, bool ACC, class Block>
 __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk, int wg, bool tickets,
                                               tma::Cursor<Block::kStages>& at, Marks& mark, const tma::Map* mo,
                                               unsigned char* so) {
@@ -151,7 +155,7 @@ __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk,
       const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier, which thread 0 passes to write the next
       const int obh = dst < 0 ? cur.u.bh : dst / p.q_tiles;
       const int orow = (dst < 0 ? cur.u.q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
-      store_lse(p, lse, obh, orow);
+      if constexpr (!ACC) store_lse(p, lse, obh, orow);
       const float vs = p.v_scale[cur.u.kv];
       ++n;
       cur.begin(p, wg, wn, blk.k0(n), blk.kt(n));
@@ -178,7 +182,11 @@ __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk,
       wgmma::fence_operand(o[0].x);
       __syncwarp();
       if (roles::lane() == 0) at.release_prev();
-      epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+      if constexpr (ACC) {
+        accumulate_rows<D>(p, o, inv, vs, lse, obh, orow, wg);
+      } else {
+        epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+      }
       mark(kMarkEpilogueEnd);
       // The next unit's destination, for its epilogue (every thread read this one's before the epilogue's barrier).
       if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);
@@ -203,7 +211,7 @@ __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk,
     mark(kMarkIssued);
     osm::step_end(sum, alpha, st);
     osm::finish_rows<kFp8POffset>(st, cur.scale, inv, lse);
-    finish_chain_unit<D>(p, blk, wg, cur.u, inv, lse, o, s, [&] { at.release(); }, mark, mo, so);
+    finish_chain_unit<D, ACC>(p, blk, wg, cur.u, inv, lse, o, s, [&] { at.release(); }, mark, mo, so);
     return;
   }
 }

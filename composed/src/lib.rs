@@ -33,7 +33,7 @@ pub use prep::{
 };
 pub use stages::{
     DIMS, FP8_P_OFFSET, HEADERS, KERNELS, STAGE1, STAGE2, STAGE3A, STAGE3B, STAGE4, STAGE5, STAGE6,
-    STAGE7, STAGE8, STAGE8_VARLEN, STAGE8_VARLEN_PACK, STAGE8_WINDOW, Stage, bc,
+    STAGE7, STAGE7_ACC, STAGE8, STAGE8_VARLEN, STAGE8_VARLEN_PACK, STAGE8_WINDOW, Stage, bc,
 };
 pub use strides::{FlatHeads, Strides};
 pub use validate::{index_text, validate, validate_shape};

@@ -75,6 +75,7 @@ pub const STAGE4: Source = source!("stage4.cu");
 pub const STAGE5: Source = source!("stage5.cu");
 pub const STAGE6: Source = source!("stage6.cu");
 pub const STAGE7: Source = source!("stage7.cu");
+pub const STAGE7_ACC: Source = source!("stage7_acc.cu");
 pub const STAGE8: Source = source!("stage8.cu");
 pub const STAGE8_VARLEN: Source = source!("stage8_varlen.cu");
 pub const STAGE8_VARLEN_PACK: Source = source!("stage8_varlen_pack.cu");
@@ -371,6 +372,13 @@ impl Stage {
         KernelSpec::find(KERNELS, &format!("{}_d{d}", self.name()))
     }
 
+    /// Stage 7's kernel of head dimension `d` that merges each row into the f32 O and LSE already in its outputs
+    /// instead of writing them (`stage7acc_dD`: ring attention's later steps), where there is one (D = 64, 128).
+    pub fn accumulating_kernel(self, d: usize) -> Option<KernelSpec> {
+        (self == Stage::S7 && matches!(d, 64 | 128))
+            .then(|| KernelSpec::find(KERNELS, &format!("stage7acc_d{d}")))
+    }
+
     /// The kernel a launch on `s` runs: the stage's, or stage 8's windowed one (`stage8w_dD`) where `s` has a
     /// sliding window.
     pub fn kernel_for(self, s: &fixtures::Shape) -> KernelSpec {
@@ -480,6 +488,8 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma("stage7_d64", &STAGE7),
     k90a_tma("stage7_d128", &STAGE7),
     k90a_tma("stage7_d256", &STAGE7),
+    k90a_tma("stage7acc_d64", &STAGE7_ACC),
+    k90a_tma("stage7acc_d128", &STAGE7_ACC),
     k90a_tma8("stage8_d64"),
     k90a_tma8("stage8_d128"),
     KernelSpec {

@@ -319,6 +319,12 @@ impl Attention {
         self.varlen.split_kv(on);
     }
 
+    /// Launch `spec` instead of the stage's kernel from now on (`None`: the stage's): a variant with the same
+    /// parameters and geometry (ring attention's accumulating stage 7, `Stage::accumulating_kernel`).
+    pub(crate) fn set_kernel(&mut self, spec: Option<lab::KernelSpec>) {
+        self.ws.use_kernel(spec);
+    }
+
     /// The op's configuration.
     pub fn config(&self) -> Config {
         self.cfg

@@ -127,6 +127,21 @@ pub fn ring_on_one_device(
     q: &[Shard],
     kv: &[(Shard, Shard)],
 ) -> Result<Vec<RankOutput>> {
+    let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
+    ring_on_one_device_as(gpu, stream, shape, q, kv, fold)
+}
+
+/// [`ring_on_one_device`] with later steps' full launches merging into the running result in their kernel, `fold`
+/// (`Stage::accumulating_kernel`'s, the default; or a variant of it with the same parameters), or, with None, writing
+/// an f32 part that attn-merge merges after: the same bits either way (a test holds them equal).
+pub fn ring_on_one_device_as(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    shape: Shape,
+    q: &[Shard],
+    kv: &[(Shard, Shard)],
+    fold: Option<lab::KernelSpec>,
+) -> Result<Vec<RankOutput>> {
     let world = q.len();
     if world == 0 || kv.len() != world {
         return Err(Error::Unsupported(format!(
@@ -156,6 +171,7 @@ pub fn ring_on_one_device(
     let mut outs = Vec::with_capacity(world);
     for (rank, mine) in q.iter().enumerate() {
         let mut steps = RankSteps::new(gpu, world, shape, mine.lens)?;
+        steps.set_folding(gpu, fold)?;
         steps.begin(gpu, stream)?;
         for step in 0..world {
             let (k, v) = &kv[ring_schedule::source(world, rank, step)];
@@ -217,6 +233,21 @@ pub enum SplitTail {
     Every,
 }
 
+/// The op for later steps' full launches: stage 7 writing f32 by `spec`, an accumulating kernel, its tail never split
+/// (a split's merge kernel would overwrite the running result).
+fn folding_op(gpu: &Gpu, stage: composed::Stage, spec: lab::KernelSpec) -> Result<Attention> {
+    let cfg = Config {
+        causal: false,
+        out_dtype: OutDtype::F32,
+        softmax_scale: None,
+        window: fixtures::Window::NONE,
+    };
+    let mut a = Attention::with_stage(gpu, cfg, stage)?;
+    a.set_kernel(Some(spec));
+    a.set_split_tail(false);
+    Ok(a)
+}
+
 /// Rows `bits` (ring-schedule's halves: 1 the first, 2 the second, 3 both) of a shard of halves `lens`: the first row
 /// and the count.
 fn rows_of(bits: u8, lens: [usize; 2]) -> (usize, usize) {
@@ -240,6 +271,10 @@ pub(crate) struct RankSteps {
     free_sms: usize,
     full: Attention,
     diag: Attention,
+    /// Full launches of later steps that cover every Q row, merged into the running result by the kernel itself
+    /// (`Stage::accumulating_kernel`; None at head dimensions without one), and whether to use it.
+    folding: Option<Attention>,
+    fold: bool,
     merger: Merger,
     /// Every later launch's f32 part (O and LSE: rows for the rank's shard and any split tail's parts), made at the
     /// first such launch, grown when one needs more rows, and kept: each launch writes it and its merge reads it in
@@ -262,7 +297,12 @@ impl RankSteps {
         // NCCL's kernels share the GPU with a step's attention: a step with a transfer takes its units from the
         // counter (no split tail dealt ahead), so a block whose SM NCCL holds for a while takes fewer, not delays the
         // step (`SplitTail`, set per step).
-        let op = |causal| Attention::with_stage(gpu, cfg(causal), crate::stage_for(gpu));
+        let stage = crate::stage_for(gpu);
+        let op = |causal| Attention::with_stage(gpu, cfg(causal), stage);
+        let folding = stage
+            .accumulating_kernel(shape.d)
+            .map(|spec| folding_op(gpu, stage, spec))
+            .transpose()?;
         Ok(RankSteps {
             shape,
             world,
@@ -271,6 +311,8 @@ impl RankSteps {
             free_sms: 0,
             full: op(false)?,
             diag: op(true)?,
+            folding,
+            fold: true,
             merger: Merger::default(),
             part: None,
             acc: None,
@@ -280,6 +322,21 @@ impl RankSteps {
     /// Which steps deal a split tail ahead.
     pub(crate) fn set_split_tail(&mut self, split: SplitTail) {
         self.split = split;
+    }
+
+    /// Whether later steps' full launches merge into the running result in their kernel (on by default, where the
+    /// head dimension has the kernel) or write an f32 part that attn-merge merges after.
+    pub(crate) fn set_fold_merge(&mut self, on: bool) {
+        self.fold = on;
+    }
+
+    /// Later steps' full launches merge in `spec` (a variant of the accumulating kernel), or, with None, write a part
+    /// that attn-merge merges.
+    pub(crate) fn set_folding(&mut self, gpu: &Gpu, spec: Option<lab::KernelSpec>) -> Result<()> {
+        let stage = crate::stage_for(gpu);
+        self.fold = spec.is_some();
+        self.folding = spec.map(|k| folding_op(gpu, stage, k)).transpose()?;
+        Ok(())
     }
 
     /// SMs each step with a transfer leaves to NCCL's kernels (0 by default: none).
@@ -299,6 +356,9 @@ impl RankSteps {
         let free = if last { 0 } else { self.free_sms };
         for op in [&mut self.full, &mut self.diag] {
             op.set_split_tail(on);
+            op.set_free_sms(free);
+        }
+        if let Some(op) = self.folding.as_mut() {
             op.set_free_sms(free);
         }
     }
@@ -388,10 +448,13 @@ impl RankSteps {
                 causal: l.causal,
                 ..Shape::cross(shape.b, shape.h, lq, lk, d)
             };
-            let op = if l.causal {
-                &mut self.diag
-            } else {
-                &mut self.full
+            // A later step's full launch over every Q row merges into the running result in its own epilogue.
+            let folded = step > 0 && self.fold && !l.causal && (q0, lq) == (0, lq_all);
+            let folded = folded && self.folding.is_some();
+            let op = match self.folding.as_mut() {
+                Some(a) if folded => a,
+                _ if l.causal => &mut self.diag,
+                _ => &mut self.full,
             };
             // The views' lengths were checked above against the whole shards they lie in.
             let (s, scale, stage) = op.checked(gpu, s, &Lengths::of(&s), None)?;
@@ -426,6 +489,10 @@ impl RankSteps {
                     "a ring step outside a call (RankSteps::begin first)".into(),
                 ));
             };
+            if folded {
+                op.launch_views(gpu, stream, s, scale, stage, t, acc)?;
+                continue;
+            }
             if step == 0 {
                 // The rank's own shard: every Q row (ring-schedule's diagonal or full launch), straight into the
                 // running result.

@@ -162,6 +162,12 @@ impl RingRank {
         self.steps.set_free_sms(free);
     }
 
+    /// With `on` (the default), later steps' full launches merge into the running result in their kernel (the
+    /// accumulating stage 7, at D = 64 and 128); without, they write an f32 part that attn-merge merges after (A/B).
+    pub fn set_fold_merge(&mut self, on: bool) {
+        self.steps.set_fold_merge(on);
+    }
+
     /// With `on`, step 0's attention (the own shard, which needs no peer) is queued before the host waits for the
     /// ranks' verdict on their inputs, so that the wait runs under it; step 0's transfer is posted after the verdict,
     /// beside it on the SMs it leaves free ([`RingRank::set_free_sms`]). Off by default: the verdict first, then

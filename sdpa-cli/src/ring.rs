@@ -27,45 +27,51 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 type RankTimes = (Vec<f64>, Vec<Vec<f64>>, Vec<StepTime>, HostTimes);
 
 /// One run on the kept state: its label, which steps split their tail, whether step 0 runs under the ranks' check,
-/// and the SMs a step with a transfer leaves to NCCL.
+/// the SMs a step with a transfer leaves to NCCL, and whether later steps merge in their kernel.
 struct Kept {
     label: &'static str,
     split: SplitTail,
     overlap: bool,
     free_sms: usize,
+    fold: bool,
 }
 
 /// The kept state's runs: as the library sets it, then A/Bs.
 const KEPT_RUNS: [Kept; 5] = [
     Kept {
-        label: "on a state kept across calls (RingRank; the last step's launch splits its tail)",
+        label: "on a state kept across calls (RingRank; later steps merge in their kernel, the last step's partial launches split their tail)",
         split: SplitTail::Last,
         overlap: false,
         free_sms: 0,
+        fold: true,
+    },
+    Kept {
+        label: "the same with later steps writing a part that attn-merge merges (A/B)",
+        split: SplitTail::Last,
+        overlap: false,
+        free_sms: 0,
+        fold: false,
     },
     Kept {
         label: "the same with a step beside a transfer leaving 1 SM to NCCL (A/B)",
         split: SplitTail::Last,
         overlap: false,
         free_sms: 1,
+        fold: true,
     },
     Kept {
         label: "the same with no step splitting its tail (A/B)",
         split: SplitTail::Never,
         overlap: false,
         free_sms: 0,
+        fold: true,
     },
     Kept {
         label: "the same with step 0 queued under the ranks' input check (A/B)",
         split: SplitTail::Last,
         overlap: true,
         free_sms: 0,
-    },
-    Kept {
-        label: "the same with step 0 under the check and 4 SMs free (A/B)",
-        split: SplitTail::Last,
-        overlap: true,
-        free_sms: 4,
+        fold: true,
     },
 ];
 
@@ -119,6 +125,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             kept.set_split_tail(k.split);
             kept.set_overlap_check(k.overlap);
             kept.set_free_sms(k.free_sms);
+            kept.set_fold_merge(k.fold);
             runs.push(
                 timed_calls(iters, || {
                     kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)

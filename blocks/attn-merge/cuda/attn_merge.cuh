@@ -35,17 +35,33 @@ __device__ __forceinline__ Weights<N> weights(const float (&lse)[N], int n) {
   return r;
 }
 
+// 1 / the weights' sum (0 for a row no part saw).
+template <int N>
+__device__ __forceinline__ float inv_sum(const Weights<N>& w) {
+  return w.sum > 0.0f ? 1.0f / w.sum : 0.0f;
+}
+
+// One column of a row merged from n parts' values v[j], by the weights above and their inv_sum: every merge's
+// arithmetic, so that a merge in a kernel's epilogue gives the merge kernel's bits.
+template <int N>
+__device__ __forceinline__ float merge1(const Weights<N>& w, const float (&v)[N], int n, float inv) {
+  float x = 0.0f;
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+    if (j < n) x += w.w[j] * v[j];
+  return x * inv;
+}
+
 // Eight consecutive columns of a row merged from n parts' values v[j][0..8), by the weights above.
 template <int N>
 __device__ __forceinline__ void merge8(const Weights<N>& w, const float (&v)[N][8], int n, float (&out)[8]) {
-  const float inv = w.sum > 0.0f ? 1.0f / w.sum : 0.0f;
+  const float inv = inv_sum(w);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    float x = 0.0f;
+    float c[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j)
-      if (j < n) x += w.w[j] * v[j][i];
-    out[i] = x * inv;
+    for (int j = 0; j < N; ++j) c[j] = v[j][i];
+    out[i] = merge1(w, c, n, inv);
   }
 }
 

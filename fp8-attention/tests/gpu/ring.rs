@@ -27,7 +27,23 @@ fn ring_one_device_joined(
     s: Shape,
     world: usize,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    use fp8_attention::{ring_on_one_device, zigzag_join, zigzag_split};
+    ring_one_device_joined_as(gpu, qz, s, world, default_fold(s.d))
+}
+
+/// The accumulating kernel later ring steps merge in by default (`ring_on_one_device`'s).
+fn default_fold(d: usize) -> Option<lab::KernelSpec> {
+    composed::Stage::S7.accumulating_kernel(d)
+}
+
+/// As ring_one_device_joined, later steps merging in `fold` (None: an f32 part merged by attn-merge after).
+fn ring_one_device_joined_as(
+    gpu: &Gpu,
+    qz: &Quantized,
+    s: Shape,
+    world: usize,
+    fold: Option<lab::KernelSpec>,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    use fp8_attention::{ring_on_one_device_as, zigzag_join, zigzag_split};
     let st = gpu.ctx.new_stream()?;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
     let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
@@ -48,7 +64,7 @@ fn ring_one_device_joined(
     let kv: Vec<(Shard, Shard)> = (0..world)
         .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
         .collect();
-    let outs = ring_on_one_device(gpu, &st, s, &q, &kv)?;
+    let outs = ring_on_one_device_as(gpu, &st, s, &q, &kv, fold)?;
     let (mut o_shards, mut l_shards) = (vec![], vec![]);
     for (r, out) in outs.iter().enumerate() {
         let rows = s.heads() * lens(r).iter().sum::<usize>();
@@ -68,6 +84,14 @@ fn check_ring(gpu: &Gpu, s: Shape, world: usize) -> Result<()> {
     use lab::numerics::{Tolerance, error_stats};
     let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
     let (o, lse) = ring_one_device_joined(gpu, &qz, s, world)?;
+    if default_fold(s.d).is_some() {
+        // Later steps' merges folded into their kernel give the bits of a part merged by attn-merge after.
+        let unfolded = ring_one_device_joined_as(gpu, &qz, s, world, None)?;
+        ensure!(
+            (o.clone(), lse.clone()) == unfolded,
+            "ring W = {world} {s:?}: the folded merge differs from attn-merge's"
+        );
+    }
     let want = fixtures::reference(&qz);
     let dense = lab_path(gpu, &qz, OutDtype::F32)?;
     let tol = Tolerance {
@@ -245,6 +269,42 @@ fn ring_nccl_run(
 
 /// The ring tests.
 pub fn add(t: &mut Suite) {
+    t.gpu(
+        "ring::on_one_device::folded_merge_mutant_is_caught",
+        |gpu| {
+            // The accumulating kernel with the running result's LSE and the part's swapped in the merge's weights (each
+            // gets the other's): its ring must differ from attn-merge's merge, bit for bit and by far.
+            let s = Shape::new(1, 4, 1000, 128);
+            let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+            let spec =
+                anyhow::Context::context(default_fold(s.d), "no accumulating kernel at D = 128")?;
+            let mutant = spec.mutated(
+                "pingpong_attention.cuh",
+                "const float l[2] = {row0 + r < p.sq ? lacc[r] : 0.0f, lse[h]};",
+                "const float l[2] = {lse[h], row0 + r < p.sq ? lacc[r] : 0.0f};",
+            )?;
+            let good = ring_one_device_joined_as(gpu, &qz, s, 2, None)?;
+            let bad = ring_one_device_joined_as(gpu, &qz, s, 2, Some(mutant))?;
+            let e = lab::numerics::error_stats(
+                &bad.0,
+                &good.0,
+                lab::numerics::Tolerance {
+                    atol: 0.0,
+                    rtol: 0.0,
+                },
+            );
+            ensure!(
+                e.rel_l2 > 1e-2,
+                "the swapped weights' ring is within rel-L2 {:.3e} of the merge's",
+                e.rel_l2
+            );
+            eprintln!(
+                "mutant `swapped merge weights` caught: rel-L2 {:.3e} from attn-merge's merge",
+                e.rel_l2
+            );
+            Ok(())
+        },
+    );
     for (name, shape, worlds) in [
         (
             "1x4x1000x128",
