@@ -171,7 +171,7 @@ fn main() {
                 "(j < n && m != neg_inf())",
                 "(j < n)",
             ),
-            ("not normalised", "out[i] = x * inv;", "out[i] = x;"),
+            ("not normalised", "return x * inv;", "return x;"),
             ("the LSE without the max", "m + logf(r.sum)", "logf(r.sum)"),
         ] {
             let m = MERGE_PARTS.mutated("attn_merge.cuh", from, to)?;
