@@ -58,10 +58,15 @@ struct VStaging {
     b->more[s] = 0;
     tma::arrive(&b->full[s]);
   }
-  // A transposing warp: whether ring tile r comes (its V then sits in tile(r)); done with it.
+  // A transposing warp: whether ring tile r comes (its V then sits in tile(r)); done with it. Lane 0 reads the word
+  // and broadcasts it: the lane that later arrives on the slot's empty barrier is the only reader, so the loading
+  // thread's next write is ordered after the read by that arrival alone (racecheck saw the other lanes' reads as a
+  // WAR hazard against it).
   __device__ bool wait(int r) const {
     tma::wait(&b->full[slot(r)], phase(r));
-    return b->more[slot(r)] != 0;
+    int more = 0;
+    if (roles::lane() == 0) more = b->more[slot(r)];
+    return __shfl_sync(0xffffffffu, more, 0) != 0;
   }
   __device__ void release(int r) const { tma::arrive(&b->empty[slot(r)]); }
 };

@@ -113,6 +113,13 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "racecheck", "synccheck"],
     ),
     (
+        // Ring attention on one device: zigzag views, stage 7 and its accumulating kernel, attn-merge's merges, and
+        // stage 8 as the dense reference.
+        "fp8-attention--gpu",
+        "gpu::ring::on_one_device::1x4x1000x128",
+        &["memcheck", "racecheck"],
+    ),
+    (
         // The device plan of a packed batch: atomics into the histogram and the table, the scan's shared memory.
         "ragged-plan--gpu",
         "gpu::plan::matches_the_model",
