@@ -59,9 +59,9 @@ struct VStaging {
     tma::arrive(&b->full[s]);
   }
   // A transposing warp: whether ring tile r comes (its V then sits in tile(r)); done with it. Lane 0 reads the word
-  // and broadcasts it: the lane that later arrives on the slot's empty barrier is the only reader, so the loading
-  // thread's next write is ordered after the read by that arrival alone (racecheck saw the other lanes' reads as a
-  // WAR hazard against it).
+  // and broadcasts it: the only reader is the lane that later arrives on the slot's empty barrier, so the loading
+  // thread's next write is ordered after the read by that arrival (release) and its own wait (acquire) alone.
+  // racecheck still reports the pair under the ring's test (docs/blocks/tma-ring-racecheck.md: open).
   __device__ bool wait(int r) const {
     tma::wait(&b->full[slot(r)], phase(r));
     int more = 0;
