@@ -101,7 +101,8 @@ __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk,
   mark(kMarkSoftmaxEnd);
   while (true) {
     const unsigned char* q_tile = blk.q_tile(n, wg);
-    // The unit's middle turns, consume_unit's.
+    // The unit's middle turns: consume_unit's (non-split ring), copied so that consume_unit's code, and the SASS of
+    // the kernels that keep it, stay as they are.
     for (int tt = 1; tt < cur.u.tiles; ++tt) {
       at.advance();
       wgmma::wait<0>();

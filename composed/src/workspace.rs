@@ -158,15 +158,20 @@ impl Workspace {
 
     /// How a launch of `stage` on `s` splits its tail, with the block count set now.
     pub fn plan(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<SplitPlan> {
-        let rows = stage.rows_for(s, gpu.sms);
-        let grid_dim = grid(
-            stage,
-            s,
-            rows,
-            gpu.sms,
-            self.blocks_for(stage, s, rows, gpu.sms),
-        )?;
+        let (rows, grid_dim) = self.grid_of(gpu, stage, s)?;
         Ok(self.split_plan(stage, s, rows, grid_dim.0 as usize))
+    }
+
+    /// A launch's query rows a unit and its grid, with the block count set now (`plan::grid`).
+    fn grid_of(
+        &self,
+        gpu: &Gpu,
+        stage: Stage,
+        s: &fixtures::Shape,
+    ) -> Result<(usize, (u32, u32, u32))> {
+        let rows = stage.rows_for(s, gpu.sms);
+        let blocks = self.blocks_for(stage, s, rows, gpu.sms);
+        Ok((rows, grid(stage, s, rows, gpu.sms, blocks)?))
     }
 
     /// Rows of O (each D wide) and of the LSE a launch of `stage` on `s` writes: B·H·Sq, and the split tail's
@@ -215,15 +220,8 @@ impl Workspace {
                 k
             }
         };
-        let rows = stage.rows_for(s, gpu.sms);
         // Checked first: it bounds the work units and query tiles the parameters carry as i32.
-        let grid_dim = grid(
-            stage,
-            s,
-            rows,
-            gpu.sms,
-            self.blocks_for(stage, s, rows, gpu.sms),
-        )?;
+        let (rows, grid_dim) = self.grid_of(gpu, stage, s)?;
         let plan = self.split_plan(stage, s, rows, grid_dim.0 as usize);
         self.write_schedule(st, s, plan, rows)?;
         self.make_vt(gpu, stage, st, s, (t.v, flat[2]))?;
