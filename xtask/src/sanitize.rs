@@ -215,7 +215,10 @@ fn verdict(what: String, text: &str, status: Option<i32>, accepted: &[String]) -
         .collect();
     // A filter that matches no test (a renamed test) would run nothing and pass: at least one must have passed.
     // "test result: ok. N passed; …": a failed run counts none.
-    let tests_ok = count_after(text, "test result: ok.") > 0 && status != Some(3);
+    // The tool's own error exit (3) fails the run, but for racecheck hazards that the ledger lists every one of: the
+    // tool exits 3 for those too.
+    let listed_only = hazards > 0 && errors == 0 && unlisted.is_empty();
+    let tests_ok = count_after(text, "test result: ok.") > 0 && (status != Some(3) || listed_only);
     let ok =
         tests_ok && errors == 0 && unlisted.is_empty() && (hazards == 0 || !accepted.is_empty());
     Verdict {
@@ -344,6 +347,34 @@ mod tests {
         );
         assert!(!verdict("hazard".into(), &hazard, Some(0), &[]).ok);
         assert!(verdict("ledger".into(), &hazard, Some(0), &["k".to_string()]).ok);
+        // racecheck exits 3 on hazards: listed ones still pass, others fail, and exit 3 with no hazard fails.
+        assert!(
+            verdict(
+                "ledger, exit 3".into(),
+                &hazard,
+                Some(3),
+                &["k".to_string()]
+            )
+            .ok
+        );
+        assert!(
+            !verdict(
+                "unlisted, exit 3".into(),
+                &hazard,
+                Some(3),
+                &["j".to_string()]
+            )
+            .ok
+        );
+        assert!(
+            !verdict(
+                "exit 3, no hazard".into(),
+                &ran,
+                Some(3),
+                &["k".to_string()]
+            )
+            .ok
+        );
     }
 
     #[test]
