@@ -156,14 +156,17 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     let ring_ms = rank0[rank0.len() / 2];
     // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
     let gpu = lab::Gpu::device(0)?;
-    let one_ms = stage7_ms(gpu, s)?;
+    let one_ms = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
     // A step's work alone: stage 7 on one rank's shard against one shard of keys (B, H, S / W, S / W), not causal;
     // a causal step (the diagonal, or two of the four half-blocks) is half of it.
     let shard = Shape {
         hkv: s.hkv,
         ..Shape::new(s.b, s.h, s.sq.div_ceil(world), s.d)
     };
-    let step_work_ms = stage7_ms(gpu, shard)? * if s.causal { 0.5 } else { 1.0 };
+    let half = if s.causal { 0.5 } else { 1.0 };
+    let step_work_ms = stage7_ms(gpu, shard, fixtures::OutDtype::Bf16)? * half;
+    // The same writing f32 O, as the ring's steps do (a step's excess over it is the ring's: views, the merge).
+    let step_f32_ms = stage7_ms(gpu, shard, fixtures::OutDtype::F32)? * half;
     // Shape::flops counts half the pairs under the causal mask.
     let flops = s.flops();
     println!(
@@ -226,6 +229,10 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             },
             slowest / step_work_ms
         );
+        println!(
+            "  the same writing f32 O: {step_f32_ms:.3} ms; the slowest step {:.3}× it",
+            slowest / step_f32_ms
+        );
     }
     let h = host0;
     println!(
@@ -236,12 +243,12 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     Ok(())
 }
 
-/// Stage 7's time in ms on `s` (unit-normal inputs quantized per head, on `gpu`, Vᵀ made once): past 10^14 FLOP a
-/// launch (0.1 s and more) the median of 5 launches each between CUDA events after one warm-up, not graph replays of
-/// 20 launches (at S = 1M, H = 8: minutes); else the graph replays' median.
-fn stage7_ms(gpu: &'static lab::Gpu, s: Shape) -> Result<f64> {
+/// Stage 7's time in ms on `s` writing O in `out` (unit-normal inputs quantized per head, on `gpu`, Vᵀ made once):
+/// past 10^14 FLOP a launch (0.1 s and more) the median of 5 launches each between CUDA events after one warm-up, not
+/// graph replays of 20 launches (at S = 1M, H = 8: minutes); else the graph replays' median.
+fn stage7_ms(gpu: &'static lab::Gpu, s: Shape, out: fixtures::OutDtype) -> Result<f64> {
     let qz = quantize_per_head(&Raw::random(s, 7, 1.0));
-    let mut p = fp8_attention::Problem::upload(gpu, &qz, fixtures::OutDtype::Bf16)?;
+    let mut p = fp8_attention::Problem::upload(gpu, &qz, out)?;
     if s.flops() <= 1e14 {
         return Ok(p.time(gpu, composed::Stage::S7, 2, 10)?.p50_us / 1e3);
     }
