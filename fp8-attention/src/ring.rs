@@ -233,16 +233,21 @@ pub enum SplitTail {
     Every,
 }
 
-/// The op for later steps' full launches: stage 7 writing f32 by `spec`, an accumulating kernel, its tail never split
-/// (a split's merge kernel would overwrite the running result).
-fn folding_op(gpu: &Gpu, stage: composed::Stage, spec: lab::KernelSpec) -> Result<Attention> {
+/// A ring step's op on `stage`: O in f32 (a running result, or a part to merge into it), causal or not.
+fn step_op(gpu: &Gpu, stage: composed::Stage, causal: bool) -> Result<Attention> {
     let cfg = Config {
-        causal: false,
+        causal,
         out_dtype: OutDtype::F32,
         softmax_scale: None,
         window: fixtures::Window::NONE,
     };
-    let mut a = Attention::with_stage(gpu, cfg, stage)?;
+    Attention::with_stage(gpu, cfg, stage)
+}
+
+/// The op for later steps' full launches: stage 7 writing f32 by `spec`, an accumulating kernel, its tail never split
+/// (a split's merge kernel would overwrite the running result).
+fn folding_op(gpu: &Gpu, stage: composed::Stage, spec: lab::KernelSpec) -> Result<Attention> {
+    let mut a = step_op(gpu, stage, false)?;
     a.set_kernel(Some(spec));
     a.set_split_tail(false);
     Ok(a)
@@ -288,17 +293,11 @@ pub(crate) struct RankSteps {
 impl RankSteps {
     /// A rank of `world` whose Q halves hold `q_lens` tokens, of the whole problem `shape`.
     pub(crate) fn new(gpu: &Gpu, world: usize, shape: Shape, q_lens: [usize; 2]) -> Result<Self> {
-        let cfg = |causal| Config {
-            causal,
-            out_dtype: OutDtype::F32,
-            softmax_scale: None,
-            window: fixtures::Window::NONE,
-        };
         // NCCL's kernels share the GPU with a step's attention: a step with a transfer takes its units from the
         // counter (no split tail dealt ahead), so a block whose SM NCCL holds for a while takes fewer, not delays the
         // step (`SplitTail`, set per step).
         let stage = crate::stage_for(gpu);
-        let op = |causal| Attention::with_stage(gpu, cfg(causal), stage);
+        let op = |causal| step_op(gpu, stage, causal);
         let folding = stage
             .accumulating_kernel(shape.d)
             .map(|spec| folding_op(gpu, stage, spec))
@@ -449,8 +448,11 @@ impl RankSteps {
                 ..Shape::cross(shape.b, shape.h, lq, lk, d)
             };
             // A later step's full launch over every Q row merges into the running result in its own epilogue.
-            let folded = step > 0 && self.fold && !l.causal && (q0, lq) == (0, lq_all);
-            let folded = folded && self.folding.is_some();
+            let folded = step > 0
+                && self.fold
+                && self.folding.is_some()
+                && !l.causal
+                && (q0, lq) == (0, lq_all);
             let op = match self.folding.as_mut() {
                 Some(a) if folded => a,
                 _ if l.causal => &mut self.diag,
