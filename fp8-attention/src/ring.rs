@@ -4,6 +4,7 @@ use std::sync::Arc;
 use attn_merge::{Merger, Rows};
 use fixtures::{OutDtype, Shape};
 use lab::Gpu;
+use lab::cudarc::driver::sys::CUevent_flags;
 use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use composed::{Strides, Tensors};
@@ -76,7 +77,8 @@ pub struct RankOutput {
     pub o: CudaSlice<f32>,
     /// The LSE.
     pub lse: CudaSlice<f32>,
-    /// Each step's times on this rank (device events), in step order: empty for the one-device ring.
+    /// Each step's times on this rank (device events), in step order: empty for the one-device ring but where
+    /// [`ring_on_one_device_timed`] runs it.
     pub steps: Vec<StepTime>,
     /// Where the call's host time went (zero for the one-device ring).
     pub host: HostTimes,
@@ -142,6 +144,33 @@ pub fn ring_on_one_device_as(
     kv: &[(Shard, Shard)],
     fold: Option<lab::KernelSpec>,
 ) -> Result<Vec<RankOutput>> {
+    one_device(gpu, stream, shape, q, kv, fold, false)
+}
+
+/// [`ring_on_one_device`] with each step's launches between device events: every rank's [`RankOutput::steps`] holds
+/// its steps' times (`transfer_ms` None, `step_ms` its attention's), the ring's own launches with no communication
+/// beside them, which a ring over NCCL holds its steps to.
+pub fn ring_on_one_device_timed(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    shape: Shape,
+    q: &[Shard],
+    kv: &[(Shard, Shard)],
+) -> Result<Vec<RankOutput>> {
+    let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
+    one_device(gpu, stream, shape, q, kv, fold, true)
+}
+
+/// The one-device ring, its steps timed where `timed`.
+fn one_device(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    shape: Shape,
+    q: &[Shard],
+    kv: &[(Shard, Shard)],
+    fold: Option<lab::KernelSpec>,
+    timed: bool,
+) -> Result<Vec<RankOutput>> {
     let world = q.len();
     if world == 0 || kv.len() != world {
         return Err(Error::Unsupported(format!(
@@ -173,7 +202,17 @@ pub fn ring_on_one_device_as(
         let mut steps = RankSteps::new(gpu, world, shape, mine.lens)?;
         steps.set_folding(gpu, fold)?;
         steps.begin(gpu, stream)?;
+        let drv = |e| Error::Device(anyhow::Error::from(e));
+        let mark = || {
+            stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(drv)
+        };
+        let mut marks = Vec::with_capacity(if timed { world + 1 } else { 0 });
         for step in 0..world {
+            if timed {
+                marks.push(mark()?);
+            }
             let (k, v) = &kv[ring_schedule::source(world, rank, step)];
             steps.step(
                 gpu,
@@ -184,7 +223,19 @@ pub fn ring_on_one_device_as(
                 k.lens,
             )?;
         }
-        outs.push(steps.finish(Vec::new(), HostTimes::default())?);
+        let mut times = Vec::with_capacity(world);
+        if timed {
+            marks.push(mark()?);
+            for w in marks.windows(2) {
+                let ms = w[0].elapsed_ms(&w[1]).map_err(drv)?;
+                times.push(StepTime {
+                    attention_ms: ms,
+                    transfer_ms: None,
+                    step_ms: ms,
+                });
+            }
+        }
+        outs.push(steps.finish(times, HostTimes::default())?);
     }
     Ok(outs)
 }

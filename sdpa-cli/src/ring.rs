@@ -167,6 +167,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     let step_work_ms = stage7_ms(gpu, shard, fixtures::OutDtype::Bf16)? * half;
     // The same writing f32 O, as the ring's steps do (a step's excess over it is the ring's: views, the merge).
     let step_f32_ms = stage7_ms(gpu, shard, fixtures::OutDtype::F32)? * half;
+    let alone = steps_alone(gpu, s, world)?;
     // Shape::flops counts half the pairs under the causal mask.
     let flops = s.flops();
     println!(
@@ -234,6 +235,28 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             slowest / step_f32_ms
         );
     }
+    // Each step against the ring's own launches of that step with nothing beside them (rank 0's, on GPU 0).
+    let ratios: Vec<f32> = steps0
+        .iter()
+        .zip(&alone)
+        .map(|(st, a)| st.step_ms / a.max(f32::MIN_POSITIVE))
+        .collect();
+    if let Some(worst) = ratios.iter().copied().max_by(f32::total_cmp) {
+        println!(
+            "  rank 0's steps' own launches alone (the ring on one device, GPU 0, median of {ALONE_CALLS} calls): {} ms; \
+             each step {} of it; the slowest {worst:.3}× (issue 35: ≤ 1.05×)",
+            alone
+                .iter()
+                .map(|x| format!("{x:.3}"))
+                .collect::<Vec<_>>()
+                .join(" / "),
+            ratios
+                .iter()
+                .map(|x| format!("{x:.3}×"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        );
+    }
     let h = host0;
     println!(
         "  host, rank 0's last call: input check {:.3} ms, setup {:.3} ms, queueing the steps {:.3} ms, waiting for \
@@ -241,6 +264,50 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         h.check_ms, h.setup_ms, h.queue_ms, h.drain_ms
     );
     Ok(())
+}
+
+/// Calls of the ring on one device whose median step times [`steps_alone`] reports (after one warm-up call).
+const ALONE_CALLS: usize = 3;
+
+/// Rank 0's step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on one
+/// device with no transfer beside them (`ring_on_one_device_timed` on `gpu`, every rank's shard there, the bench's
+/// shards): the same kernels, views, f32 O and merges as a ring step's.
+fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<f32>> {
+    let st = gpu.stream.clone();
+    let mut held = Vec::with_capacity(world);
+    for r in 0..world {
+        let h = host_shard(s, world, r);
+        let up = |x: &[u8]| st.clone_htod(x);
+        let ups = |x: &[f32]| st.clone_htod(x);
+        held.push((
+            [up(&h.q)?, up(&h.k)?, up(&h.v)?],
+            [ups(&h.q_scale)?, ups(&h.k_scale)?, ups(&h.v_scale)?],
+            [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len()),
+        ));
+    }
+    let shard = |r: usize, t: usize| Shard {
+        tensor: Fp8 {
+            codes: &held[r].0[t],
+            scales: &held[r].1[t],
+        },
+        lens: held[r].2,
+    };
+    let q: Vec<Shard> = (0..world).map(|r| shard(r, 0)).collect();
+    let kv: Vec<(Shard, Shard)> = (0..world).map(|r| (shard(r, 1), shard(r, 2))).collect();
+    let mut calls = vec![];
+    for i in 0..=ALONE_CALLS {
+        let outs = fp8_attention::ring_on_one_device_timed(gpu, &st, s, &q, &kv)?;
+        if i > 0 {
+            calls.push(outs[0].steps.iter().map(|t| t.step_ms).collect::<Vec<_>>());
+        }
+    }
+    Ok((0..world)
+        .map(|step| {
+            let mut x: Vec<f32> = calls.iter().map(|c| c[step]).collect();
+            x.sort_by(f32::total_cmp);
+            x[x.len() / 2]
+        })
+        .collect())
 }
 
 /// Stage 7's time in ms on `s` writing O in `out` (unit-normal inputs quantized per head, on `gpu`, Vᵀ made once):

@@ -43,7 +43,20 @@ fn ring_one_device_joined_as(
     world: usize,
     fold: Option<lab::KernelSpec>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    use fp8_attention::{ring_on_one_device_as, zigzag_join, zigzag_split};
+    Ok(ring_one_device_run(gpu, qz, s, world, fold, false)?.0)
+}
+
+/// As ring_one_device_joined_as; `timed`: by `ring_on_one_device_timed` (with the default fold), whose step times
+/// come back too (each rank's, in rank order; empty untimed).
+fn ring_one_device_run(
+    gpu: &Gpu,
+    qz: &Quantized,
+    s: Shape,
+    world: usize,
+    fold: Option<lab::KernelSpec>,
+    timed: bool,
+) -> Result<JoinedWithSteps> {
+    use fp8_attention::{ring_on_one_device_as, ring_on_one_device_timed, zigzag_join, zigzag_split};
     let st = gpu.ctx.new_stream()?;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
     let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
@@ -64,7 +77,12 @@ fn ring_one_device_joined_as(
     let kv: Vec<(Shard, Shard)> = (0..world)
         .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
         .collect();
-    let outs = ring_on_one_device_as(gpu, &st, s, &q, &kv, fold)?;
+    let outs = if timed {
+        ring_on_one_device_timed(gpu, &st, s, &q, &kv)?
+    } else {
+        ring_on_one_device_as(gpu, &st, s, &q, &kv, fold)?
+    };
+    let steps = outs.iter().map(|o| o.steps.clone()).collect();
     let (mut o_shards, mut l_shards) = (vec![], vec![]);
     for (r, out) in outs.iter().enumerate() {
         let rows = s.heads() * lens(r).iter().sum::<usize>();
@@ -73,8 +91,11 @@ fn ring_one_device_joined_as(
     }
     let o = zigzag_join(&o_shards, [s.b, s.h, s.sq, s.d]);
     let lse = zigzag_join(&l_shards, [s.b, s.h, s.sq, 1]);
-    Ok((o, lse))
+    Ok(((o, lse), steps))
 }
+
+/// The joined O and LSE, and each rank's step times.
+type JoinedWithSteps = ((Vec<f32>, Vec<f32>), Vec<Vec<fp8_attention::StepTime>>);
 
 /// Ring attention over `world` virtual ranks on one device (`ring_on_one_device`) on shape `s`, against the f64
 /// reference of the whole problem, beside stage 7 on the whole problem (the lab's path): the ring's O must be as
@@ -273,6 +294,32 @@ fn ring_nccl_run(
 
 /// The ring tests.
 pub fn add(t: &mut Suite) {
+    t.gpu("ring::on_one_device::timed_steps_same_bits", |gpu| {
+        // The timed one-device ring (what `sdpa bench --ranks` holds a ring's steps to) computes what the untimed one
+        // does, and times each rank's every step.
+        let s = Shape::new(1, 4, 1000, 128);
+        let qz = quantize_per_head(&Raw::random(s, 92, 1.0));
+        let world = 3;
+        let (plain, none) = ring_one_device_run(gpu, &qz, s, world, default_fold(s.d), false)?;
+        let (timed, steps) = ring_one_device_run(gpu, &qz, s, world, None, true)?;
+        ensure!(
+            none.iter().all(Vec::is_empty),
+            "the untimed ring returned step times"
+        );
+        ensure!(plain == timed, "the timed ring's O or LSE differ from the untimed one's");
+        ensure!(steps.len() == world, "{} ranks' step times for {world} ranks", steps.len());
+        for (r, st) in steps.iter().enumerate() {
+            ensure!(st.len() == world, "rank {r}: {} step times for {world} steps", st.len());
+            for (i, t) in st.iter().enumerate() {
+                ensure!(
+                    t.attention_ms > 0.0 && t.step_ms == t.attention_ms && t.transfer_ms.is_none(),
+                    "rank {r}, step {i}: {t:?}"
+                );
+            }
+        }
+        eprintln!("timed one-device ring, W = {world}: rank 0's steps {:?}", steps[0]);
+        Ok(())
+    });
     t.gpu(
         "ring::on_one_device::folded_merge_mutant_is_caught",
         |gpu| {
