@@ -274,11 +274,6 @@ fn one(bin_dir: &Path, bin: &str, filter: &str, tool: &str, accepted: &[String])
         .arg(bin_dir.join(bin))
         .args([filter, "--test-threads", "1"])
         .env("LAB_REQUIRE_GPU", "1");
-    if tool == "racecheck" {
-        // Serial launches: racecheck's per-block record of shared memory mixes two grids that a programmatic launch
-        // overlaps (lab::SERIAL_LAUNCHES_ENV; docs/blocks/tma-ring-racecheck.md).
-        cmd.env(lab::SERIAL_LAUNCHES_ENV, "1");
-    }
     // A run past the binaries' limit is killed: no test result, so its verdict fails.
     let o = crate::runner::run_command_limited(cmd, crate::runner::binary_limit())
         .with_context(|| format!("running compute-sanitizer ({what})"))?;

@@ -37,25 +37,6 @@ pub enum Order {
     Programmatic,
 }
 
-/// The environment variable that makes every launch through [`launch_ex`] serial (`1` or `true`): compute-sanitizer's
-/// racecheck runs set it, because its per-block record of shared-memory accesses cannot tell two grids apart that a
-/// programmatic launch overlaps (docs/blocks/tma-ring-racecheck.md). Programmatic launches change no block's own
-/// shared-memory order, so a serial run still sees every hazard inside a block.
-pub const SERIAL_LAUNCHES_ENV: &str = "LAB_SERIAL_LAUNCHES";
-
-/// Whether a value of [`SERIAL_LAUNCHES_ENV`] asks for serial launches.
-pub fn serial_launches_from(value: Option<&std::ffi::OsStr>) -> bool {
-    value
-        .and_then(|v| v.to_str())
-        .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
-}
-
-/// [`serial_launches_from`] the process's environment, read once.
-fn serial_launches() -> bool {
-    static SERIAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SERIAL.get_or_init(|| serial_launches_from(std::env::var_os(SERIAL_LAUNCHES_ENV).as_deref()))
-}
-
 impl Order {
     /// [`Order::Programmatic`] where `on`, else [`Order::Serial`].
     pub fn programmatic_if(on: bool) -> Order {
@@ -67,7 +48,7 @@ impl Order {
     }
 }
 
-/// Launches `func` with `args` on `st` (serially whatever `order` says where [`SERIAL_LAUNCHES_ENV`] is set).
+/// Launches `func` with `args` on `st`.
 ///
 /// # Safety
 /// `args` match the kernel's parameters in number, order and layout, and the grid, block and shared memory are
@@ -85,7 +66,7 @@ pub unsafe fn launch_ex(
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
-    let programmatic = order == Order::Programmatic && !serial_launches();
+    let programmatic = order == Order::Programmatic;
     let config = sys::CUlaunchConfig {
         gridDimX: cfg.grid_dim.0,
         gridDimY: cfg.grid_dim.1,
@@ -113,25 +94,4 @@ pub unsafe fn launch_ex(
         .result()
     }
     .context("cuLaunchKernelEx")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::serial_launches_from;
-    use std::ffi::OsStr;
-
-    #[test]
-    fn serial_launches_only_when_asked() {
-        for (v, want) in [
-            (None, false),
-            (Some("1"), true),
-            (Some("true"), true),
-            (Some("TRUE"), true),
-            (Some("0"), false),
-            (Some(""), false),
-            (Some("yes"), false),
-        ] {
-            assert_eq!(serial_launches_from(v.map(OsStr::new)), want, "{v:?}");
-        }
-    }
 }

@@ -29,7 +29,7 @@ pub use cudarc;
 pub use gpu::{
     Gate, Gpu, GpuStatus, Kernel, MAX_DEVICES, device_count, gate, require_gpu_from_env, status,
 };
-pub use launch::{Args, Order, SERIAL_LAUNCHES_ENV, launch_ex, serial_launches_from};
+pub use launch::{Args, Order, launch_ex};
 pub use resources::{Budget, Resources, parse_ptxas_log};
 pub use telemetry::{Sampler, Telemetry};
 pub use testing::{COMPILE, GPU, MODEL, Suite};
