@@ -9,13 +9,15 @@ namespace sdpa {
 // Warps of the producer warpgroup that transpose V: warps 1–3 (warp 0's first thread issues every load).
 constexpr int kVWarps = 3;
 
-// A staging slot's barriers: full (V's bytes landed, or the stream's end said), empty (every transposing warp has
-// read the slot), and whether the slot holds a tile (1) or marks the end of the block's tiles (0).
+// The staging's barriers: a slot's full (V's bytes landed) and empty (every transposing warp has read the slot), and
+// `done`, which completes once, when the block has no more tiles and every earlier one has been released. Only
+// barrier state passes between the loading thread and the transposing warps: no word in shared memory is written by
+// one and read by the other.
 template <int VS>
 struct VBarriers {
   unsigned long long full[VS];
   unsigned long long empty[VS];
-  int more[VS];
+  unsigned long long done;
 };
 
 // One block's VS staging slots of one V tile each (BC keys × D, laid out as K's tiles: the canonical K-major layout
@@ -38,6 +40,7 @@ struct VStaging {
       tma::mbar_init(&b->full[s], 1);
       tma::mbar_init(&b->empty[s], kVWarps);
     }
+    tma::mbar_init(&b->done, 1);
     tma::fence_barrier_init();
   }
   // The loading thread: ring tile r's V is key tile t of K/V head kv of batch bat, its rows where `rows` says (as K's),
@@ -47,26 +50,25 @@ struct VStaging {
   __device__ void load(const tma::Map* mv, int r, int t, int kv, int bat, const Rows& rows = Rows{0}) const {
     const int s = slot(r);
     tma::wait(&b->empty[s], phase(r) ^ 1u);
-    b->more[s] = 1;
     tma::arrive_expect_tx(&b->full[s], Block::kTile);
     rows.template load<Block::kBc, Block::kQkPanel, Block::kQkPanels>(mv, &b->full[s], tile(r), t, kv, bat);
   }
-  // The loading thread: there is no ring tile r (the block's last tile was r − 1).
+  // The loading thread: there is no ring tile r (the block's last tile was r − 1). `done` completes once every slot's
+  // tile before r has been released, so that a warp that sees it is past them all and waits for tile r.
   __device__ void end(int r) const {
-    const int s = slot(r);
-    tma::wait(&b->empty[s], phase(r) ^ 1u);
-    b->more[s] = 0;
-    tma::arrive(&b->full[s]);
+    for (int i = 0; i < VS; ++i) tma::wait(&b->empty[slot(r + i)], phase(r + i) ^ 1u);
+    tma::arrive(&b->done);
   }
-  // A transposing warp: whether ring tile r comes (its V then sits in tile(r)); done with it. Lane 0 reads the word
-  // and broadcasts it: the only reader is the lane that later arrives on the slot's empty barrier, so the loading
-  // thread's next write is ordered after the read by that arrival (release) and its own wait (acquire) alone.
-  // racecheck still reports the pair under the ring's test (docs/blocks/tma-ring-racecheck.md: open).
+  // A transposing warp: whether ring tile r comes (its V then sits in tile(r)), or the block's tiles are over.
   __device__ bool wait(int r) const {
-    tma::wait(&b->full[slot(r)], phase(r));
-    int more = 0;
-    if (roles::lane() == 0) more = b->more[slot(r)];
-    return __shfl_sync(0xffffffffu, more, 0) != 0;
+    const unsigned full = tma::smem(&b->full[slot(r)]), done = tma::smem(&b->done), ph = phase(r);
+    for (long long i = 0;; ++i) {
+      if (tma::try_wait_at(full, ph)) return true;
+      if (tma::test_wait_at(done, 0u)) return false;
+#ifdef LAB_TMA_SPIN_LIMIT
+      if (i >= LAB_TMA_SPIN_LIMIT) return false;
+#endif
+    }
   }
   __device__ void release(int r) const { tma::arrive(&b->empty[slot(r)]); }
 };
