@@ -7,14 +7,13 @@ constexpr int kSteps = kKBytes / 32;
 
 // a: [64][kKBytes] and b: [N][kKBytes] bytes, K contiguous; d: [64][N] f32 row-major. `swz` is the
 // wgmma::Swizzle of both tiles (a run-time value, as a TMA map's would be).
-template <class TA, class TB, int N, bool A_REGS>
-__device__ void gemm(const unsigned char* a, const unsigned char* b, int swz, float* d_out) {
-  constexpr int kElem = wg::Mma<N, TA, TB>::kK == 32 ? 1 : 2;
+// Both tiles into dynamic shared memory, `sw`-swizzled; the B tile's address.
+__device__ unsigned char* load_tiles(const unsigned char* a, const unsigned char* b, int n, wgmma::Swizzle sw,
+                                     unsigned char** sa_out) {
   extern __shared__ unsigned char raw[];
   const unsigned addr = wgmma::smem_addr(raw);
   unsigned char* sa = raw + ((1024 - (addr & 1023)) & 1023);
   unsigned char* sb = sa + 64 * kKBytes;  // every swizzle's tile of 128 bytes of K is rows * 128 bytes
-  const wgmma::Swizzle sw = static_cast<wgmma::Swizzle>(swz);
   const int t = threadIdx.x;
   // 4-byte words: a word never straddles a 16-byte chunk, the unit every swizzle permutes.
   for (int i = t; i < 64 * kKBytes / 4; i += 128) {
@@ -22,34 +21,53 @@ __device__ void gemm(const unsigned char* a, const unsigned char* b, int swz, fl
     *reinterpret_cast<unsigned*>(sa + wgmma::tile_byte(sw, 64, row, kb)) =
         *reinterpret_cast<const unsigned*>(a + row * kKBytes + kb);
   }
-  for (int i = t; i < N * kKBytes / 4; i += 128) {
+  for (int i = t; i < n * kKBytes / 4; i += 128) {
     const int row = i / (kKBytes / 4), kb = i % (kKBytes / 4) * 4;
-    *reinterpret_cast<unsigned*>(sb + wgmma::tile_byte(sw, N, row, kb)) =
+    *reinterpret_cast<unsigned*>(sb + wgmma::tile_byte(sw, n, row, kb)) =
         *reinterpret_cast<const unsigned*>(b + row * kKBytes + kb);
   }
   wgmma::publish_smem();
+  *sa_out = sa;
+  return sb;
+}
+
+// A [64][kKBytes] in the A-operand registers of thread t, K-step by K-step.
+template <class TA, class TB, int N>
+__device__ void a_registers(const unsigned char* a, int t, unsigned (&ar)[kSteps][4]) {
+  constexpr int kElem = wg::Mma<N, TA, TB>::kK == 32 ? 1 : 2;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      unsigned w = 0;
+#pragma unroll
+      for (int j = 0; j < 4 / kElem; ++j) {
+        const int e = q * (4 / kElem) + j;
+        const int row = kElem == 1 ? frag::wgmma_a_k32_row(t, e) : frag::wgmma_a_k16_row(t, e);
+        const int col = kElem == 1 ? frag::wgmma_a_k32_col(t, e) : frag::wgmma_a_k16_col(t, e);
+        const unsigned char* p = a + row * kKBytes + s * 32 + col * kElem;
+        const unsigned v = kElem == 1 ? unsigned(p[0]) : unsigned(p[0]) | unsigned(p[1]) << 8;
+        w |= v << (8 * kElem * j);
+      }
+      ar[s][q] = w;
+    }
+  }
+}
+
+// a: [64][kKBytes] and b: [N][kKBytes] bytes, K contiguous; d: [64][N] f32 row-major. `swz` is the
+// wgmma::Swizzle of both tiles (a run-time value, as a TMA map's would be).
+template <class TA, class TB, int N, bool A_REGS>
+__device__ void gemm(const unsigned char* a, const unsigned char* b, int swz, float* d_out) {
+  const wgmma::Swizzle sw = static_cast<wgmma::Swizzle>(swz);
+  const int t = threadIdx.x;
+  unsigned char* sa;
+  unsigned char* sb = load_tiles(a, b, N, sw, &sa);
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) d[i] = -1.0f;  // overwritten: the first K-step does not accumulate
   if constexpr (A_REGS) {
     unsigned ar[kSteps][4];
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        unsigned w = 0;
-#pragma unroll
-        for (int j = 0; j < 4 / kElem; ++j) {
-          const int e = q * (4 / kElem) + j;
-          const int row = kElem == 1 ? frag::wgmma_a_k32_row(t, e) : frag::wgmma_a_k16_row(t, e);
-          const int col = kElem == 1 ? frag::wgmma_a_k32_col(t, e) : frag::wgmma_a_k16_col(t, e);
-          const unsigned char* p = a + row * kKBytes + s * 32 + col * kElem;
-          const unsigned v = kElem == 1 ? unsigned(p[0]) : unsigned(p[0]) | unsigned(p[1]) << 8;
-          w |= v << (8 * kElem * j);
-        }
-        ar[s][q] = w;
-      }
-    }
+    a_registers<TA, TB, N>(a, t, ar);
     wgmma::gemm_rs_sync<N, TA, TB, kSteps>(d, ar, sw, sb);
   } else {
     wgmma::gemm_ss_sync<N, TA, TB, kSteps>(d, sw, sa, sw, sb);
@@ -117,6 +135,30 @@ __device__ void reuse(const unsigned char* a, const unsigned char* b1, const uns
 extern "C" __global__ void __launch_bounds__(128, 1)
     reuse_e4m3_e4m3_n128(const unsigned char* a, const unsigned char* b1, const unsigned char* b2, float* d) {
   reuse<wg::e4m3, wg::e4m3, 128>(a, b1, b2, d);
+}
+
+// As gemm with A from registers, through mma_rs_first: only the first `steps` K-steps of A and B.
+extern "C" __global__ void __launch_bounds__(128, 1)
+    first_steps_e4m3_e4m3_n128(const unsigned char* a, const unsigned char* b, int swz, int steps, float* d_out) {
+  constexpr int N = 128;
+  const wgmma::Swizzle sw = static_cast<wgmma::Swizzle>(swz);
+  const int t = threadIdx.x;
+  unsigned char* sa;
+  unsigned char* sb = load_tiles(a, b, N, sw, &sa);
+  (void)sa;  // A comes from registers
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d[i] = -1.0f;
+  unsigned ar[kSteps][4];
+  a_registers<wg::e4m3, wg::e4m3, N>(a, t, ar);
+  wgmma::fence_operand(d);
+  wgmma::fence();
+  wgmma::mma_rs_first<N, wg::e4m3, wg::e4m3, kSteps>(d, ar, sw, sb, false, steps);
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_operand(d);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) d_out[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)] = d[i];
 }
 
 #define LAB_WGMMA_GEMM(TA, TB, N, SRC, AREGS)                                                              \

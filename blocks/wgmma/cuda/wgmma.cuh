@@ -7,7 +7,7 @@
 // The life of one asynchronous GEMM, as every user writes it:
 //   write A/B tiles with ordinary stores   -> wgmma::publish_smem()   (fence.proxy.async + barrier)
 //   wgmma::fence()                          (before the first wgmma that touches these accumulators)
-//   wgmma::mma_ss / mma_rs ... per K-step   (asynchronous: returns at once)
+//   wgmma::mma_ss / mma_rs ... per K-step   (asynchronous: returns at once; mma_rs_first: the first steps only)
 //   wgmma::commit()                          (closes a group)
 //   wgmma::wait<N>()                         (at most N groups still in flight; 0 = all done)
 //   wgmma::fence_operand(d)                  (no compiler-moved read of d above the wait)
@@ -143,6 +143,20 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[ST
   const unsigned long long db = desc(sb, N, 0, b);
 #pragma unroll
   for (int s = 0; s < STEPS; ++s)
+    wg::Mma<N, TA, TB>::rs(d, a[s], db + step_offset(sb, N, s), (s > 0 || accumulate) ? 1 : 0);
+}
+// mma_rs's first `steps` K-steps only (0 < steps <= STEPS, the same in every thread of the warpgroup): where A is
+// zero past them (P past a key tile's last valid key), the same D for less tensor-core work. Each count is its own
+// branch of straight-line wgmmas: a guard on each instruction made ptxas fence and complete them one by one.
+template <int N, class TA, class TB, int STEPS, int K = STEPS>
+__device__ __forceinline__ void mma_rs_first(float (&d)[N / 2], const unsigned (&a)[STEPS][4], Swizzle sb,
+                                             const void* b, bool accumulate, int steps) {
+  if constexpr (K > 1) {
+    if (steps < K) return mma_rs_first<N, TA, TB, STEPS, K - 1>(d, a, sb, b, accumulate, steps);
+  }
+  const unsigned long long db = desc(sb, N, 0, b);
+#pragma unroll
+  for (int s = 0; s < K; ++s)
     wg::Mma<N, TA, TB>::rs(d, a[s], db + step_offset(sb, N, s), (s > 0 || accumulate) ? 1 : 0);
 }
 

@@ -103,6 +103,8 @@ macro_rules! gemms {
         )*];
     };
 }
+/// The FP8 N = 128 GEMM with A from registers through `mma_rs_first`: its first `steps` K-steps only.
+pub const FIRST_STEPS: KernelSpec = k("first_steps_e4m3_e4m3_n128", QGMMA);
 /// Two GEMMs through one B tile, a wait between them: the missing-wait mutant's target.
 pub const REUSE: KernelSpec = k("reuse_e4m3_e4m3_n128", QGMMA);
 

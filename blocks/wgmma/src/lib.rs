@@ -7,7 +7,7 @@
 mod kernels;
 mod model;
 
-pub use kernels::{HEADERS, K_BYTES, KERNELS, NS, PAIRINGS, Pairing, REUSE, SOURCE};
+pub use kernels::{FIRST_STEPS, HEADERS, K_BYTES, KERNELS, NS, PAIRINGS, Pairing, REUSE, SOURCE};
 pub use model::{gemm, header_checks, to_bytes, value_range};
 
 /// The FP8 wgmma's accumulation error bound, relative to Σ|a·b| of the cell: Hopper's tensor cores do not
@@ -20,5 +20,6 @@ pub const FP8_ACCUMULATION_EPS: f64 = 1.0 / 2048.0;
 pub fn kernels() -> Vec<lab::KernelSpec> {
     let mut v = KERNELS.to_vec();
     v.push(REUSE);
+    v.push(FIRST_STEPS);
     v
 }

@@ -120,6 +120,63 @@ fn wrong_runs(gpu: &Gpu, from: &str, to: &str) -> Result<(usize, usize)> {
     Ok((bad, all))
 }
 
+/// The first-steps GEMM (`mma_rs_first`, FP8, N = 128) on `steps` of the 4 K-steps: its wrong cells against A·Bᵀ
+/// over the first 32 · steps bytes of K (A's later bytes are nonzero: a GEMM over them all is wrong).
+fn first_steps(gpu: &Gpu, spec: &KernelSpec, steps: i32, sw: Swizzle, seed: u64) -> Result<usize> {
+    let p = PAIRINGS[0];
+    let (m, n, k) = (64usize, 128usize, K_BYTES);
+    let mut inp = Inputs::seeded(seed);
+    let a = inp.integers(m * k, -3, 3);
+    let b = inp.integers(n * k, -3, 3);
+    let cut = 32 * steps as usize;
+    let a_cut: Vec<f32> = a
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % k < cut { x } else { 0.0 })
+        .collect();
+    let want = gemm(&a_cut, &b, m, n, k);
+    let s = &gpu.stream;
+    let kern = gpu.load(spec)?;
+    let (da, db) = (s.clone_htod(&to_bytes(&a, p.a)?)?, s.clone_htod(&to_bytes(&b, p.b)?)?);
+    let mut dd = s.clone_htod(&poisoned::<f32>(m * n))?;
+    let swz = sw.tma_code() as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: ((m + n) * k + 1024) as u32,
+    };
+    // SAFETY: first_steps(const u8* a[64][128], const u8* b[128][128], int swizzle, int steps, float* d[64][128]);
+    // one warpgroup; steps in 1 ..= 4.
+    unsafe {
+        s.launch_builder(&kern.func)
+            .arg(&da)
+            .arg(&db)
+            .arg(&swz)
+            .arg(&steps)
+            .arg(&mut dd)
+            .launch(cfg)?
+    };
+    let got = s.clone_dtoh(&dd)?;
+    check_written(&got, spec.name)?;
+    Ok(got.iter().zip(&want).filter(|(g, w)| **g as f64 != **w).count())
+}
+
+/// Wrong runs of `spec` over steps 1 ..= 4, every swizzle, two seeds, and the runs.
+fn first_steps_wrong(gpu: &Gpu, spec: &KernelSpec) -> Result<(usize, usize)> {
+    let (mut bad, mut all) = (0, 0);
+    for steps in 1..=4 {
+        for sw in Swizzle::ALL {
+            for seed in 0..2 {
+                all += 1;
+                if first_steps(gpu, spec, steps, sw, seed)? > 0 {
+                    bad += 1;
+                }
+            }
+        }
+    }
+    Ok((bad, all))
+}
+
 /// The two-GEMM kernel through one B tile (128B swizzle): wrong cells of D1 and D2.
 fn reuse(gpu: &Gpu, spec: &KernelSpec, seed: u64) -> Result<(usize, usize)> {
     let p = PAIRINGS[0];
@@ -294,6 +351,25 @@ fn main() {
         }
     }
 
+    t.gpu("first_steps_exact", |gpu| {
+        let (bad, all) = first_steps_wrong(gpu, &FIRST_STEPS)?;
+        ensure!(bad == 0, "mma_rs_first: {bad} of {all} runs wrong");
+        eprintln!("mma_rs_first: {all} runs (1 to 4 K-steps, 4 swizzles, 2 seeds) exact");
+        Ok(())
+    });
+    t.gpu("mutant::first_steps_run_every_step", |gpu| {
+        // The count's test dropped: every K-step issued, A's later bytes counted.
+        let bad_spec = FIRST_STEPS.mutated(
+            "wgmma.cuh",
+            "    if (steps < K) return mma_rs_first",
+            "    if (false) return mma_rs_first",
+        )?;
+        let (bad, all) = first_steps_wrong(gpu, &bad_spec)?;
+        // Runs of 4 steps are right either way: the 24 runs of 1 to 3 steps must all be wrong.
+        ensure!(bad == all - 8, "every step issued: only {bad} of {all} runs wrong");
+        eprintln!("mutant caught: every step issued, {bad} of {all} runs wrong");
+        Ok(())
+    });
     t.gpu("mutant::wrong_stride_byte_offset", |gpu| {
         let (bad, all) = wrong_runs(gpu, "16u, 8u * w, s};", "16u, 4u * w, s};")?;
         eprintln!("SBO of 4 rows: {bad} of {all} runs wrong");
