@@ -137,7 +137,10 @@ fn first_steps(gpu: &Gpu, spec: &KernelSpec, steps: i32, sw: Swizzle, seed: u64)
     let want = gemm(&a_cut, &b, m, n, k);
     let s = &gpu.stream;
     let kern = gpu.load(spec)?;
-    let (da, db) = (s.clone_htod(&to_bytes(&a, p.a)?)?, s.clone_htod(&to_bytes(&b, p.b)?)?);
+    let (da, db) = (
+        s.clone_htod(&to_bytes(&a, p.a)?)?,
+        s.clone_htod(&to_bytes(&b, p.b)?)?,
+    );
     let mut dd = s.clone_htod(&poisoned::<f32>(m * n))?;
     let swz = sw.tma_code() as i32;
     let cfg = LaunchConfig {
@@ -158,7 +161,11 @@ fn first_steps(gpu: &Gpu, spec: &KernelSpec, steps: i32, sw: Swizzle, seed: u64)
     };
     let got = s.clone_dtoh(&dd)?;
     check_written(&got, spec.name)?;
-    Ok(got.iter().zip(&want).filter(|(g, w)| **g as f64 != **w).count())
+    Ok(got
+        .iter()
+        .zip(&want)
+        .filter(|(g, w)| **g as f64 != **w)
+        .count())
 }
 
 /// Wrong runs of `spec` over steps 1 ..= 4, every swizzle, two seeds, and the runs.
@@ -366,7 +373,10 @@ fn main() {
         )?;
         let (bad, all) = first_steps_wrong(gpu, &bad_spec)?;
         // Runs of 4 steps are right either way: the 24 runs of 1 to 3 steps must all be wrong.
-        ensure!(bad == all - 8, "every step issued: only {bad} of {all} runs wrong");
+        ensure!(
+            bad == all - 8,
+            "every step issued: only {bad} of {all} runs wrong"
+        );
         eprintln!("mutant caught: every step issued, {bad} of {all} runs wrong");
         Ok(())
     });

@@ -56,7 +56,9 @@ fn ring_one_device_run(
     fold: Option<lab::KernelSpec>,
     timed: bool,
 ) -> Result<JoinedWithSteps> {
-    use fp8_attention::{ring_on_one_device_as, ring_on_one_device_timed, zigzag_join, zigzag_split};
+    use fp8_attention::{
+        ring_on_one_device_as, ring_on_one_device_timed, zigzag_join, zigzag_split,
+    };
     let st = gpu.ctx.new_stream()?;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
     let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
@@ -306,10 +308,21 @@ pub fn add(t: &mut Suite) {
             none.iter().all(Vec::is_empty),
             "the untimed ring returned step times"
         );
-        ensure!(plain == timed, "the timed ring's O or LSE differ from the untimed one's");
-        ensure!(steps.len() == world, "{} ranks' step times for {world} ranks", steps.len());
+        ensure!(
+            plain == timed,
+            "the timed ring's O or LSE differ from the untimed one's"
+        );
+        ensure!(
+            steps.len() == world,
+            "{} ranks' step times for {world} ranks",
+            steps.len()
+        );
         for (r, st) in steps.iter().enumerate() {
-            ensure!(st.len() == world, "rank {r}: {} step times for {world} steps", st.len());
+            ensure!(
+                st.len() == world,
+                "rank {r}: {} step times for {world} steps",
+                st.len()
+            );
             for (i, t) in st.iter().enumerate() {
                 ensure!(
                     t.attention_ms > 0.0 && t.step_ms == t.attention_ms && t.transfer_ms.is_none(),
@@ -317,7 +330,10 @@ pub fn add(t: &mut Suite) {
                 );
             }
         }
-        eprintln!("timed one-device ring, W = {world}: rank 0's steps {:?}", steps[0]);
+        eprintln!(
+            "timed one-device ring, W = {world}: rank 0's steps {:?}",
+            steps[0]
+        );
         Ok(())
     });
     t.gpu(
