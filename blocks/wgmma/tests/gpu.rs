@@ -6,6 +6,15 @@ use lab::numerics::{Inputs, check_written, poisoned};
 use lab::{Arch, Gpu, KernelSpec, Source, Suite};
 use wgmma::*;
 
+/// One warpgroup, its tiles of `rows` rows × K_BYTES in dynamic shared memory (1024-aligned inside).
+fn one_warpgroup(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: (rows * K_BYTES + 1024) as u32,
+    }
+}
+
 /// One warpgroup GEMM on the device: a [64][K_BYTES] and b [n][K_BYTES] bytes, both tiles `sw`-swizzled;
 /// D [64][n] back, every cell checked written.
 fn launch_gemm(
@@ -21,11 +30,7 @@ fn launch_gemm(
     let (da, db) = (s.clone_htod(a)?, s.clone_htod(b)?);
     let mut dd = s.clone_htod(&poisoned::<f32>(64 * n))?;
     let swz = sw.tma_code() as i32;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: ((64 + n) * K_BYTES + 1024) as u32,
-    };
+    let cfg = one_warpgroup(64 + n);
     // SAFETY: gemm(const u8* a[64][K_BYTES], const u8* b[n][K_BYTES], int swizzle, float* d[64][n]); one
     // warpgroup; both tiles in dynamic shared memory.
     unsafe {
@@ -143,11 +148,7 @@ fn first_steps(gpu: &Gpu, spec: &KernelSpec, steps: i32, sw: Swizzle, seed: u64)
     );
     let mut dd = s.clone_htod(&poisoned::<f32>(m * n))?;
     let swz = sw.tma_code() as i32;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: ((m + n) * k + 1024) as u32,
-    };
+    let cfg = one_warpgroup(m + n);
     // SAFETY: first_steps(const u8* a[64][128], const u8* b[128][128], int swizzle, int steps, float* d[64][128]);
     // one warpgroup; steps in 1 ..= 4.
     unsafe {
@@ -201,11 +202,7 @@ fn reuse(gpu: &Gpu, spec: &KernelSpec, seed: u64) -> Result<(usize, usize)> {
     let db1 = s.clone_htod(&to_bytes(&b1, p.b)?)?;
     let db2 = s.clone_htod(&to_bytes(&b2, p.b)?)?;
     let mut dd = s.clone_htod(&poisoned::<f32>(2 * m * n))?;
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: ((m + n) * k + 1024) as u32,
-    };
+    let cfg = one_warpgroup(m + n);
     // SAFETY: reuse(const u8* a[64][128], const u8* b1[128][128], const u8* b2[128][128], float* d[2][64][128]).
     unsafe {
         s.launch_builder(&kern.func)
