@@ -139,10 +139,11 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         (vec![], vec![], vec![], HostTimes::default());
     // Each rank's device time in its last call's steps (its attention, the transfers under it): a rank whose steps
     // take longer holds up the others at the next call's input check.
-    let mut in_steps = vec![];
+    let (mut in_steps, mut every_steps) = (vec![], vec![]);
     for (r, t) in times.into_iter().enumerate() {
         let (t, kept, steps, host) = t.with_context(|| format!("rank {r}"))?;
         in_steps.push(steps.iter().map(|st| f64::from(st.step_ms)).sum::<f64>());
+        every_steps.push(steps.iter().map(|st| st.step_ms).collect::<Vec<_>>());
         if r == 0 {
             (rank0, kept0, steps0, host0) = (t, kept, steps, host);
         }
@@ -235,28 +236,31 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             slowest / step_f32_ms
         );
     }
-    // Each step against the ring's own launches of that step with nothing beside them (rank 0's, on GPU 0).
-    let ratios: Vec<f32> = steps0
-        .iter()
-        .zip(&alone)
-        .map(|(st, a)| st.step_ms / a.max(f32::MIN_POSITIVE))
-        .collect();
-    if let Some(worst) = ratios.iter().copied().max_by(f32::total_cmp) {
+    // Each rank's steps against the ring's own launches of those steps with nothing beside them (on GPU 0).
+    let list = |x: &[f32], unit: &str| {
+        x.iter()
+            .map(|v| format!("{v:.3}{unit}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    let mut worst = 0.0f32;
+    for (r, (ring, own)) in every_steps.iter().zip(&alone).enumerate() {
+        let ratios: Vec<f32> = ring
+            .iter()
+            .zip(own)
+            .map(|(st, a)| st / a.max(f32::MIN_POSITIVE))
+            .collect();
+        worst = ratios.iter().copied().fold(worst, f32::max);
         println!(
-            "  rank 0's steps' own launches alone (the ring on one device, GPU 0, median of {ALONE_CALLS} calls): {} ms; \
-             each step {} of it; the slowest {worst:.3}× (issue 35: ≤ 1.05×)",
-            alone
-                .iter()
-                .map(|x| format!("{x:.3}"))
-                .collect::<Vec<_>>()
-                .join(" / "),
-            ratios
-                .iter()
-                .map(|x| format!("{x:.3}×"))
-                .collect::<Vec<_>>()
-                .join(" / ")
+            "  rank {r}'s steps' own launches alone (the ring on one device, GPU 0, median of {ALONE_CALLS} calls): {} \
+             ms; each step {} of it",
+            list(own, ""),
+            list(&ratios, "×")
         );
     }
+    println!(
+        "  the slowest step of any rank against its own launches alone: {worst:.3}× (issue 35: ≤ 1.05×)"
+    );
     let h = host0;
     println!(
         "  host, rank 0's last call: input check {:.3} ms, setup {:.3} ms, queueing the steps {:.3} ms, waiting for \
@@ -269,10 +273,10 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
 /// Calls of the ring on one device whose median step times [`steps_alone`] reports (after one warm-up call).
 const ALONE_CALLS: usize = 3;
 
-/// Rank 0's step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on one
-/// device with no transfer beside them (`ring_on_one_device_timed` on `gpu`, every rank's shard there, the bench's
+/// Each rank's step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
+/// one device with no transfer beside them (`ring_on_one_device_timed` on `gpu`, every rank's shard there, the bench's
 /// shards): the same kernels, views, f32 O and merges as a ring step's.
-fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<f32>> {
+fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<Vec<f32>>> {
     let st = gpu.stream.clone();
     let mut held = Vec::with_capacity(world);
     for r in 0..world {
@@ -298,14 +302,22 @@ fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<f32
     for i in 0..=ALONE_CALLS {
         let outs = fp8_attention::ring_on_one_device_timed(gpu, &st, s, &q, &kv)?;
         if i > 0 {
-            calls.push(outs[0].steps.iter().map(|t| t.step_ms).collect::<Vec<_>>());
+            calls.push(
+                outs.iter()
+                    .map(|o| o.steps.iter().map(|t| t.step_ms).collect::<Vec<_>>())
+                    .collect::<Vec<_>>(),
+            );
         }
     }
     Ok((0..world)
-        .map(|step| {
-            let mut x: Vec<f32> = calls.iter().map(|c| c[step]).collect();
-            x.sort_by(f32::total_cmp);
-            x[x.len() / 2]
+        .map(|r| {
+            (0..world)
+                .map(|step| {
+                    let mut x: Vec<f32> = calls.iter().map(|c| c[r][step]).collect();
+                    x.sort_by(f32::total_cmp);
+                    x[x.len() / 2]
+                })
+                .collect()
         })
         .collect())
 }
