@@ -40,7 +40,7 @@ struct Params {
   // Vᵀ as tile images (stage 7 at D = 128, TmaBlock::kVtImage): tile t of K/V head h is kTile bytes at
   // vt_tiles + (h · ⌈Sk / BC⌉ + t) · kTile, as the tile sits in shared memory (prep.cu's prep_vt_tiles).
   const unsigned char* vt_tiles;
-  // Stage 7's schedule buffer (pingpong_attention.cuh's SplitHead, then the split tail's table): the unit counter a
+  // Stage 7's schedule buffer (pingpong_schedule.cuh's SplitHead, then the split tail's table): the unit counter a
   // block takes its later units from (its first is blockIdx.x, each later one gridDim.x + a ticket).
   int* sched;
 };

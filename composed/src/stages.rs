@@ -28,6 +28,18 @@ pub const HEADERS: &[Header] = &[
         code: include_str!("../cuda/pingpong_attention.cuh"),
     },
     Header {
+        name: "pingpong_schedule.cuh",
+        code: include_str!("../cuda/pingpong_schedule.cuh"),
+    },
+    Header {
+        name: "pingpong_producer.cuh",
+        code: include_str!("../cuda/pingpong_producer.cuh"),
+    },
+    Header {
+        name: "pingpong_epilogue.cuh",
+        code: include_str!("../cuda/pingpong_epilogue.cuh"),
+    },
+    Header {
         name: "unit_chain.cuh",
         code: include_str!("../cuda/unit_chain.cuh"),
     },
@@ -342,7 +354,7 @@ impl Stage {
     }
 
     /// Whether the TMA stage writes O (bf16, f16) through shared memory and a TMA store: its kernel takes O's
-    /// tensor map after Vᵀ's (`pingpong_attention.cuh`'s `epilogue_staged`).
+    /// tensor map after Vᵀ's (`pingpong_epilogue.cuh`'s `epilogue_staged`).
     pub fn tma_store(self) -> bool {
         matches!(self, Stage::S7 | Stage::S8)
     }

@@ -1,7 +1,7 @@
 // Host→device tables as typed `#[repr(C)]` structs, each mirrored field for field by a struct in a header.
 //
 // `Params` is `sdpa::Params` (sdpa_common.cuh), the argument every stage kernel takes; `SplitHead`, `SplitPart` and
-// `MergeList` are the pieces of stage 7's split-tail table (`sdpa::SplitTable`, pingpong_attention.cuh) that sits in
+// `MergeList` are the pieces of stage 7's split-tail table (`sdpa::SplitTable`, pingpong_schedule.cuh) that sits in
 // the schedule's buffer at `Params::sched`. `LAYOUTS` lists every field's offset as Rust lays it out; the GPU test
 // `tables::layouts_match_the_headers` compares it with the offsets a kernel (`cuda/layouts.cu`) writes, so a field
 // added, dropped or moved on one side only fails before any stage reads a wrong value.

@@ -258,7 +258,7 @@ pub fn add(t: &mut Suite) {
             bit_identical(&run(Some(lagging))?, &plain),
             "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it"
         );
-        let unguarded = lagging.mutated("pingpong_attention.cuh", "roles::sync(3 + wg, 128);  // dest read by all", "")?;
+        let unguarded = lagging.mutated("pingpong_epilogue.cuh", "roles::sync(3 + wg, 128);  // dest read by all", "")?;
         let broken = run(Some(unguarded));
         ensure!(
             !broken.as_ref().is_ok_and(|b| bit_identical(b, &plain)),
@@ -431,7 +431,7 @@ pub fn add(t: &mut Suite) {
         d.launch(gpu, Stage::S7)?;
         let good = d.download(gpu)?;
         d.use_kernel(Some(Stage::S7.kernel(128).mutated(
-            "pingpong_attention.cuh",
+            "pingpong_epilogue.cuh",
             "tma::store_4d(mo, so, 64 * P, row0, bh, 0)",
             "tma::store_4d(mo, so, 0, row0, bh, 0)",
         )?));

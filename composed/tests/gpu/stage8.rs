@@ -128,7 +128,7 @@ pub fn add(t: &mut Suite) {
             ensure!(e.contains("take stage8"), "{e}");
             // The batch coordinate dropped from Q's loads: batch 1 would read batch 0's queries.
             d.use_kernel(Some(Stage::S8.kernel(shape.d).mutated(
-                "pingpong_attention.cuh",
+                "pingpong_producer.cuh",
                 "s.kt, s.dst, b);",
                 "s.kt, s.dst, 0);",
             )?));

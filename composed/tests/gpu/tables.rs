@@ -43,7 +43,7 @@ pub fn add(t: &mut Suite) {
         ),
         (
             "split_head_without_done",
-            "pingpong_attention.cuh",
+            "pingpong_schedule.cuh",
             "  int counter, done, split,",
             "  int counter, split, done,",
             "sdpa::SplitHead.done",

@@ -54,23 +54,26 @@ fn shapes() -> Vec<(String, Shape)> {
     .collect()
 }
 
-/// The window's mutants (name, from, to) in pingpong_attention.cuh: each a plausible bug the reference must catch.
-const WINDOW_MUTANTS: [(&str, &str, &str); 3] = [
+/// The window's mutants (name, header, from, to): each a plausible bug the reference must catch.
+const WINDOW_MUTANTS: [(&str, &str, &str, &str); 3] = [
     // The left edge never masked: a row attends every key of its unit's first tiles.
     (
         "no_left_mask",
+        "pingpong_attention.cuh",
         "if constexpr (WIN) osm::mask_below<SL>(s, tt * BC, lo);",
         "",
     ),
     // The unit's first key tile one past the right one: its first row's first keys never loaded.
     (
         "first_tile_one_late",
+        "pingpong_schedule.cuh",
         "const int first = first_key(q0, sq, sk) / BC;",
         "const int first = first_key(q0, sq, sk) / BC + 1;",
     ),
     // The right edge from the unit's first row for every row (the causal side's bound not per row).
     (
         "right_edge_of_the_first_row",
+        "pingpong_attention.cuh",
         "limit[h] = win.key_end(row, u.sq, u.sk, p.causal != 0) - k0 * BC;",
         "limit[h] = win.key_end(q0, u.sq, u.sk, p.causal != 0) - k0 * BC;",
     ),
@@ -144,15 +147,15 @@ pub fn add(t: &mut Suite) {
         Ok(())
     });
     t.model("window::mutants_apply", || {
-        for (mutant, from, to) in WINDOW_MUTANTS {
+        for (mutant, header, from, to) in WINDOW_MUTANTS {
             composed::Stage::S8
                 .kernel_for(&Shape::new(1, 1, 64, 128).with_window(win(1, -1)))
-                .mutated("pingpong_attention.cuh", from, to)
+                .mutated(header, from, to)
                 .with_context(|| mutant)?;
         }
         Ok(())
     });
-    for (mutant, from, to) in WINDOW_MUTANTS {
+    for (mutant, header, from, to) in WINDOW_MUTANTS {
         t.gpu(&format!("window::mutant_{mutant}_is_caught"), move |gpu| {
             let shape = Shape::new(1, 2, 500, 128)
                 .with_causal(true)
@@ -160,11 +163,9 @@ pub fn add(t: &mut Suite) {
             let qz = quantize_per_head(&normal(shape, 71));
             let (want, emu) = (reference(&qz), emulation_of(Stage::S8, &qz, OutDtype::F16));
             let mut d = OnDevice::upload(gpu, &qz)?;
-            d.use_kernel(Some(Stage::S8.kernel_for(&shape).mutated(
-                "pingpong_attention.cuh",
-                from,
-                to,
-            )?));
+            d.use_kernel(Some(
+                Stage::S8.kernel_for(&shape).mutated(header, from, to)?,
+            ));
             d.launch(gpu, Stage::S8)?;
             let caught = match d.download(gpu) {
                 Ok(bad) => rule(Stage::S8, &qz, &want, &emu, &bad, mutant, |_, _| {}).is_err(),

@@ -346,7 +346,7 @@ pub fn add(t: &mut Suite) {
             let spec =
                 anyhow::Context::context(default_fold(s.d), "no accumulating kernel at D = 128")?;
             let mutant = spec.mutated(
-                "pingpong_attention.cuh",
+                "pingpong_epilogue.cuh",
                 "const float l[2] = {row0 + r < p.sq ? lacc[r] : 0.0f, lse[h]};",
                 "const float l[2] = {lse[h], row0 + r < p.sq ? lacc[r] : 0.0f};",
             )?;
