@@ -56,8 +56,9 @@ __device__ void a_registers(const unsigned char* a, int t, unsigned (&ar)[kSteps
 
 // a: [64][kKBytes] and b: [N][kKBytes] bytes, K contiguous; d: [64][N] f32 row-major. `swz` is the
 // wgmma::Swizzle of both tiles (a run-time value, as a TMA map's would be).
-template <class TA, class TB, int N, bool A_REGS>
-__device__ void gemm(const unsigned char* a, const unsigned char* b, int swz, float* d_out) {
+// FIRST (A from registers): through mma_rs_first, only the first `steps` K-steps of A and B.
+template <class TA, class TB, int N, bool A_REGS, bool FIRST = false>
+__device__ void gemm(const unsigned char* a, const unsigned char* b, int swz, float* d_out, int steps = kSteps) {
   const wgmma::Swizzle sw = static_cast<wgmma::Swizzle>(swz);
   const int t = threadIdx.x;
   unsigned char* sa;
@@ -68,7 +69,16 @@ __device__ void gemm(const unsigned char* a, const unsigned char* b, int swz, fl
   if constexpr (A_REGS) {
     unsigned ar[kSteps][4];
     a_registers<TA, TB, N>(a, t, ar);
-    wgmma::gemm_rs_sync<N, TA, TB, kSteps>(d, ar, sw, sb);
+    if constexpr (FIRST) {
+      wgmma::fence_operand(d);
+      wgmma::fence();
+      wgmma::mma_rs_first<N, TA, TB, kSteps>(d, ar, sw, sb, false, steps);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operand(d);
+    } else {
+      wgmma::gemm_rs_sync<N, TA, TB, kSteps>(d, ar, sw, sb);
+    }
   } else {
     wgmma::gemm_ss_sync<N, TA, TB, kSteps>(d, sw, sa, sw, sb);
   }
@@ -137,28 +147,10 @@ extern "C" __global__ void __launch_bounds__(128, 1)
   reuse<wg::e4m3, wg::e4m3, 128>(a, b1, b2, d);
 }
 
-// As gemm with A from registers, through mma_rs_first: only the first `steps` K-steps of A and B.
+// gemm's FP8 N = 128 GEMM with A from registers, through mma_rs_first: its first `steps` K-steps only.
 extern "C" __global__ void __launch_bounds__(128, 1)
-    first_steps_e4m3_e4m3_n128(const unsigned char* a, const unsigned char* b, int swz, int steps, float* d_out) {
-  constexpr int N = 128;
-  const wgmma::Swizzle sw = static_cast<wgmma::Swizzle>(swz);
-  const int t = threadIdx.x;
-  unsigned char* sa;
-  unsigned char* sb = load_tiles(a, b, N, sw, &sa);
-  (void)sa;  // A comes from registers
-  float d[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) d[i] = -1.0f;
-  unsigned ar[kSteps][4];
-  a_registers<wg::e4m3, wg::e4m3, N>(a, t, ar);
-  wgmma::fence_operand(d);
-  wgmma::fence();
-  wgmma::mma_rs_first<N, wg::e4m3, wg::e4m3, kSteps>(d, ar, sw, sb, false, steps);
-  wgmma::commit();
-  wgmma::wait<0>();
-  wgmma::fence_operand(d);
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) d_out[frag::wgmma_d_row(t, i) * N + frag::wgmma_d_col(t, i)] = d[i];
+    first_steps_e4m3_e4m3_n128(const unsigned char* a, const unsigned char* b, int swz, int steps, float* d) {
+  gemm<wg::e4m3, wg::e4m3, 128, true, true>(a, b, swz, d, steps);
 }
 
 #define LAB_WGMMA_GEMM(TA, TB, N, SRC, AREGS)                                                              \

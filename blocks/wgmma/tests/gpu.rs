@@ -15,8 +15,8 @@ fn one_warpgroup(rows: usize) -> LaunchConfig {
     }
 }
 
-/// One warpgroup GEMM on the device: a [64][K_BYTES] and b [n][K_BYTES] bytes, both tiles `sw`-swizzled;
-/// D [64][n] back, every cell checked written.
+/// One warpgroup GEMM on the device: a [64][K_BYTES] and b [n][K_BYTES] bytes, both tiles `sw`-swizzled, and for
+/// the first-steps kernel its K-step count; D [64][n] back, every cell checked written.
 fn launch_gemm(
     gpu: &Gpu,
     spec: &KernelSpec,
@@ -24,6 +24,7 @@ fn launch_gemm(
     b: &[u8],
     n: usize,
     sw: Swizzle,
+    steps: Option<i32>,
 ) -> Result<Vec<f32>> {
     let s = &gpu.stream;
     let kern = gpu.load(spec)?;
@@ -31,16 +32,15 @@ fn launch_gemm(
     let mut dd = s.clone_htod(&poisoned::<f32>(64 * n))?;
     let swz = sw.tma_code() as i32;
     let cfg = one_warpgroup(64 + n);
-    // SAFETY: gemm(const u8* a[64][K_BYTES], const u8* b[n][K_BYTES], int swizzle, float* d[64][n]); one
-    // warpgroup; both tiles in dynamic shared memory.
-    unsafe {
-        s.launch_builder(&kern.func)
-            .arg(&da)
-            .arg(&db)
-            .arg(&swz)
-            .arg(&mut dd)
-            .launch(cfg)?
-    };
+    let mut launch = s.launch_builder(&kern.func);
+    launch.arg(&da).arg(&db).arg(&swz);
+    if let Some(steps) = &steps {
+        launch.arg(steps);
+    }
+    launch.arg(&mut dd);
+    // SAFETY: gemm(const u8* a[64][K_BYTES], const u8* b[n][K_BYTES], int swizzle, float* d[64][n]), or
+    // first_steps(…, int swizzle, int steps in 1 ..= 4, float* d); one warpgroup; both tiles in dynamic shared memory.
+    unsafe { launch.launch(cfg)? };
     let got = s.clone_dtoh(&dd)?;
     check_written(&got, spec.name)?;
     Ok(got)
@@ -67,7 +67,15 @@ fn run(
     let a = inp.integers(m * k, -r, r);
     let b = inp.integers(nn * k, -r, r);
     let want = gemm(&a, &b, m, nn, k);
-    let got = launch_gemm(gpu, spec, &to_bytes(&a, p.a)?, &to_bytes(&b, p.b)?, nn, sw)?;
+    let got = launch_gemm(
+        gpu,
+        spec,
+        &to_bytes(&a, p.a)?,
+        &to_bytes(&b, p.b)?,
+        nn,
+        sw,
+        None,
+    )?;
     let mut wrong = Vec::new();
     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
         if g as f64 != w {
@@ -140,28 +148,15 @@ fn first_steps(gpu: &Gpu, spec: &KernelSpec, steps: i32, sw: Swizzle, seed: u64)
         .map(|(i, &x)| if i % k < cut { x } else { 0.0 })
         .collect();
     let want = gemm(&a_cut, &b, m, n, k);
-    let s = &gpu.stream;
-    let kern = gpu.load(spec)?;
-    let (da, db) = (
-        s.clone_htod(&to_bytes(&a, p.a)?)?,
-        s.clone_htod(&to_bytes(&b, p.b)?)?,
-    );
-    let mut dd = s.clone_htod(&poisoned::<f32>(m * n))?;
-    let swz = sw.tma_code() as i32;
-    let cfg = one_warpgroup(m + n);
-    // SAFETY: first_steps(const u8* a[64][128], const u8* b[128][128], int swizzle, int steps, float* d[64][128]);
-    // one warpgroup; steps in 1 ..= 4.
-    unsafe {
-        s.launch_builder(&kern.func)
-            .arg(&da)
-            .arg(&db)
-            .arg(&swz)
-            .arg(&steps)
-            .arg(&mut dd)
-            .launch(cfg)?
-    };
-    let got = s.clone_dtoh(&dd)?;
-    check_written(&got, spec.name)?;
+    let got = launch_gemm(
+        gpu,
+        spec,
+        &to_bytes(&a, p.a)?,
+        &to_bytes(&b, p.b)?,
+        n,
+        sw,
+        Some(steps),
+    )?;
     Ok(got
         .iter()
         .zip(&want)
@@ -252,7 +247,7 @@ fn fp8_accumulation_error(gpu: &Gpu, seed: u64) -> Result<f64> {
         n,
         k,
     );
-    let got = launch_gemm(gpu, &spec, &a8, &b8, n, Swizzle::B128)?;
+    let got = launch_gemm(gpu, &spec, &a8, &b8, n, Swizzle::B128, None)?;
     Ok(got
         .iter()
         .zip(&want)

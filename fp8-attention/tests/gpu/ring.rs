@@ -43,18 +43,23 @@ fn ring_one_device_joined_as(
     world: usize,
     fold: Option<lab::KernelSpec>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    Ok(ring_one_device_run(gpu, qz, s, world, fold, false)?.0)
+    Ok(ring_one_device_run(gpu, qz, s, world, How::As(fold))?.0)
 }
 
-/// As ring_one_device_joined_as; `timed`: by `ring_on_one_device_timed` (with the default fold), whose step times
-/// come back too (each rank's, in rank order; empty untimed).
+/// Which one-device ring runs: `ring_on_one_device_as` with later steps merging in this kernel (None: attn-merge),
+/// or `ring_on_one_device_timed` (the default kernel, each step between events).
+enum How {
+    As(Option<lab::KernelSpec>),
+    Timed,
+}
+
+/// As ring_one_device_joined_as, run `how`; each rank's step times come back too (in rank order; empty untimed).
 fn ring_one_device_run(
     gpu: &Gpu,
     qz: &Quantized,
     s: Shape,
     world: usize,
-    fold: Option<lab::KernelSpec>,
-    timed: bool,
+    how: How,
 ) -> Result<JoinedWithSteps> {
     use fp8_attention::{
         ring_on_one_device_as, ring_on_one_device_timed, zigzag_join, zigzag_split,
@@ -79,10 +84,9 @@ fn ring_one_device_run(
     let kv: Vec<(Shard, Shard)> = (0..world)
         .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
         .collect();
-    let outs = if timed {
-        ring_on_one_device_timed(gpu, &st, s, &q, &kv)?
-    } else {
-        ring_on_one_device_as(gpu, &st, s, &q, &kv, fold)?
+    let outs = match how {
+        How::Timed => ring_on_one_device_timed(gpu, &st, s, &q, &kv)?,
+        How::As(fold) => ring_on_one_device_as(gpu, &st, s, &q, &kv, fold)?,
     };
     let steps = outs.iter().map(|o| o.steps.clone()).collect();
     let (mut o_shards, mut l_shards) = (vec![], vec![]);
@@ -302,8 +306,8 @@ pub fn add(t: &mut Suite) {
         let s = Shape::new(1, 4, 1000, 128);
         let qz = quantize_per_head(&Raw::random(s, 92, 1.0));
         let world = 3;
-        let (plain, none) = ring_one_device_run(gpu, &qz, s, world, default_fold(s.d), false)?;
-        let (timed, steps) = ring_one_device_run(gpu, &qz, s, world, None, true)?;
+        let (plain, none) = ring_one_device_run(gpu, &qz, s, world, How::As(default_fold(s.d)))?;
+        let (timed, steps) = ring_one_device_run(gpu, &qz, s, world, How::Timed)?;
         ensure!(
             none.iter().all(Vec::is_empty),
             "the untimed ring returned step times"
