@@ -9,10 +9,10 @@ namespace sdpa {
 // Warps of the producer warpgroup that transpose V: warps 1–3 (warp 0's first thread issues every load).
 constexpr int kVWarps = 3;
 
-// The staging's barriers: a slot's full (V's bytes landed) and empty (every transposing warp has read the slot), and
-// `done`, which completes once, when the block has no more tiles and every earlier one has been released. Only
-// barrier state passes between the loading thread and the transposing warps: no word in shared memory is written by
-// one and read by the other.
+// The staging's barriers: a slot's full (V's bytes landed, or end() said there are no more) and empty (every
+// transposing warp has read the slot), and `done`, which completes once, when the block has no more tiles and every
+// earlier one has been released. Only barrier state passes between the loading thread and the transposing warps: no
+// word in shared memory is written by one and read by the other.
 template <int VS>
 struct VBarriers {
   unsigned long long full[VS];
@@ -54,21 +54,18 @@ struct VStaging {
     rows.template load<Block::kBc, Block::kQkPanel, Block::kQkPanels>(mv, &b->full[s], tile(r), t, kv, bat);
   }
   // The loading thread: there is no ring tile r (the block's last tile was r − 1). `done` completes once every slot's
-  // tile before r has been released, so that a warp that sees it is past them all and waits for tile r.
+  // tile before r has been released; then slot(r)'s full barrier completes its phase without bytes, so that a warp
+  // waiting there for tile r wakes at once (a try_wait on a phase that never completes sleeps until the hardware's
+  // time limit) and, its wait having acquired what came before that arrival, sees `done`.
   __device__ void end(int r) const {
     for (int i = 0; i < VS; ++i) tma::wait(&b->empty[slot(r + i)], phase(r + i) ^ 1u);
     tma::arrive(&b->done);
+    tma::arrive(&b->full[slot(r)]);
   }
   // A transposing warp: whether ring tile r comes (its V then sits in tile(r)), or the block's tiles are over.
   __device__ bool wait(int r) const {
-    const unsigned full = tma::smem(&b->full[slot(r)]), done = tma::smem(&b->done), ph = phase(r);
-    for (long long i = 0;; ++i) {
-      if (tma::try_wait_at(full, ph)) return true;
-      if (tma::test_wait_at(done, 0u)) return false;
-#ifdef LAB_TMA_SPIN_LIMIT
-      if (i >= LAB_TMA_SPIN_LIMIT) return false;
-#endif
-    }
+    tma::wait(&b->full[slot(r)], phase(r));
+    return !tma::test_wait(&b->done, 0u);
   }
   __device__ void release(int r) const { tma::arrive(&b->empty[slot(r)]); }
 };

@@ -160,13 +160,16 @@ pub fn report(bins: &[Bin], stage: &str, cases: &[String], table: &Table, title:
                 let _ = writeln!(s, "- {}: no comparison (a process failed)", b.name);
             } else {
                 let list: Vec<String> = v.iter().map(|x| format!("{:+.1}%", 100.0 * x)).collect();
+                let m = lab::numerics::median(v.clone());
+                let (fast, slow) = if m >= 0.0 { (&b.name, &bins[0].name) } else { (&bins[0].name, &b.name) };
                 let _ = writeln!(
                     s,
-                    "- {} against {}: {} (median {:+.1}%)",
+                    "- {} against {}: {} (median {:+.1}%: {fast} faster than {slow}; + means {} faster)",
                     b.name,
                     bins[0].name,
                     list.join(", "),
-                    100.0 * lab::numerics::median(v.clone())
+                    100.0 * m,
+                    b.name
                 );
             }
         }
@@ -280,7 +283,7 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("new against old: +10.0%, +4.0% (median +7.0%)"),
+            md.contains("new against old: +10.0%, +4.0% (median +7.0%: new faster than old; + means new faster)"),
             "{md}"
         );
         let failed: Table = vec![vec![vec![r(110.0), None]]];
