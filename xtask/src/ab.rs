@@ -161,7 +161,11 @@ pub fn report(bins: &[Bin], stage: &str, cases: &[String], table: &Table, title:
             } else {
                 let list: Vec<String> = v.iter().map(|x| format!("{:+.1}%", 100.0 * x)).collect();
                 let m = lab::numerics::median(v.clone());
-                let (fast, slow) = if m >= 0.0 { (&b.name, &bins[0].name) } else { (&bins[0].name, &b.name) };
+                let (fast, slow) = if m >= 0.0 {
+                    (&b.name, &bins[0].name)
+                } else {
+                    (&bins[0].name, &b.name)
+                };
                 let _ = writeln!(
                     s,
                     "- {} against {}: {} (median {:+.1}%: {fast} faster than {slow}; + means {} faster)",
