@@ -139,10 +139,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         (vec![], vec![], vec![], HostTimes::default());
     // Each rank's device time in its last call's steps (its attention, the transfers under it): a rank whose steps
     // take longer holds up the others at the next call's input check.
-    let (mut in_steps, mut every_steps) = (vec![], vec![]);
+    let mut every_steps = vec![];
     for (r, t) in times.into_iter().enumerate() {
         let (t, kept, steps, host) = t.with_context(|| format!("rank {r}"))?;
-        in_steps.push(steps.iter().map(|st| f64::from(st.step_ms)).sum::<f64>());
         every_steps.push(steps.iter().map(|st| st.step_ms).collect::<Vec<_>>());
         if r == 0 {
             (rank0, kept0, steps0, host0) = (t, kept, steps, host);
@@ -190,9 +189,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     }
     println!(
         "  each rank's steps (its last call, device events): {} ms",
-        in_steps
+        every_steps
             .iter()
-            .map(|x| format!("{x:.3}"))
+            .map(|x: &Vec<f32>| format!("{:.3}", x.iter().map(|&v| f64::from(v)).sum::<f64>()))
             .collect::<Vec<_>>()
             .join(" / ")
     );
@@ -313,9 +312,8 @@ fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<Vec
         .map(|r| {
             (0..world)
                 .map(|step| {
-                    let mut x: Vec<f32> = calls.iter().map(|c| c[r][step]).collect();
-                    x.sort_by(f32::total_cmp);
-                    x[x.len() / 2]
+                    lab::numerics::median(calls.iter().map(|c| f64::from(c[r][step])).collect())
+                        as f32
                 })
                 .collect()
         })
