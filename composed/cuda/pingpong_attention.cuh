@@ -74,8 +74,10 @@ __device__ __forceinline__ void idle_unit(const Block& blk, int wg, int n, int t
 // PACK (VARLEN, no window): a plan of packed heads (packed_view): row r of the unit is query head r % group of token r /
 // group, each with its own Q scale (osm::RowScale), its causal limit its token's, its O and LSE stored at its head and
 // token (relayout::GroupedRows, store_lse_grouped); group divides 64.
-template <int D, int BC, bool VARLEN = false, bool WIN = false, bool PACK = false, bool ACC = false, class Block,
-          class Next>
+// HALF: a halved unit's block (the host's SplitPlan::halved): both consumers on the block's 64 rows, consumer wg over
+// key tiles k0 .. k0 + kt − 1 (its half); consumer 0 merges the two halves (merge_halves) and stores the rows.
+template <int D, int BC, bool VARLEN = false, bool WIN = false, bool PACK = false, bool ACC = false, bool HALF = false,
+          class Block, class Next>
 __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, int wg, int w, int n,
                                              tma::Cursor<Block::kStages>& at,
                                              Next&& next, Marks& mark, const tma::Map* mo, unsigned char* so, int k0,
@@ -251,6 +253,13 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     if (roles::lane() == 0) at.release();
     epilogue_rows<D>(p, o, inv, vs, ((long long)row0 * rg.heads + head) * D, relayout::RowPitch{(long long)rg.heads * D},
                      valid, wg);
+  } else if constexpr (HALF) {
+    const float vs = p.v_scale[kv];
+    wgmma::wait<0>();
+    wgmma::fence_operand(o[0].x);
+    __syncwarp();
+    if (roles::lane() == 0) at.release();
+    merge_halves<D>(p, blk, o, inv, vs, lse, wg, bh, q0 + 64 * int(blockIdx.x & 1), mo, so);
   } else {
     const int dst = blk.qb->dest[wg];
     const int obh = dst < 0 ? bh : dst / p.q_tiles, orow = (dst < 0 ? q0 : dst % p.q_tiles * kUnitRows) + 64 * wg;
@@ -306,8 +315,10 @@ namespace sdpa {
 // dense ones; a packed batch's plan counts each unit's tiles under the window).
 // PACK (stage 8 varlen with packed heads): the plan's units are (sequence, K/V head, 128 packed rows), a token's
 // p.group query heads in consecutive rows (consume_unit, produce_q_grouped).
+// HALF (stage 8's halved kernels, the host's SplitPlan::halved): block b holds rows 64 · (b % 2) … of unit b / 2, its
+// consumers the unit's first and second halves of the key tiles (every tile in its own ring stage); no counter.
 template <int D, int STAGES, int BC, int VS = 0, bool VARLEN = false, bool WIN = false, bool PACK = false,
-          bool ACC = false>
+          bool ACC = false, bool HALF = false>
 __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tma::Map* mk, const tma::Map* mvt,
                                    const tma::Map* mo, int heads = 0, const RaggedArgs& rg = RaggedArgs(),
                                    const PagedArgs* pg = nullptr, const Window win = kNoWindow) {
@@ -334,14 +345,19 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   // Registers after setmaxnreg: the producer's and each consumer's (128·producer + 256·consumer ≤ 64K). At D = 256 a
   // consumer holds O (128 a thread), S (64) and P (16): 232 left ptxas 16 bytes short (a spill and wgmma serialised,
   // C7512), so the producer gives up 16 more.
-  constexpr int kProducerRegs = D == 256 ? 24 : 40, kConsumerRegs = D == 256 ? 240 : 232;
+  // A halved kernel at D = 128 gives its producer 8 more: at 40 its transposing warps spilled a word.
+  constexpr int kProducerRegs = D == 256 ? 24 : HALF && D == 128 ? 48 : 40;
+  constexpr int kConsumerRegs = D == 256 ? 240 : HALF && D == 128 ? 224 : 232;
   // The dense schedule's consumers chain their units' turns (consume_chain) at D = 64. At D = 128 the boundary turn
   // holds S (224 or 192 keys), O and P in flight with the finished unit's epilogue, which ptxas cannot fit in 232
   // registers without spilling or serialising the wgmmas (docs/decisions.md, "Units chained").
   constexpr bool kChain = !VARLEN && !WIN && !kSplit && D == 64;
   if (roles::warpgroup() == 0) {
     roles::release_registers<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    if (HALF && threadIdx.x == 0) {
+      static_assert(!HALF || (VS > 0 && !VARLEN && !WIN && !ACC), "a halved launch is stage 8's dense schedule");
+      if constexpr (HALF) produce_halved_unit<Block, BC>(p, blk, mq, mk, mvt, vst);
+    } else if (threadIdx.x == 0) {
       Block::prefetch(mq, mk, mvt);
       int r0 = 0, n = 0;
       // Whole units below `split`; past it the split tail's parts, piece after piece (the table's order). A split
@@ -389,7 +405,14 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     Marks mark;
     // O's staging panels (epilogue_staged), 64 rows × 128 bytes a consumer, after the ring.
     unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;
-    if constexpr (kChain) {
+    if constexpr (HALF) {
+      // Consumer 1 starts at the unit's middle key tile (its ring stage: no tile shares one).
+      const int half = key_tiles<BC>(p, unit_coord(p, int(blockIdx.x) / 2).qt * kUnitRows) / 2;
+      if (wg == 1)
+        for (int i = 0; i < half; ++i) at.advance();
+      consume_unit<D, BC, false, false, false, false, true>(p, blk, wg, int(blockIdx.x) / 2, 0, at, [] { return false; },
+                                                            mark, mo, so, wg * half, half, -1);
+    } else if constexpr (kChain) {
       // The dense schedule at D = 64: where blocks take several units, one chain of turns across them; a block of one
       // unit (the mission shape's) runs consume_unit's turns, 0.1 µs shorter there.
       if (tickets) {

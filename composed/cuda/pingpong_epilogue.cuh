@@ -108,4 +108,52 @@ __device__ __forceinline__ void accumulate_rows(const Params& p, frag::Regs<frag
   }
 }
 
+// A halved unit's block (HALF): consumer wg's (O, LSE) over its half of the keys, on the same 64 rows from row0 as the
+// other consumer's. Consumer 1 stashes its part — O·(1/l)·V's scale, element i of thread t at [i][t], in the K and Vᵀ
+// tiles of its own first ring stage (read no more once its last P·V retired; consumer 0's tiles are other stages), its
+// LSE in Q's second buffer — and consumer 0, after a barrier of both, merges each element with its own by attn-merge's
+// combine (the same thread holds the same row and column in both) and stores the rows as epilogue_staged does.
+template <int D, class Block>
+__device__ __forceinline__ void merge_halves(const Params& p, const Block& blk, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                             const float (&inv)[2], float vs, const float (&lse)[2], int wg, int bh,
+                                             int row0, const tma::Map* mo, unsigned char* so) {
+  constexpr int kN = D / 2, kHalf = kN / 2;
+  static_assert(kHalf * 128 * 4 <= int(Block::kTile), "half a part fits a K or a Vt tile");
+  const int t = threadIdx.x % 128;
+  const int stage = (key_tiles<Block::kBc>(p, 0) / 2) % Block::kStages;
+  float* lo = reinterpret_cast<float*>(blk.sk + stage * Block::kTile);
+  float* hi = reinterpret_cast<float*>(blk.svt + stage * Block::kTile);
+  float* ls = reinterpret_cast<float*>(blk.sq + Block::kQ);
+  if (wg == 1) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const float x = o[0].x[i] * inv[frag::acc_half(i)] * vs;
+      if (i < kHalf) lo[i * 128 + t] = x;
+      else hi[(i - kHalf) * 128 + t] = x;
+    }
+    ls[t] = lse[0];
+    ls[128 + t] = lse[1];
+  }
+  roles::sync(5, 256);  // the stash written (one barrier instruction for both consumers: synccheck's rule)
+  if (wg == 1) return;
+  amerge::Weights<2> w[2];
+  float winv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l2[2] = {lse[h], ls[128 * h + t]};
+    w[h] = amerge::weights(l2, 2);
+    winv[h] = amerge::inv_sum(w[h]);
+  }
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    const int h = frag::acc_half(i);
+    const float v[2] = {o[0].x[i] * inv[h] * vs, i < kHalf ? lo[i * 128 + t] : hi[(i - kHalf) * 128 + t]};
+    o[0].x[i] = amerge::merge1(w[h], v, 2, winv[h]);
+  }
+  const float merged[2] = {w[0].lse, w[1].lse};
+  store_lse(p, merged, bh, row0);
+  const float one[2] = {1.0f, 1.0f};
+  epilogue_staged<D>(p, o, one, 1.0f, bh, row0, 0, mo, so);
+}
+
 }  // namespace sdpa

@@ -33,6 +33,20 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
   return tiles;
 }
 
+// The producer's part of a halved launch's block (HALF, stage 8): the block's 64 rows of unit blockIdx.x / 2 into both
+// consumers' halves of Q's buffer, then every key tile of the unit, K and V into `vst`'s slots, and the staging's end.
+template <class Block, int BC, class Staging>
+__device__ __forceinline__ void produce_halved_unit(const Params& p, const Block& blk, const tma::Map* mq,
+                                                    const tma::Map* mk, const tma::Map* mv, const Staging& vst) {
+  Block::prefetch(mq, mk, mv);
+  const TileCoord u = unit_coord(p, int(blockIdx.x) / 2);
+  const int hkv = vst.heads / p.group, b = u.bh / vst.heads, kv = u.bh / p.group - b * hkv;
+  const int tiles = key_tiles<BC>(p, u.qt * kUnitRows);
+  blk.produce_q_same(mq, 0, u.bh - b * vst.heads, u.qt * kUnitRows + 64 * int(blockIdx.x & 1), b);
+  blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, b); }, Block::kTile, kv, 0, tiles, 0, b);
+  vst.end(tiles);
+}
+
 // The producer's part of ragged unit s.u (a packed batch's unit from the plan's table, `rg`; stage 8 varlen): Q's rows
 // of the unit's sequence and head, then its key tiles from the sequence's first key row (maps over the packed tensors:
 // (D, total, heads, 1)), or from its pages of a paged cache (maps over the pool); V into `vst`'s slots.

@@ -16,6 +16,16 @@
 STAGE8(64, 128, 4, 2)
 STAGE8(128, 192, 3, 1)
 
+// Halved (SplitPlan::halved): a unit's rows in two blocks of 64, each block's keys halved between its consumers.
+#define STAGE8H(D, BC, ST, VS)                                                                                    \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
+      stage8h_d##D(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,    \
+                   const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads) {       \
+    sdpa::pingpong_attention<D, ST, BC, VS, false, false, false, false, true>(p, &mq, &mk, &mv, &mo, heads);  \
+  }
+STAGE8H(64, 128, 4, 2)
+STAGE8H(128, 192, 3, 1)
+
 // The split tail's merge, as stage 7's.
 SDPA_MERGE_KERNEL(64)
 SDPA_MERGE_KERNEL(128)

@@ -140,6 +140,15 @@ struct TmaBlock {
       for (int c = 0; c < kQkPanels; ++c)
         tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, bat);
   }
+  // As produce_q, the same 64 rows from row0 into every consumer's half of the buffer (a halved unit's block: both
+  // consumers on the same rows, each over its half of the keys).
+  __device__ void produce_q_same(const tma::Map* mq, int n, int bh, int row0, int bat = 0) const {
+    const int b = arm_q(n, 0, 0, -1, -1);
+    for (int w = 0; w < consumers; ++w)
+#pragma unroll
+      for (int c = 0; c < kQkPanels; ++c)
+        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, row0, bh, bat);
+  }
   // As produce_q for a unit of packed heads (pack-gqa) of K/V head `kv` from token `token0`, through a map of Q as
   // (D, group, tokens, K/V heads) in boxes of one panel × group heads × 64 / group tokens: consumer c's 64 rows are
   // tokens token0 + c · 64 / group …, each token's group heads in order (row r: head r % group of token r / group).

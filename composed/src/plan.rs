@@ -82,22 +82,24 @@ pub struct SplitPlan {
     pub pieces: usize,
     /// Key tiles a unit.
     pub unit_tiles: usize,
+    /// Each unit's rows in two blocks of 64, each block's keys halved between its consumers ([`SplitPlan::halved`]).
+    pub halved: bool,
 }
 
 impl SplitPlan {
     /// The plan of a launch of `stage` on `s` with blocks of `rows` query rows and a grid of `blocks` (`grid`'s x):
     /// none but for stage 7, which is persistent.
+    /// `blocks` is the most blocks the launch may take (one an SM, or the count asked), not capped at the units.
     pub fn of(stage: Stage, s: &fixtures::Shape, rows: usize, blocks: usize) -> SplitPlan {
         let units = s.heads() * s.sq.div_ceil(rows);
         if stage.persistent() {
-            SplitPlan::new(
-                units,
-                blocks,
-                s.sk.div_ceil(stage.bc(s.d)),
-                // A window's units read their own key ranges: no split tail (as causal ones).
-                s.causal || s.window.is_bounded(),
-                s.sq / rows,
-            )
+            let tiles = s.sk.div_ceil(stage.bc(s.d));
+            // A window's units read their own key ranges: no split tail (as causal ones).
+            let ordered = s.causal || s.window.is_bounded();
+            let halved = (stage.halves() && !ordered)
+                .then(|| SplitPlan::halved(units, blocks, tiles, stage.ring_stages(s.d)))
+                .flatten();
+            halved.unwrap_or_else(|| SplitPlan::new(units, blocks, tiles, ordered, s.sq / rows))
         } else {
             SplitPlan::new(units, units, 1, s.causal, 0)
         }
@@ -116,6 +118,7 @@ impl SplitPlan {
             split: units,
             pieces: 0,
             unit_tiles,
+            halved: false,
         };
         if causal
             || unit_tiles < 2
@@ -138,13 +141,40 @@ impl SplitPlan {
             split: units - tail,
             pieces: blocks,
             unit_tiles,
+            halved: false,
         }
+    }
+    /// Halved units: where the units would hold at most half the `blocks` (the mission shape, (1, 8, 512, 64): 32
+    /// units on 132 SMs), each unit's 128 rows go to two blocks of 64, and in each block consumer 0 takes the first
+    /// half of the unit's key tiles and consumer 1 the second, on the same rows; consumer 0 merges the two (O, LSE)
+    /// pairs through shared memory (`sdpa::merge_halves`). A unit's time is its chain of turns, one a key tile a
+    /// consumer: halved, T / 2. Only where T is even and every tile has its own ring stage (`stages`: no stage is
+    /// reused, so neither consumer waits for the other's releases).
+    pub fn halved(
+        units: usize,
+        blocks: usize,
+        unit_tiles: usize,
+        stages: usize,
+    ) -> Option<SplitPlan> {
+        (units > 0 && 2 * units <= blocks && unit_tiles.is_multiple_of(2) && unit_tiles <= stages)
+            .then_some(SplitPlan {
+                units,
+                split: units,
+                pieces: 0,
+                unit_tiles,
+                halved: true,
+            })
+    }
+    /// The launch's blocks: two a unit for a halved plan, else `grid` (the persistent grid's).
+    pub fn blocks(&self, grid: usize) -> usize {
+        if self.halved { 2 * self.units } else { grid }
     }
     /// This plan's units all whole, every one taken from the counter (no split tail).
     pub fn unsplit(self) -> SplitPlan {
         SplitPlan {
             split: self.units,
             pieces: 0,
+            halved: false,
             ..self
         }
     }
@@ -229,6 +259,7 @@ pub fn schedule_section(s: &fixtures::Shape) -> usize {
 #[cfg(test)]
 mod tests {
     use super::{SplitPlan, blocks_leaving};
+    use crate::stages::Stage;
 
     #[test]
     fn blocks_leaving_keep_the_waves_of_the_rest() {
@@ -398,6 +429,44 @@ mod tests {
         assert!(split > 5_000, "{split} plans split");
         // Causal units are left to the counter's longest-first order.
         assert_eq!(SplitPlan::new(2048, 132, 19, true, 32).pieces, 0);
+    }
+
+    #[test]
+    fn halved_plans_take_two_blocks_a_unit_where_the_tiles_fit_the_ring() {
+        let mut halved = 0;
+        for units in 1..=80 {
+            for blocks in 1..=140 {
+                for tiles in 1..=6 {
+                    for stages in [3, 4] {
+                        let want = 2 * units <= blocks && tiles % 2 == 0 && tiles <= stages;
+                        let p = SplitPlan::halved(units, blocks, tiles, stages);
+                        assert_eq!(
+                            p.is_some(),
+                            want,
+                            "{units} units, {blocks} blocks, {tiles} tiles, {stages} stages"
+                        );
+                        let Some(p) = p else { continue };
+                        halved += 1;
+                        // No split tail beside it: no table, no merge kernel, no virtual heads.
+                        assert_eq!((p.split, p.pieces, p.virtual_heads(4)), (units, 0, 0));
+                        assert_eq!(p.blocks(units.min(blocks)), 2 * units);
+                        assert!(!p.unsplit().halved);
+                    }
+                }
+            }
+        }
+        assert!(halved > 1_000, "{halved} plans halved");
+        // Stage 8 halves the mission shape at the default grid; stage 7, causal units, windows and 6 tiles do not.
+        let mission = fixtures::Shape::new(1, 8, 512, 64);
+        assert!(SplitPlan::of(Stage::S8, &mission, 128, 132).halved);
+        assert_eq!(SplitPlan::of(Stage::S8, &mission, 128, 132).blocks(32), 64);
+        assert!(!SplitPlan::of(Stage::S7, &mission, 128, 132).halved);
+        assert!(!SplitPlan::of(Stage::S8, &mission.with_causal(true), 128, 132).halved);
+        assert!(!SplitPlan::of(Stage::S8, &fixtures::Shape::new(1, 8, 768, 64), 128, 132).halved);
+        assert_eq!(
+            SplitPlan::of(Stage::S8, &mission, 128, 32),
+            SplitPlan::new(32, 32, 4, false, 4)
+        );
     }
 
     #[test]

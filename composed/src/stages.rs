@@ -272,6 +272,20 @@ impl Stage {
         matches!(self, Stage::S7 | Stage::S8)
     }
 
+    /// Whether the stage has a halved kernel (`stage8h_dD`, `plan::SplitPlan::halved`): a unit's rows in two blocks,
+    /// each block's keys halved between its consumers, where the units would leave most SMs idle.
+    pub fn halves(self) -> bool {
+        self == Stage::S8
+    }
+
+    /// The halved kernel of the stage at `s.d`, from `source` (the stage's, or a variant of it).
+    pub fn halved_kernel(self, s: &fixtures::Shape, source: &'static Source) -> KernelSpec {
+        KernelSpec {
+            source,
+            ..KernelSpec::find(KERNELS, &format!("{}h_d{}", self.name(), s.d))
+        }
+    }
+
     /// Whether the stage's kernels may be launched as programmatic dependent launches (`lab::Order::Programmatic`):
     /// they touch only shared memory and their parameters before `griddepcontrol.wait` (pingpong_attention.cuh).
     pub fn programmatic(self) -> bool {
@@ -504,6 +518,8 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma("stage7acc_d128", &STAGE7_ACC),
     k90a_tma8("stage8_d64"),
     k90a_tma8("stage8_d128"),
+    k90a_tma8("stage8h_d64"),
+    k90a_tma8("stage8h_d128"),
     KernelSpec {
         source: &STAGE8_VARLEN,
         ..k90a_tma8("stage8_varlen_d64")

@@ -158,20 +158,28 @@ impl Workspace {
 
     /// How a launch of `stage` on `s` splits its tail, with the block count set now.
     pub fn plan(&self, gpu: &Gpu, stage: Stage, s: &fixtures::Shape) -> Result<SplitPlan> {
-        let (rows, grid_dim) = self.grid_of(gpu, stage, s)?;
-        Ok(self.split_plan(stage, s, rows, grid_dim.0 as usize))
+        Ok(self.grid_of(gpu, stage, s)?.2)
     }
 
-    /// A launch's query rows a unit and its grid, with the block count set now (`plan::grid`).
+    /// A launch's query rows a unit, its grid and its split plan, with the block count set now (`plan::grid`; a
+    /// halved plan's grid is two blocks a unit).
     fn grid_of(
         &self,
         gpu: &Gpu,
         stage: Stage,
         s: &fixtures::Shape,
-    ) -> Result<(usize, (u32, u32, u32))> {
+    ) -> Result<(usize, (u32, u32, u32), SplitPlan)> {
         let rows = stage.rows_for(s, gpu.sms);
         let blocks = self.blocks_for(stage, s, rows, gpu.sms);
-        Ok((rows, grid(stage, s, rows, gpu.sms, blocks)?))
+        let g = grid(stage, s, rows, gpu.sms, blocks)?;
+        // Units are halved over the SMs only at the default block count (one an SM, none left free).
+        let most = if stage.persistent() && blocks.is_none() {
+            gpu.sms
+        } else {
+            g.0 as usize
+        };
+        let plan = self.split_plan(stage, s, rows, most);
+        Ok((rows, (plan.blocks(g.0 as usize) as u32, g.1, g.2), plan))
     }
 
     /// Rows of O (each D wide) and of the LSE a launch of `stage` on `s` writes: B·H·Sq, and the split tail's
@@ -209,7 +217,14 @@ impl Workspace {
                 FlatHeads::contiguous(s.sk, s.d),
             ],
         };
+        // Checked first: it bounds the work units and query tiles the parameters carry as i32.
+        let (rows, grid_dim, plan) = self.grid_of(gpu, stage, s)?;
         let spec = self.kernel.unwrap_or_else(|| stage.kernel_for(s));
+        let spec = if plan.halved {
+            stage.halved_kernel(s, spec.source)
+        } else {
+            spec
+        };
         let smem = stage.smem_bytes(s.d);
         let key = (spec.name, std::ptr::from_ref(spec.source) as usize, smem);
         let k = match &self.loaded {
@@ -220,9 +235,6 @@ impl Workspace {
                 k
             }
         };
-        // Checked first: it bounds the work units and query tiles the parameters carry as i32.
-        let (rows, grid_dim) = self.grid_of(gpu, stage, s)?;
-        let plan = self.split_plan(stage, s, rows, grid_dim.0 as usize);
         self.write_schedule(st, s, plan, rows)?;
         self.make_vt(gpu, stage, st, s, (t.v, flat[2]))?;
         let section = self.section.unwrap_or_else(|| schedule_section(s));

@@ -194,3 +194,11 @@ pub fn run_as(gpu: &Gpu, stage: Stage, qz: &Quantized, out: OutDtype) -> Result<
     d.launch(gpu, stage)?;
     d.download(gpu)
 }
+
+/// As `run_as`, every unit whole (no split tail, no fanned plan): the bits a packed batch's unit has.
+pub fn run_whole(gpu: &Gpu, stage: Stage, qz: &Quantized, out: OutDtype) -> Result<Attention<f32>> {
+    let mut d = OnDevice::upload_as(gpu, qz, out)?;
+    d.use_split_tail(false);
+    d.launch(gpu, stage)?;
+    d.download(gpu)
+}

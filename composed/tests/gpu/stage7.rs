@@ -139,7 +139,7 @@ pub fn add(t: &mut Suite) {
                 d.launch(gpu, stage)?;
                 let got = d.download(gpu)?;
                 let plan = d.split_plan(gpu, stage)?;
-                if plan.pieces == 0 {
+                if plan.pieces == 0 && !plan.halved {
                     ensure!(
                         bit_identical(&got, &one),
                         "{name}: {blocks:?} blocks (sections of {section:?} heads) give other O / LSE than one unit a block"

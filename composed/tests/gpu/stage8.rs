@@ -72,9 +72,12 @@ pub fn add(t: &mut Suite) {
             for blocks in [None, Some(1), Some(5)] {
                 let mut d = OnDevice::upload(gpu, &qz)?;
                 d.use_blocks(blocks);
+                // A halved launch (SplitPlan::halved: stage 8 only) merges each unit's two halves of its keys: by the
+                // rule.
+                let halved = d.split_plan(gpu, Stage::S8)?.halved;
                 d.launch(gpu, Stage::S8)?;
                 let eight = d.download(gpu)?;
-                if same_tiles {
+                if same_tiles && !halved {
                     d.poison_outputs(gpu)?;
                     d.launch(gpu, Stage::S7)?;
                     let seven = d.download(gpu)?;
@@ -127,11 +130,17 @@ pub fn add(t: &mut Suite) {
             let e = format!("{:#}", d.launch(gpu, Stage::S7).unwrap_err());
             ensure!(e.contains("take stage8"), "{e}");
             // The batch coordinate dropped from Q's loads: batch 1 would read batch 0's queries.
-            d.use_kernel(Some(Stage::S8.kernel(shape.d).mutated(
-                "pingpong_producer.cuh",
-                "s.kt, s.dst, b);",
-                "s.kt, s.dst, 0);",
-            )?));
+            // (A halved launch, the default at 2x8x512x512x64, loads Q by produce_halved_unit.)
+            d.use_kernel(Some(
+                Stage::S8
+                    .kernel(shape.d)
+                    .mutated("pingpong_producer.cuh", "s.kt, s.dst, b);", "s.kt, s.dst, 0);")?
+                    .mutated(
+                        "pingpong_producer.cuh",
+                        "64 * int(blockIdx.x & 1), b);",
+                        "64 * int(blockIdx.x & 1), 0);",
+                    )?,
+            ));
             d.poison_outputs(gpu)?;
             d.launch(gpu, Stage::S8)?;
             let caught = match d.download(gpu) {
@@ -140,6 +149,81 @@ pub fn add(t: &mut Suite) {
             };
             ensure!(caught, "a lost batch coordinate went unnoticed");
             eprintln!("stage8 {name}: [B, S, H, D] inputs give [B, H, S, D]'s bits; the batch-coordinate mutant is caught");
+            Ok(())
+        });
+    }
+    for (shape, out) in [
+        (Shape::new(1, 8, 512, 64), OutDtype::F16),
+        (Shape::new(2, 8, 256, 64), OutDtype::Bf16),
+        (Shape::cross(2, 2, 300, 200, 64), OutDtype::F32),
+        (
+            Shape::new(1, 8, 300, 128).with_kv_heads(2).expect("8 / 2"),
+            OutDtype::F16,
+        ),
+    ] {
+        let name = format!(
+            "{}x{}q{}kv_{}x{}x{}_{out:?}",
+            shape.b, shape.h, shape.hkv, shape.sq, shape.sk, shape.d
+        );
+        t.gpu(&format!("stage8::halved::{name}"), move |gpu| {
+            // Few units on many SMs (SplitPlan::halved): a unit's rows in two blocks of 64, each block's consumers on
+            // the first and second halves of the keys, merged by consumer 0. By the rule against the f64 reference,
+            // the same bits launch after launch; a merge that drops consumer 1's half must show.
+            let qz = quantize_per_head(&normal(shape, 101));
+            let mut d = OnDevice::upload_as(gpu, &qz, out)?;
+            let plan = d.split_plan(gpu, Stage::S8)?;
+            ensure!(plan.halved, "{name}: {plan:?} not halved");
+            d.launch(gpu, Stage::S8)?;
+            let got = d.download(gpu)?;
+            rule(
+                Stage::S8,
+                &qz,
+                &reference(&qz),
+                &emulation_of(Stage::S8, &qz, out),
+                &got,
+                &name,
+                |e, e_emu| eprintln!("stage8 halved {name}: {e} | emulation max_abs={e_emu:.3e}"),
+            )?;
+            for _ in 0..2 {
+                d.poison_outputs(gpu)?;
+                d.launch(gpu, Stage::S8)?;
+                ensure!(
+                    bit_identical(&d.download(gpu)?, &got),
+                    "{name}: another launch gives other bits"
+                );
+            }
+            let mut m = OnDevice::upload_as(gpu, &qz, out)?;
+            m.use_kernel(Some(Stage::S8.kernel(shape.d).mutated(
+                "pingpong_epilogue.cuh",
+                "w[h] = amerge::weights(l2, 2);",
+                "w[h] = amerge::weights(l2, 1);",
+            )?));
+            m.launch(gpu, Stage::S8)?;
+            let caught = match m.download(gpu) {
+                Ok(bad) => !bit_identical(&bad, &got),
+                Err(e) => format!("{e:#}").contains("never written by the kernel"),
+            };
+            ensure!(
+                caught,
+                "{name}: a merge without consumer 1's half went unnoticed"
+            );
+            // The split tail off (a ring step's launches): every unit whole, one a block.
+            d.use_split_tail(false);
+            ensure!(
+                !d.split_plan(gpu, Stage::S8)?.halved,
+                "{name}: halved with the split tail off"
+            );
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, Stage::S8)?;
+            rule(
+                Stage::S8,
+                &qz,
+                &reference(&qz),
+                &emulation_of(Stage::S8, &qz, out),
+                &d.download(gpu)?,
+                &name,
+                |_, _| {},
+            )?;
             Ok(())
         });
     }

@@ -231,7 +231,7 @@ pub fn add(t: &mut Suite) {
                 qs[i * h..(i + 1) * h].copy_from_slice(&qz.q_scale);
                 ks[i * hkv..(i + 1) * hkv].copy_from_slice(&qz.k_scale);
                 vs[i * hkv..(i + 1) * hkv].copy_from_slice(&qz.v_scale);
-                alone.push(Some(run_as(gpu, Stage::S8, &qz, OutDtype::F16)?));
+                alone.push(Some(run_whole(gpu, Stage::S8, &qz, OutDtype::F16)?));
             }
             let up8 = |x: &[u8]| st.clone_htod(if x.is_empty() { &[0u8][..] } else { x });
             let (dq, dk, dv) = (up8(&q)?, up8(&k)?, up8(&v)?);
