@@ -392,7 +392,11 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       }
     } else {
       if constexpr (VS > 0) {
-        if (threadIdx.x >= 32) transpose_v_tiles(blk, vst, int(threadIdx.x) / 32 - 1);
+        if constexpr (HALF) {
+          if (threadIdx.x >= 32) transpose_v_tiles(blk, vst, int(threadIdx.x) / 32 - 1, HalfOrder{key_tiles<BC>(p, 0) / 2});
+        } else if (threadIdx.x >= 32) {
+          transpose_v_tiles(blk, vst, int(threadIdx.x) / 32 - 1);
+        }
       }
     }
   } else {

@@ -34,7 +34,8 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
 }
 
 // The producer's part of a halved launch's block (HALF, stage 8): the block's 64 rows of unit blockIdx.x / 2 into both
-// consumers' halves of Q's buffer, then every key tile of the unit, K and V into `vst`'s slots, and the staging's end.
+// consumers' halves of Q's buffer, then every key tile of the unit, K into ring tile t and V into `vst`'s slots, in
+// HalfOrder (key tiles 0, half, 1, half + 1, …: each consumer's next tile in turn), and the staging's end.
 template <class Block, int BC, class Staging>
 __device__ __forceinline__ void produce_halved_unit(const Params& p, const Block& blk, const tma::Map* mq,
                                                     const tma::Map* mk, const tma::Map* mv, const Staging& vst) {
@@ -43,7 +44,11 @@ __device__ __forceinline__ void produce_halved_unit(const Params& p, const Block
   const int hkv = vst.heads / p.group, b = u.bh / vst.heads, kv = u.bh / p.group - b * hkv;
   const int tiles = key_tiles<BC>(p, u.qt * kUnitRows);
   blk.produce_q_same(mq, 0, u.bh - b * vst.heads, u.qt * kUnitRows + 64 * int(blockIdx.x & 1), b);
-  blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, b); }, Block::kTile, kv, 0, tiles, 0, b);
+  const HalfOrder order{tiles / 2};
+  for (int i = 0; i < tiles; ++i) {
+    const int t = order(i);
+    blk.template produce_k<true>(mk, [&](int, int kt) { vst.load(mv, i, kt, kv, b); }, Block::kTile, kv, t, 1, t, b);
+  }
   vst.end(tiles);
 }
 

@@ -81,18 +81,29 @@ __device__ VBarriers<VS>* v_barriers() {
 // its slot into the ring stage's Vᵀ (relayout::TransposeLdsm, keys in p_key order as the consumers' P registers
 // hold them), once the consumers have released the stage; then a proxy fence (wgmma reads Vᵀ through the async
 // proxy, and TMA writes the slot next), and one arrival each on the stage's full barrier and the slot's empty one.
-template <class Block, class Staging>
-__device__ void transpose_v_tiles(const Block& blk, const Staging& st, int w) {
+// `ring(i)`: the ring tile the i-th staged tile goes to (InOrder: tile i; HalfOrder: a halved block's).
+struct InOrder {
+  __device__ int operator()(int i) const { return i; }
+};
+// A halved block's order (the producer's produce_halved_unit): its 2 · half key tiles staged alternately from each
+// consumer's half — key tiles 0, half, 1, half + 1, … — so that consumer 1's first tile is not behind consumer 0's.
+struct HalfOrder {
+  int half;
+  __device__ int operator()(int i) const { return (i & 1) * half + (i >> 1); }
+};
+template <class Block, class Staging, class Order = InOrder>
+__device__ void transpose_v_tiles(const Block& blk, const Staging& st, int w, Order ring = Order()) {
   using T = relayout::TransposeLdsm<Block::kBc, Block::kD, Block::kSwK, Block::kSwVt>;
   const int lane = roles::lane();
-  for (int r = 0; st.wait(r); ++r) {
+  for (int i = 0; st.wait(i); ++i) {
+    const int r = ring(i);
     blk.ring.wait_empty(r);
-    T::template run<kVWarps>(st.tile(r), blk.svt + blk.ring.stage(r) * Block::kTile, w, lane);
+    T::template run<kVWarps>(st.tile(i), blk.svt + blk.ring.stage(r) * Block::kTile, w, lane);
     wgmma::proxy_fence();
     __syncwarp();
     if (lane == 0) {
       blk.ring.arrive_full(r);
-      st.release(r);
+      st.release(i);
     }
   }
 }
