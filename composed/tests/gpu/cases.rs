@@ -404,6 +404,15 @@ pub fn bit_identical(a: &Attention<f32>, b: &Attention<f32>) -> bool {
             .all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Whether a mutant's download shows it: O or the LSE in other bits than `good`, or outputs the kernel never wrote
+/// (which `download` refuses by name).
+pub fn mutant_shows(got: Result<Attention<f32>>, good: &Attention<f32>) -> bool {
+    match got {
+        Ok(bad) => !bit_identical(good, &bad),
+        Err(e) => format!("{e:#}").contains("never written by the kernel"),
+    }
+}
+
 /// `qz` with every K/V head (codes and scales) repeated for each query head that reads it: the same problem
 /// as ordinary attention.
 pub fn expand_kv(qz: &Quantized) -> Quantized {
