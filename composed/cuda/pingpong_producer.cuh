@@ -27,7 +27,7 @@ __device__ __forceinline__ int produce_unit(const Params& p, const Block& blk, c
   } else {
     const int kv = u.bh / p.group, hkv = vst.heads / p.group, b = u.bh / vst.heads;
     blk.produce_q(mq, n, u.bh - b * vst.heads, u.qt * kUnitRows, s.u, s.k0, s.kt, s.dst, b);
-    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mvt, r, t, kv - b * hkv, b); }, Block::kTile, kv - b * hkv, r0,
+    blk.template produce_k<true>(mk, [&](int r, int t, const KeyRows& at) { vst.load(mvt, r, t, kv - b * hkv, b, at); }, Block::kTile, kv - b * hkv, r0,
                   tiles, s.k0, b);
   }
   return tiles;
@@ -47,7 +47,7 @@ __device__ __forceinline__ void produce_halved_unit(const Params& p, const Block
   const HalfOrder order{tiles / 2};
   for (int i = 0; i < tiles; ++i) {
     const int t = order(i);
-    blk.template produce_k<true>(mk, [&](int, int kt) { vst.load(mv, i, kt, kv, b); }, Block::kTile, kv, t, 1, t, b);
+    blk.template produce_k<true>(mk, [&](int, int kt, const KeyRows& at) { vst.load(mv, i, kt, kv, b, at); }, Block::kTile, kv, t, 1, t, b);
   }
   vst.end(tiles);
 }
@@ -75,11 +75,11 @@ __device__ __forceinline__ int produce_ragged_unit(const Params& p, const Ragged
   if constexpr (WIN) k0 = win.tiles<Block::kBc>(ru.q0, rc.sq, rc.sk, p.causal != 0).x;
   if (pg.pages.pages != nullptr) {
     const PagedRows rows{pg.pages, ru.seq, rc.sk, pg.box, pg.oob_row};
-    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, k0, 0,
+    blk.template produce_k<true>(mk, [&](int r, int t, const PagedTile<Block::kBc / PagedRows::kMinPage>& at) { vst.load(mv, r, t, kv, 0, at); }, Block::kTile, kv, r0, ru.key_tiles, k0, 0,
                   rows);
   } else {
     const KeyRows rows{rc.k_row0};
-    blk.template produce_k<true>(mk, [&](int r, int t) { vst.load(mv, r, t, kv, 0, rows); }, Block::kTile, kv, r0, ru.key_tiles, k0, 0,
+    blk.template produce_k<true>(mk, [&](int r, int t, const KeyRows& at) { vst.load(mv, r, t, kv, 0, at); }, Block::kTile, kv, r0, ru.key_tiles, k0, 0,
                   rows);
   }
   return ru.key_tiles;

@@ -30,22 +30,39 @@ struct PagedArgs {
   int oob_row = 0;
 };
 
-// A paged cache's key rows for sequence `seq` (Sk `sk`): a tile of BC keys as BC / box boxes, each from its page;
-// boxes of keys past Sk come from past the pool (zeros: masked keys must be finite, and the table holds no entry for
-// them).
-struct PagedRows {
-  paged::Table t;
-  int seq, sk, box, oob_row;
+// One key tile of a paged cache: its boxes' first pool rows (at most BOXES boxes: BC / 16, pages of 16 rows at least),
+// in the producer thread's own shared words (registers held across the producer's waits spill it at 40 registers).
+template <int BOXES>
+struct PagedTile {
+  const int* rows;
+  int box;
   template <int BC, int PANEL, int PANELS>
-  __device__ __forceinline__ void load(const tma::Map* m, unsigned long long* bar, unsigned char* dst, int tile, int kv,
+  __device__ __forceinline__ void load(const tma::Map* m, unsigned long long* bar, unsigned char* dst, int, int kv,
                                        int) const {
-    for (int j = 0; j * box < BC; ++j) {
-      const int key = tile * BC + j * box;
-      const int row = key < sk ? int(paged::pool_row(t, seq, key)) : oob_row;
+    for (int j = 0; j * box < BC; ++j)
 #pragma unroll
       for (int c = 0; c < PANELS; ++c)
-        tma::load_4d(m, bar, dst + c * BC * PANEL + j * box * PANEL, c * PANEL, row, kv, 0);
+        tma::load_4d(m, bar, dst + c * BC * PANEL + j * box * PANEL, c * PANEL, rows[j], kv, 0);
+  }
+};
+
+// A paged cache's key rows for sequence `seq` (Sk `sk`): a tile of BC keys as BC / box boxes, each from its page;
+// boxes of keys past Sk come from past the pool (zeros: masked keys must be finite, and the table holds no entry for
+// them). at<BC>(t) reads tile t's table entries together, before the waits that come ahead of its loads (the
+// producer's, one thread's: produce_k), so that their latency is under those waits; K's loads and V's share them.
+struct PagedRows {
+  static constexpr int kMinPage = 16;
+  paged::Table t;
+  int seq, sk, box, oob_row;
+  template <int BC>
+  __device__ __forceinline__ PagedTile<BC / kMinPage> at(int tile) const {
+    __shared__ int rows[BC / kMinPage];
+#pragma unroll
+    for (int j = 0; j < BC / kMinPage; ++j) {
+      const int key = tile * BC + j * box;
+      if (j * box < BC) rows[j] = key < sk ? int(paged::pool_row(t, seq, key)) : oob_row;
     }
+    return PagedTile<BC / kMinPage>{rows, box};
   }
 };
 

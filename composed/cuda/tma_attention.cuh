@@ -30,6 +30,11 @@ struct QBarriers {
 // K/V head kv (batch bat) into `dst` (PANELS panels of BC rows × PANEL bytes, one box each) on `bar`.
 struct KeyRows {
   int row0;
+  // Key tile t's rows: consecutive, nothing to look up.
+  template <int BC>
+  __device__ __forceinline__ KeyRows at(int) const {
+    return *this;
+  }
   template <int BC, int PANEL, int PANELS>
   __device__ __forceinline__ void load(const tma::Map* m, unsigned long long* bar, unsigned char* dst, int t, int kv,
                                        int bat) const {
@@ -190,16 +195,18 @@ struct TmaBlock {
   // so that V has landed when the consumers release the stage; else after K, into the acquired stage.
   // `kv` and `bat`: the map's head and batch coordinates, as produce_q's.
   // `rows`: where the tiles' key rows are (KeyRows: consecutive from a first row; a paged cache's through its block
-  // table).
+  // table). `rows.at<BC>(t)`, tile t's rows, is taken before the tile's first wait, so that a paged tile's table
+  // lookups are in flight while the producer waits, and K's loads and V's (v(r, t, tile rows)) share them.
   template <bool V_AHEAD = false, class V, class Rows = KeyRows>
   __device__ void produce_k(const tma::Map* mk, const V& v, unsigned bytes, int kv, int r0, int tiles, int k0,
                             int bat = 0, Rows rows = Rows{0}) const {
     for (int t = k0; t < k0 + tiles; ++t) {
       const int r = r0 + t - k0;
-      if constexpr (V_AHEAD) v(r, t);
+      const auto at = rows.template at<BC>(t);
+      if constexpr (V_AHEAD) v(r, t, at);
       ring.acquire(r, bytes);
-      rows.template load<BC, kQkPanel, kQkPanels>(mk, ring.full(r), sk + ring.stage(r) * kTile, t, kv, bat);
-      if constexpr (!V_AHEAD) v(r, t);
+      at.template load<BC, kQkPanel, kQkPanels>(mk, ring.full(r), sk + ring.stage(r) * kTile, t, kv, bat);
+      if constexpr (!V_AHEAD) v(r, t, at);
     }
   }
   // K and Vᵀ of key/value head kv, key tiles k0 .. k0 + tiles − 1, as ring tiles r0 ... (kVtImage: Vᵀ's tile t is
@@ -208,7 +215,7 @@ struct TmaBlock {
                              int tiles, int k0 = 0) const {
     produce_k(
         mk,
-        [&](int r, int t) {
+        [&](int r, int t, const KeyRows&) {
           if constexpr (SPLIT) vring.acquire(r, kTile);
           if constexpr (kVtImage) {
             tma::bulk_load(svt + ring.stage(r) * kTile, vt_head + (long long)t * kTile, kTile, vring.full(r));

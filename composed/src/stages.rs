@@ -483,6 +483,16 @@ const fn k90a_tma8(name: &'static str) -> KernelSpec {
     }
 }
 
+/// Stage 8 over packed batches: stage 8's budget, with a paged key tile's pool rows (`PagedRows::at`: BC / 16 words,
+/// 48 bytes at most) in static shared memory too.
+const fn k90a_tma8_varlen(name: &'static str, source: &'static Source) -> KernelSpec {
+    KernelSpec {
+        source,
+        budget: Budget::new(168, 248),
+        ..k90a_tma8(name)
+    }
+}
+
 /// Stage 7's split-tail merge (`sdpa::merge_split_tail`, in stage 7's source): 128 threads, a row each, plain loads
 /// and stores.
 const fn k90a_merge(name: &'static str) -> KernelSpec {
@@ -520,22 +530,10 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma8("stage8_d128"),
     k90a_tma8("stage8h_d64"),
     k90a_tma8("stage8h_d128"),
-    KernelSpec {
-        source: &STAGE8_VARLEN,
-        ..k90a_tma8("stage8_varlen_d64")
-    },
-    KernelSpec {
-        source: &STAGE8_VARLEN,
-        ..k90a_tma8("stage8_varlen_d128")
-    },
-    KernelSpec {
-        source: &STAGE8_VARLEN_PACK,
-        ..k90a_tma8("stage8_varlen_pack_d64")
-    },
-    KernelSpec {
-        source: &STAGE8_VARLEN_PACK,
-        ..k90a_tma8("stage8_varlen_pack_d128")
-    },
+    k90a_tma8_varlen("stage8_varlen_d64", &STAGE8_VARLEN),
+    k90a_tma8_varlen("stage8_varlen_d128", &STAGE8_VARLEN),
+    k90a_tma8_varlen("stage8_varlen_pack_d64", &STAGE8_VARLEN_PACK),
+    k90a_tma8_varlen("stage8_varlen_pack_d128", &STAGE8_VARLEN_PACK),
     KernelSpec {
         source: &STAGE8_WINDOW,
         ..k90a_tma8("stage8w_d64")
@@ -544,14 +542,8 @@ pub const KERNELS: &[KernelSpec] = &[
         source: &STAGE8_WINDOW,
         ..k90a_tma8("stage8w_d128")
     },
-    KernelSpec {
-        source: &STAGE8_WINDOW,
-        ..k90a_tma8("stage8w_varlen_d64")
-    },
-    KernelSpec {
-        source: &STAGE8_WINDOW,
-        ..k90a_tma8("stage8w_varlen_d128")
-    },
+    k90a_tma8_varlen("stage8w_varlen_d64", &STAGE8_WINDOW),
+    k90a_tma8_varlen("stage8w_varlen_d128", &STAGE8_WINDOW),
     KernelSpec {
         block: "composed",
         name: "split_kv_prep",

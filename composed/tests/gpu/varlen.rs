@@ -354,60 +354,72 @@ pub fn add(t: &mut Suite) {
             Ok(())
         },
     );
-    t.gpu(
-        "varlen::stage8::mutant_paged_boxes_into_one_place_is_caught",
-        |gpu| {
-            // Every box of a paged key tile written over its first rows (the box's place in the tile dropped): the tile's
-            // other rows keep what was there, and O must differ from the packed launch's.
-            let (h, hkv, d) = (4, 4, 128);
-            let st = gpu.stream.clone();
-            let mut c = Codes::new(
-                gpu,
-                &[(300, 700), (129, 300)],
-                [h, hkv, d],
-                7,
-                vec![0.01; 2 * h],
-                0.01,
-            )?;
-            let vs = c.shape(false);
-            let t = c.tensors(&st);
-            let mut vl = Varlen::new();
-            let good = c.run(gpu, &mut vl, &vs, &t)?;
-            let (pools, table, max_pages, num_pages) =
-                page_out([&c.qz.k, &c.qz.v], &c.cu_k, hkv * d, 64, 5);
-            let (pk, pv, dt) = (
-                st.clone_htod(&pools[0])?,
-                st.clone_htod(&pools[1])?,
-                st.clone_htod(&table)?,
-            );
-            let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
-            let pt = VarlenTensors {
-                k: addr(pk.device_ptr(&st)),
-                v: addr(pv.device_ptr(&st)),
-                paged: Some(PagedKv {
-                    block_table: addr(dt.device_ptr(&st)),
-                    max_pages,
-                    page_size: 64,
-                    num_pages,
-                }),
-                ..t
-            };
-            ensure!(
-                c.run(gpu, &mut vl, &vs, &pt)? == good,
-                "the paged launch differs from the packed one"
-            );
-            vl.use_kernel(Some(composed::varlen_kernel(d).mutated(
-                "ragged_units.cuh",
+    t.gpu("varlen::stage8::mutants_of_paged_tiles_are_caught", |gpu| {
+        // Every box of a paged key tile written over its first rows (the box's place in the tile dropped: the
+        // tile's other rows keep what was there), or a tile's boxes loaded from the next tile's pages: O must
+        // differ from the packed launch's.
+        let (h, hkv, d) = (4, 4, 128);
+        let st = gpu.stream.clone();
+        let mut c = Codes::new(
+            gpu,
+            &[(300, 700), (129, 300)],
+            [h, hkv, d],
+            7,
+            vec![0.01; 2 * h],
+            0.01,
+        )?;
+        let vs = c.shape(false);
+        let t = c.tensors(&st);
+        let mut vl = Varlen::new();
+        let good = c.run(gpu, &mut vl, &vs, &t)?;
+        let (pools, table, max_pages, num_pages) =
+            page_out([&c.qz.k, &c.qz.v], &c.cu_k, hkv * d, 64, 5);
+        let (pk, pv, dt) = (
+            st.clone_htod(&pools[0])?,
+            st.clone_htod(&pools[1])?,
+            st.clone_htod(&table)?,
+        );
+        let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+        let pt = VarlenTensors {
+            k: addr(pk.device_ptr(&st)),
+            v: addr(pv.device_ptr(&st)),
+            paged: Some(PagedKv {
+                block_table: addr(dt.device_ptr(&st)),
+                max_pages,
+                page_size: 64,
+                num_pages,
+            }),
+            ..t
+        };
+        ensure!(
+            c.run(gpu, &mut vl, &vs, &pt)? == good,
+            "the paged launch differs from the packed one"
+        );
+        for (what, from, to) in [
+            (
+                "boxes written into one place",
                 "dst + c * BC * PANEL + j * box * PANEL",
                 "dst + c * BC * PANEL",
+            ),
+            (
+                "a tile's boxes from the next tile's pages (the lookups taken one tile ahead)",
+                "const int key = tile * BC + j * box;",
+                "const int key = (tile + 1) * BC + j * box;",
+            ),
+        ] {
+            vl.use_kernel(Some(composed::varlen_kernel(d).mutated(
+                "ragged_units.cuh",
+                from,
+                to,
             )?));
             ensure!(
                 c.run(gpu, &mut vl, &vs, &pt)? != good,
-                "boxes written into one place went unnoticed"
+                "mutant `{what}` went unnoticed"
             );
-            Ok(())
-        },
-    );
+            eprintln!("mutant `{what}` caught");
+        }
+        Ok(())
+    });
 }
 
 /// A packed batch of random E4M3 codes on the device for the mutant tests: the boundaries of `lens` ((Sq, Sk) a
