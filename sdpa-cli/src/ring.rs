@@ -190,9 +190,6 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         flops / (one_ms * 1e-3) / 1e12,
         one_ms / ring_ms
     );
-    let list3 = |x: &mut dyn Iterator<Item = f64>| {
-        x.map(|v| format!("{v:.3}")).collect::<Vec<_>>().join(" / ")
-    };
     for ((k, ms), (rounds, steps)) in KEPT_RUNS.iter().zip(&kept_ms).zip(&kept0) {
         println!(
             "  {}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU (the better of {KEPT_ROUNDS} interleaved rounds' \
@@ -200,17 +197,18 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             k.label,
             flops / (ms * 1e-3) / 1e12,
             one_ms / ms,
-            list3(&mut rounds.iter().copied()),
-            list3(&mut steps.iter().map(|&v| f64::from(v)))
+            joined(rounds.iter().copied(), ""),
+            joined(steps.iter().map(|&v| f64::from(v)), "")
         );
     }
     println!(
         "  each rank's steps (its last call, device events): {} ms",
-        every_steps
-            .iter()
-            .map(|x: &Vec<f32>| format!("{:.3}", x.iter().map(|&v| f64::from(v)).sum::<f64>()))
-            .collect::<Vec<_>>()
-            .join(" / ")
+        joined(
+            every_steps
+                .iter()
+                .map(|x| x.iter().map(|&v| f64::from(v)).sum::<f64>()),
+            ""
+        )
     );
     // Communication hidden: each step's time against its attention's (rank 0, the last call; device events).
     for (i, st) in steps0.iter().enumerate() {
@@ -253,12 +251,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         );
     }
     // Each rank's steps against the ring's own launches of those steps with nothing beside them (on GPU 0).
-    let list = |x: &[f32], unit: &str| {
-        x.iter()
-            .map(|v| format!("{v:.3}{unit}"))
-            .collect::<Vec<_>>()
-            .join(" / ")
-    };
+    let list = |x: &[f32], unit: &str| joined(x.iter().map(|&v| f64::from(v)), unit);
     let mut worst = 0.0f32;
     for (r, (ring, own)) in every_steps.iter().zip(&alone).enumerate() {
         let ratios: Vec<f32> = ring
@@ -284,6 +277,15 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         h.check_ms, h.setup_ms, h.queue_ms, h.drain_ms
     );
     Ok(())
+}
+
+/// `values` to three decimals, each followed by `unit`, joined by " / ".
+fn joined(values: impl IntoIterator<Item = f64>, unit: &str) -> String {
+    values
+        .into_iter()
+        .map(|v| format!("{v:.3}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 /// Calls of the ring on one device whose median step times [`steps_alone`] reports (after one warm-up call).
