@@ -47,7 +47,7 @@ pub fn run() -> Result<bool> {
         ),
     );
     println!("\n== ptxas --check");
-    step("ptxas budgets", crate::ptxas::run(&[], true));
+    step("ptxas budgets", crate::ptxas::run(&[], true, &[]));
     println!("\n{}", verdict(&failed));
     Ok(failed.is_empty())
 }

@@ -48,6 +48,9 @@ enum Task {
         /// Fail if any kernel breaks its committed budget.
         #[arg(long)]
         check: bool,
+        /// Only the kernels whose name contains this text (repeatable; default every kernel).
+        #[arg(long = "kernel")]
+        kernels: Vec<String>,
     },
     /// Pack every test binary and a runner into DIR (default .bundle), to run where there is no Rust.
     GpuBundle {
@@ -165,7 +168,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.task {
         Task::TestBlocks { release } => test_blocks::run(release, &[]),
-        Task::Ptxas { archs, check } => ptxas::run(&archs, check),
+        Task::Ptxas {
+            archs,
+            check,
+            kernels,
+        } => ptxas::run(&archs, check, &kernels),
         Task::GpuBundle {
             dir,
             only,

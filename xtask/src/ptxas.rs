@@ -6,7 +6,7 @@ use lab::{Arch, Cubin};
 
 use crate::registry::all_kernels;
 
-pub fn run(archs: &[String], check: bool) -> Result<bool> {
+pub fn run(archs: &[String], check: bool, only: &[String]) -> Result<bool> {
     let archs: Vec<Arch> = if archs.is_empty() {
         // Hopper-only kernels (wgmma, setmaxnreg) are built for sm_90a alone, so it is checked too.
         let mut a = Arch::REQUIRED.to_vec();
@@ -18,7 +18,10 @@ pub fn run(archs: &[String], check: bool) -> Result<bool> {
             .map(|a| Arch::parse(a))
             .collect::<Result<_>>()?
     };
-    let kernels = all_kernels();
+    let kernels: Vec<_> = all_kernels()
+        .into_iter()
+        .filter(|k| only.is_empty() || only.iter().any(|o| k.name.contains(o.as_str())))
+        .collect();
     // One compile per (source, arch): a source may define several kernels.
     let mut cubins: HashMap<(&str, Arch), std::result::Result<std::sync::Arc<Cubin>, String>> =
         HashMap::new();
