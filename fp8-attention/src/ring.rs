@@ -105,11 +105,15 @@ pub struct HostTimes {
 /// One ring step's times on a rank, from device events: its attention on the shard in hand (every kernel of its
 /// blocks and merges), the transfer of the next shard on the communicator's stream (None on the last step, which
 /// sends nothing), and the step as the ring lives it (from its start to the next step's, which waits for both; the
-/// last step's ends with its attention). Communication is hidden where `step_ms` is `attention_ms`.
+/// last step's ends with its attention). Communication is hidden where `step_ms` is `attention_ms`. `idle_ms` is the
+/// part of `attention_ms` before its first launch was queued: where the device had caught up with the host (step 0),
+/// its wait while the host queued the step's transfer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepTime {
     /// The step's attention, ms.
     pub attention_ms: f32,
+    /// Of the attention's time, the device's wait for the host to queue its first launch, ms.
+    pub idle_ms: f32,
     /// The next shard's transfer, ms.
     pub transfer_ms: Option<f32>,
     /// The whole step, ms.
@@ -230,6 +234,7 @@ fn one_device(
                 let ms = w[0].elapsed_ms(&w[1]).map_err(drv)?;
                 times.push(StepTime {
                     attention_ms: ms,
+                    idle_ms: 0.0,
                     transfer_ms: None,
                     step_ms: ms,
                 });

@@ -14,7 +14,14 @@ use crate::ring::{HostTimes, RankOutput, RankSteps, Shard, SplitTail, StepTime, 
 use crate::ring_comm::{RingComm, group, nccl};
 
 /// A step's events: its attention's start and end on the rank's stream, its transfer's on the communicator's.
-type StepMarks = (CudaEvent, CudaEvent, Option<(CudaEvent, CudaEvent)>);
+/// A step's device events: its start, its first launch's queueing (none where step 0 was queued before the verdict),
+/// its attention's end, and its transfer's start and end (none on the last step).
+type StepMarks = (
+    CudaEvent,
+    Option<CudaEvent>,
+    CudaEvent,
+    Option<(CudaEvent, CudaEvent)>,
+);
 
 /// A K/V shard as it travels: K's and V's codes (sized for the longest shard of any rank; a shard fills the first
 /// elements) and their per-(batch, K/V head) scales.
@@ -358,11 +365,12 @@ impl RingRank {
                 transfer = Some((c0, timed(&comm_stream)?));
             }
             if let Some((a0, a1)) = queued {
-                marks.push((a0, a1, transfer));
+                marks.push((a0, None, a1, transfer));
             } else if let Some(a0) = start {
+                let l0 = timed(&st)?;
                 // The travel buffers are sized for the longest shard: the step reads the first elements.
                 steps.step(gpu, &st, (world, rank, step), &q, cur.tensors(), lens(src))?;
-                marks.push((a0, timed(&st)?, transfer));
+                marks.push((a0, Some(l0), timed(&st)?, transfer));
             }
         }
         let queue_ms = since(t2);
@@ -377,10 +385,11 @@ impl RingRank {
         };
         let ms = |a: &CudaEvent, b: &CudaEvent| a.elapsed_ms(b).map_err(drv);
         let mut times = Vec::with_capacity(world);
-        for (i, (a0, a1, transfer)) in marks.iter().enumerate() {
+        for (i, (a0, l0, a1, transfer)) in marks.iter().enumerate() {
             let step_end = marks.get(i + 1).map_or(a1, |next| &next.0);
             times.push(StepTime {
                 attention_ms: ms(a0, a1)?,
+                idle_ms: l0.as_ref().map_or(Ok(0.0), |l0| ms(a0, l0))?,
                 transfer_ms: transfer.as_ref().map(|(c0, c1)| ms(c0, c1)).transpose()?,
                 step_ms: ms(a0, step_end)?,
             });

@@ -23,14 +23,17 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 }
 
 /// One rank's timings: wall ms a call with a fresh state each call; on a kept one, each of [`KEPT_RUNS`]' settings'
-/// median a round (rounds interleaved: [`KEPT_ROUNDS`]) and its last call's step times; its last fresh call's step
-/// and host times.
-type RankTimes = (
-    Vec<f64>,
-    Vec<(Vec<f64>, Vec<f32>)>,
-    Vec<StepTime>,
-    HostTimes,
-);
+/// median a round (rounds interleaved: [`KEPT_ROUNDS`]), its last call's step times and step 0's idle; its last fresh
+/// call's step and host times; the kept state's last call's steps as the library sets it (the first run); and its
+/// own steps' launches alone on its own GPU ([`steps_alone`]).
+struct RankTimes {
+    fresh_ms: Vec<f64>,
+    kept: Vec<(Vec<f64>, Vec<f32>, f32)>,
+    fresh_steps: Vec<StepTime>,
+    host: HostTimes,
+    kept_steps: Vec<StepTime>,
+    alone: Vec<f32>,
+}
 
 /// Rounds over [`KEPT_RUNS`], each setting timed once a round in the same order: a setting's calls then sit at two
 /// points of the run, so that none is read only at its start (cooler) or only late.
@@ -130,9 +133,10 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         // The same calls on a state kept across them (RingRank: buffers and ops made once), in each of KEPT_RUNS'
         // settings.
         let mut kept = RingRank::new(gpu, comm, s)?;
-        let mut runs: Vec<(Vec<f64>, Vec<f32>)> = vec![(vec![], vec![]); KEPT_RUNS.len()];
+        let mut runs: Vec<(Vec<f64>, Vec<f32>, f32)> = vec![(vec![], vec![], 0.0); KEPT_RUNS.len()];
+        let mut kept_steps = vec![];
         for _ in 0..KEPT_ROUNDS {
-            for (k, run) in KEPT_RUNS.iter().zip(runs.iter_mut()) {
+            for (i, (k, run)) in KEPT_RUNS.iter().zip(runs.iter_mut()).enumerate() {
                 kept.set_split_tail(k.split);
                 kept.set_overlap_check(k.overlap);
                 kept.set_free_sms(k.free_sms);
@@ -142,22 +146,35 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
                 })?;
                 run.0.push(lab::numerics::median(ms));
                 run.1 = last.steps.iter().map(|t| t.step_ms).collect();
+                run.2 = last.steps.first().map_or(0.0, |t| t.idle_ms);
+                if i == 0 {
+                    kept_steps = last.steps;
+                }
             }
         }
-        Ok((out, runs, steps, host))
+        // This rank's steps' own launches with no transfer beside them, on its own GPU, while every other rank runs
+        // its own (the ring's conditions: every GPU of the host busy).
+        let alone = steps_alone(gpu, s, world, r)?;
+        Ok(RankTimes {
+            fresh_ms: out,
+            kept: runs,
+            fresh_steps: steps,
+            host,
+            kept_steps,
+            alone,
+        })
     })?;
-    let (mut rank0, mut kept0, mut steps0, mut host0) =
-        (vec![], vec![], vec![], HostTimes::default());
-    // Each rank's device time in its last call's steps (its attention, the transfers under it): a rank whose steps
-    // take longer holds up the others at the next call's input check.
-    let mut every_steps = vec![];
-    for (r, t) in times.into_iter().enumerate() {
-        let (t, kept, steps, host) = t.with_context(|| format!("rank {r}"))?;
-        every_steps.push(steps.iter().map(|st| st.step_ms).collect::<Vec<_>>());
-        if r == 0 {
-            (rank0, kept0, steps0, host0) = (t, kept, steps, host);
-        }
-    }
+    let times: Vec<RankTimes> = times
+        .into_iter()
+        .enumerate()
+        .map(|(r, t)| t.with_context(|| format!("rank {r}")))
+        .collect::<Result<_>>()?;
+    let (mut rank0, kept0, steps0, host0) = (
+        times[0].fresh_ms.clone(),
+        &times[0].kept,
+        &times[0].fresh_steps,
+        times[0].host,
+    );
     // Each setting's better round (the rounds' medians printed beside it).
     let kept_ms: Vec<f64> = kept0
         .iter()
@@ -178,7 +195,6 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     let step_work_ms = stage7_ms(gpu, shard, fixtures::OutDtype::Bf16)? * half;
     // The same writing f32 O, as the ring's steps do (a step's excess over it is the ring's: views, the merge).
     let step_f32_ms = stage7_ms(gpu, shard, fixtures::OutDtype::F32)? * half;
-    let alone = steps_alone(gpu, s, world)?;
     // Shape::flops counts half the pairs under the causal mask.
     let flops = s.flops();
     println!(
@@ -190,10 +206,10 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         flops / (one_ms * 1e-3) / 1e12,
         one_ms / ring_ms
     );
-    for ((k, ms), (rounds, steps)) in KEPT_RUNS.iter().zip(&kept_ms).zip(&kept0) {
+    for ((k, ms), (rounds, steps, idle)) in KEPT_RUNS.iter().zip(&kept_ms).zip(kept0) {
         println!(
             "  {}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU (the better of {KEPT_ROUNDS} interleaved rounds' \
-             medians, {} ms; rank 0's steps in its last call {} ms)",
+             medians, {} ms; rank 0's steps in its last call {} ms, step 0's device waiting for the host {idle:.3} ms)",
             k.label,
             flops / (ms * 1e-3) / 1e12,
             one_ms / ms,
@@ -201,20 +217,26 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             joined(steps.iter().map(|&v| f64::from(v)), "")
         );
     }
+    // Each rank's device time in its last fresh call's steps (its attention, the transfers under it): a rank whose
+    // steps take longer holds up the others at the next call's input check.
     println!(
-        "  each rank's steps (its last call, device events): {} ms",
+        "  each rank's steps (its last fresh call, device events): {} ms",
         joined(
-            every_steps
+            times.iter().map(|t| t
+                .fresh_steps
                 .iter()
-                .map(|x| x.iter().map(|&v| f64::from(v)).sum::<f64>()),
+                .map(|st| f64::from(st.step_ms))
+                .sum::<f64>()),
             ""
         )
     );
     // Communication hidden: each step's time against its attention's (rank 0, the last call; device events).
     for (i, st) in steps0.iter().enumerate() {
         println!(
-            "  step {i}: attention {:.3} ms, transfer {}, step {:.3} ms ({:.3}× its attention)",
+            "  step {i}: attention {:.3} ms (the device waiting for the host {:.3} ms of it), transfer {}, step {:.3} ms \
+             ({:.3}× its attention)",
             st.attention_ms,
+            st.idle_ms,
             st.transfer_ms
                 .map_or("none".into(), |t| format!("{t:.3} ms")),
             st.step_ms,
@@ -250,25 +272,39 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
             slowest / step_f32_ms
         );
     }
-    // Each rank's steps against the ring's own launches of those steps with nothing beside them (on GPU 0).
+    // Each rank's steps, on the kept state (as the library runs calls) and on a fresh one, against the ring's own
+    // launches of those steps with nothing beside them, on the rank's own GPU.
     let list = |x: &[f32], unit: &str| joined(x.iter().map(|&v| f64::from(v)), unit);
-    let mut worst = 0.0f32;
-    for (r, (ring, own)) in every_steps.iter().zip(&alone).enumerate() {
-        let ratios: Vec<f32> = ring
-            .iter()
-            .zip(own)
-            .map(|(st, a)| st / a.max(f32::MIN_POSITIVE))
-            .collect();
-        worst = ratios.iter().copied().fold(worst, f32::max);
+    let (mut worst_kept, mut worst_fresh) = (0.0f32, 0.0f32);
+    for (r, t) in times.iter().enumerate() {
+        let ratios = |steps: &[StepTime]| -> Vec<f32> {
+            steps
+                .iter()
+                .zip(&t.alone)
+                .map(|(st, a)| st.step_ms / a.max(f32::MIN_POSITIVE))
+                .collect()
+        };
+        let (kept, fresh) = (ratios(&t.kept_steps), ratios(&t.fresh_steps));
+        worst_kept = kept.iter().copied().fold(worst_kept, f32::max);
+        worst_fresh = fresh.iter().copied().fold(worst_fresh, f32::max);
+        let ms = |steps: &[StepTime]| steps.iter().map(|st| st.step_ms).collect::<Vec<_>>();
+        let idle = |steps: &[StepTime]| steps.first().map_or(0.0, |st| st.idle_ms);
         println!(
-            "  rank {r}'s steps' own launches alone (the ring on one device, GPU 0, median of {ALONE_CALLS} calls): {} \
-             ms; each step {} of it",
-            list(own, ""),
-            list(&ratios, "×")
+            "  rank {r} (GPU {r}): its steps' own launches alone (median of {ALONE_CALLS} calls, every GPU running its \
+             rank's) {} ms; kept state's last call {} ms ({}; step 0's device waiting for the host {:.3} ms); fresh \
+             state's {} ms ({}; {:.3} ms)",
+            list(&t.alone, ""),
+            list(&ms(&t.kept_steps), ""),
+            list(&kept, "×"),
+            idle(&t.kept_steps),
+            list(&ms(&t.fresh_steps), ""),
+            list(&fresh, "×"),
+            idle(&t.fresh_steps),
         );
     }
     println!(
-        "  the slowest step of any rank against its own launches alone: {worst:.3}× (issue 35: ≤ 1.05×)"
+        "  the slowest step of any rank against its own launches alone: {worst_kept:.3}× on the kept state, \
+         {worst_fresh:.3}× on a fresh one (issue 35: ≤ 1.05×)"
     );
     let h = host0;
     println!(
@@ -291,10 +327,10 @@ fn joined(values: impl IntoIterator<Item = f64>, unit: &str) -> String {
 /// Calls of the ring on one device whose median step times [`steps_alone`] reports (after one warm-up call).
 const ALONE_CALLS: usize = 3;
 
-/// Each rank's step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
+/// Rank `rank`'s step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
 /// one device with no transfer beside them (`ring_on_one_device_timed` on `gpu`, every rank's shard there, the bench's
 /// shards): the same kernels, views, f32 O and merges as a ring step's.
-fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<Vec<f32>>> {
+fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize, rank: usize) -> Result<Vec<f32>> {
     let st = gpu.stream.clone();
     let mut held = Vec::with_capacity(world);
     for r in 0..world {
@@ -321,20 +357,17 @@ fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<Vec
         let outs = fp8_attention::ring_on_one_device_timed(gpu, &st, s, &q, &kv)?;
         if i > 0 {
             calls.push(
-                outs.iter()
-                    .map(|o| o.steps.iter().map(|t| t.step_ms).collect::<Vec<_>>())
+                outs[rank]
+                    .steps
+                    .iter()
+                    .map(|t| t.step_ms)
                     .collect::<Vec<_>>(),
             );
         }
     }
     Ok((0..world)
-        .map(|r| {
-            (0..world)
-                .map(|step| {
-                    lab::numerics::median(calls.iter().map(|c| f64::from(c[r][step])).collect())
-                        as f32
-                })
-                .collect()
+        .map(|step| {
+            lab::numerics::median(calls.iter().map(|c| f64::from(c[step])).collect()) as f32
         })
         .collect())
 }

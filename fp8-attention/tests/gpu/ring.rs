@@ -281,6 +281,7 @@ fn ring_nccl_run(
         for (i, t) in out.steps.iter().enumerate() {
             ensure!(
                 t.attention_ms > 0.0
+                    && (0.0..t.attention_ms).contains(&t.idle_ms)
                     && t.step_ms >= t.attention_ms
                     && t.transfer_ms.is_some() == (i + 1 < world),
                 "rank {r}, step {i}: {t:?}"
@@ -329,7 +330,10 @@ pub fn add(t: &mut Suite) {
             );
             for (i, t) in st.iter().enumerate() {
                 ensure!(
-                    t.attention_ms > 0.0 && t.step_ms == t.attention_ms && t.transfer_ms.is_none(),
+                    t.attention_ms > 0.0
+                        && t.idle_ms == 0.0
+                        && t.step_ms == t.attention_ms
+                        && t.transfer_ms.is_none(),
                     "rank {r}, step {i}: {t:?}"
                 );
             }
