@@ -13,6 +13,35 @@ pub(crate) fn nccl(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
     move |e| Error::Device(anyhow::anyhow!("NCCL {what}: {e:?}"))
 }
 
+/// The blocks a ring's communicator lets NCCL's kernels take (ncclConfig_t's maxCTAs): a step's transfer then leaves
+/// the other SMs to the attention beside it (docs/decisions.md, "NCCL's blocks held to 4").
+pub const RING_MAX_CTAS: usize = 4;
+
+/// NCCL_CONFIG_INITIALIZER for the struct of NCCL 2.28's header (cudarc's `nccl-02028`): every attribute undefined,
+/// so NCCL applies its own default to each one not set.
+fn default_config() -> sys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: 22800,
+        blocking: UNDEF,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+        trafficClass: UNDEF,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF,
+        CTAPolicy: UNDEF,
+        shrinkShare: UNDEF,
+        nvlsCTAs: UNDEF,
+        nChannelsPerNetPeer: UNDEF,
+        nvlinkCentricSched: UNDEF,
+    }
+}
+
 /// One rank's NCCL communicator, made on `stream` (its operations are queued there). Unlike cudarc's `Comm`, it can be
 /// aborted from another thread ([`RingComm::abort`]): NCCL's host calls block while a connection to a peer is set up
 /// (the first send to it, in `ncclGroupEnd`), so a peer that stopped leaves a rank blocked on the host, where no
@@ -34,25 +63,53 @@ unsafe impl Send for RingComm {}
 unsafe impl Sync for RingComm {}
 
 impl RingComm {
-    /// Rank `rank` of `world` of the communicator `id` names, its operations on `stream` (blocks until every rank has
-    /// joined, as ncclCommInitRank does).
+    /// Rank `rank` of `world` of the communicator `id` names, its operations on `stream`, its kernels held to
+    /// [`RING_MAX_CTAS`] blocks (blocks until every rank has joined, as ncclCommInitRankConfig does).
     pub fn from_rank(
         stream: Arc<CudaStream>,
         rank: usize,
         world: usize,
         id: &Id,
     ) -> Result<RingComm> {
+        Self::from_rank_with(stream, rank, world, id, Some(RING_MAX_CTAS))
+    }
+
+    /// [`RingComm::from_rank`] with NCCL's kernels held to `max_ctas` blocks, or (None) as many as NCCL picks: 32 p2p
+    /// channels a peer on an H100 host with NVSwitch, so a step's transfer held ~30–60 SMs beside its attention.
+    pub fn from_rank_with(
+        stream: Arc<CudaStream>,
+        rank: usize,
+        world: usize,
+        id: &Id,
+        max_ctas: Option<usize>,
+    ) -> Result<RingComm> {
         if rank >= world {
             return Err(Error::Ring(format!("rank {rank} of a ring of {world}")));
+        }
+        if max_ctas == Some(0) {
+            return Err(Error::Ring(
+                "NCCL's kernels need at least one block (max_ctas = 0)".into(),
+            ));
         }
         let mut comm = std::mem::MaybeUninit::uninit();
         let uid = sys::ncclUniqueId {
             internal: *id.internal(),
         };
-        // SAFETY: `comm` is written by NCCL before it is read; world and rank are checked above.
+        let mut config = default_config();
+        if let Some(n) = max_ctas {
+            config.maxCTAs = n.min(i32::MAX as usize) as i32;
+        }
+        // SAFETY: `comm` is written by NCCL before it is read; world and rank are checked above; `config` is NCCL's
+        // initializer for the struct cudarc declares (nccl-02028), read during the call only.
         let comm = unsafe {
-            result::comm_init_rank(comm.as_mut_ptr(), world as i32, uid, rank as i32)
-                .map_err(nccl("ncclCommInitRank"))?;
+            result::comm_init_rank_config(
+                comm.as_mut_ptr(),
+                world as i32,
+                uid,
+                rank as i32,
+                &mut config,
+            )
+            .map_err(nccl("ncclCommInitRankConfig"))?;
             comm.assume_init()
         };
         Ok(RingComm {
@@ -253,6 +310,32 @@ pub fn group(f: impl FnOnce() -> Result<()>) -> Result<()> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn the_config_is_nccls_initializer_for_its_header() {
+        // NCCL refuses a config whose size, magic or version it does not know; every attribute left undefined takes
+        // NCCL's default (a 2.28 struct: 17 fields, 80 bytes on x86_64).
+        let c = default_config();
+        assert_eq!(c.size, std::mem::size_of::<sys::ncclConfig_t>());
+        assert_eq!(c.size, 80);
+        assert_eq!((c.magic, c.version), (0xcafe_beef, 22800));
+        let ints = [
+            c.blocking,
+            c.cgaClusterSize,
+            c.minCTAs,
+            c.maxCTAs,
+            c.splitShare,
+            c.trafficClass,
+            c.collnetEnable,
+            c.CTAPolicy,
+            c.shrinkShare,
+            c.nvlsCTAs,
+            c.nChannelsPerNetPeer,
+            c.nvlinkCentricSched,
+        ];
+        assert!(ints.iter().all(|&v| v == i32::MIN), "{ints:?}");
+        assert!(c.netName.is_null() && c.commName.is_null());
+    }
 
     #[test]
     fn a_call_that_returns_in_time_is_left_alone() {

@@ -399,10 +399,21 @@ impl RingRank {
 }
 
 /// Runs `f` once a rank on GPUs 0 … `world` − 1 of this host, a thread each, each rank with its device and its
-/// communicator (made on a new stream of that device, as [`ring_attention_rank`] takes it): every rank's result in
-/// rank order, a panic as that rank's error. Fails before any thread starts if NCCL cannot be loaded.
+/// communicator (made on a new stream of that device, as [`ring_attention_rank`] takes it, by
+/// [`RingComm::from_rank`]): every rank's result in rank order, a panic as that rank's error. Fails before any thread
+/// starts if NCCL cannot be loaded.
 pub fn on_ranks<T: Send>(
     world: usize,
+    f: impl Fn(usize, &'static Gpu, &RingComm) -> anyhow::Result<T> + Sync,
+) -> Result<Vec<anyhow::Result<T>>> {
+    on_ranks_with(world, Some(crate::ring_comm::RING_MAX_CTAS), f)
+}
+
+/// [`on_ranks`] with the communicators' NCCL kernels held to `max_ctas` blocks, or (None) as many as NCCL picks
+/// ([`RingComm::from_rank_with`]).
+pub fn on_ranks_with<T: Send>(
+    world: usize,
+    max_ctas: Option<usize>,
     f: impl Fn(usize, &'static Gpu, &RingComm) -> anyhow::Result<T> + Sync,
 ) -> Result<Vec<anyhow::Result<T>>> {
     let id = Id::new().map_err(nccl("ncclGetUniqueId (is libnccl.so.2 installed?)"))?;
@@ -413,8 +424,10 @@ pub fn on_ranks<T: Send>(
                 sc.spawn(move || -> anyhow::Result<T> {
                     let gpu = Gpu::device(r)?;
                     let st = gpu.ctx.new_stream()?;
-                    let comm = RingComm::from_rank(st, r, world, &id)
-                        .map_err(|e| anyhow::anyhow!("ncclCommInitRank on rank {r}: {e:#}"))?;
+                    let comm =
+                        RingComm::from_rank_with(st, r, world, &id, max_ctas).map_err(|e| {
+                            anyhow::anyhow!("ncclCommInitRankConfig on rank {r}: {e:#}")
+                        })?;
                     f(r, gpu, &comm)
                 })
             })

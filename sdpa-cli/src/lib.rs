@@ -76,6 +76,7 @@ pub fn execute(args: Args) -> Result<()> {
             window,
             api,
             ranks,
+            nccl_max_ctas,
             mode,
             tokens,
             varlen,
@@ -122,7 +123,7 @@ pub fn execute(args: Args) -> Result<()> {
                     "--ranks runs ring attention on stage7, not {}",
                     stage.name()
                 );
-                return ring::bench_ranks(s, n, 5);
+                return ring::bench_ranks(s, n, 5, (nccl_max_ctas > 0).then_some(nccl_max_ctas));
             }
             if api {
                 bench::api(s, dist, stage)?;

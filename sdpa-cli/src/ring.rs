@@ -93,7 +93,7 @@ const KEPT_RUNS: [Kept; 5] = [
 /// then on a state kept across calls (`RingRank`), and prints both beside stage 7 on the whole problem on GPU 0, then
 /// rank 0's last fresh-state call step by step (attention, transfer, the step against its attention) and its host
 /// time.
-pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
+pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>) -> Result<()> {
     ensure!(world >= 1, "--ranks {world}: at least one rank");
     ensure!(
         s.sq == s.sk,
@@ -105,65 +105,67 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
         have >= world,
         "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
     );
-    let times = fp8_attention::on_ranks(world, |r, gpu, comm| -> Result<RankTimes> {
-        let st = comm.stream();
-        let h = host_shard(s, world, r);
-        let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
-        let codes: Vec<CudaSlice<u8>> = [&h.q, &h.k, &h.v]
-            .iter()
-            .map(|x| st.clone_htod(x.as_slice()))
-            .collect::<Result<_, _>>()?;
-        let scales: Vec<CudaSlice<f32>> = [&h.q_scale, &h.k_scale, &h.v_scale]
-            .iter()
-            .map(|x| st.clone_htod(x.as_slice()))
-            .collect::<Result<_, _>>()?;
-        let shard = |t: usize| Shard {
-            tensor: Fp8 {
-                codes: &codes[t],
-                scales: &scales[t],
-            },
-            lens,
-        };
-        let limit = std::time::Duration::from_secs(300);
-        // Each call with its own state (ring_attention_rank); its last call's step and host times.
-        let (out, last) = timed_calls(iters, || {
-            ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)
-        })?;
-        let (steps, host) = (last.steps, last.host);
-        // The same calls on a state kept across them (RingRank: buffers and ops made once), in each of KEPT_RUNS'
-        // settings.
-        let mut kept = RingRank::new(gpu, comm, s)?;
-        let mut runs: Vec<(Vec<f64>, Vec<f32>, f32)> = vec![(vec![], vec![], 0.0); KEPT_RUNS.len()];
-        let mut kept_steps = vec![];
-        for _ in 0..KEPT_ROUNDS {
-            for (i, (k, run)) in KEPT_RUNS.iter().zip(runs.iter_mut()).enumerate() {
-                kept.set_split_tail(k.split);
-                kept.set_overlap_check(k.overlap);
-                kept.set_free_sms(k.free_sms);
-                kept.set_fold_merge(k.fold);
-                let (ms, last) = timed_calls(iters, || {
-                    kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
-                })?;
-                run.0.push(lab::numerics::median(ms));
-                run.1 = last.steps.iter().map(|t| t.step_ms).collect();
-                run.2 = last.steps.first().map_or(0.0, |t| t.idle_ms);
-                if i == 0 {
-                    kept_steps = last.steps;
+    let times =
+        fp8_attention::on_ranks_with(world, max_ctas, |r, gpu, comm| -> Result<RankTimes> {
+            let st = comm.stream();
+            let h = host_shard(s, world, r);
+            let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
+            let codes: Vec<CudaSlice<u8>> = [&h.q, &h.k, &h.v]
+                .iter()
+                .map(|x| st.clone_htod(x.as_slice()))
+                .collect::<Result<_, _>>()?;
+            let scales: Vec<CudaSlice<f32>> = [&h.q_scale, &h.k_scale, &h.v_scale]
+                .iter()
+                .map(|x| st.clone_htod(x.as_slice()))
+                .collect::<Result<_, _>>()?;
+            let shard = |t: usize| Shard {
+                tensor: Fp8 {
+                    codes: &codes[t],
+                    scales: &scales[t],
+                },
+                lens,
+            };
+            let limit = std::time::Duration::from_secs(300);
+            // Each call with its own state (ring_attention_rank); its last call's step and host times.
+            let (out, last) = timed_calls(iters, || {
+                ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)
+            })?;
+            let (steps, host) = (last.steps, last.host);
+            // The same calls on a state kept across them (RingRank: buffers and ops made once), in each of KEPT_RUNS'
+            // settings.
+            let mut kept = RingRank::new(gpu, comm, s)?;
+            let mut runs: Vec<(Vec<f64>, Vec<f32>, f32)> =
+                vec![(vec![], vec![], 0.0); KEPT_RUNS.len()];
+            let mut kept_steps = vec![];
+            for _ in 0..KEPT_ROUNDS {
+                for (i, (k, run)) in KEPT_RUNS.iter().zip(runs.iter_mut()).enumerate() {
+                    kept.set_split_tail(k.split);
+                    kept.set_overlap_check(k.overlap);
+                    kept.set_free_sms(k.free_sms);
+                    kept.set_fold_merge(k.fold);
+                    let (ms, last) = timed_calls(iters, || {
+                        kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)
+                    })?;
+                    run.0.push(lab::numerics::median(ms));
+                    run.1 = last.steps.iter().map(|t| t.step_ms).collect();
+                    run.2 = last.steps.first().map_or(0.0, |t| t.idle_ms);
+                    if i == 0 {
+                        kept_steps = last.steps;
+                    }
                 }
             }
-        }
-        // This rank's steps' own launches with no transfer beside them, on its own GPU, while every other rank runs
-        // its own (the ring's conditions: every GPU of the host busy).
-        let alone = steps_alone(gpu, s, world, r)?;
-        Ok(RankTimes {
-            fresh_ms: out,
-            kept: runs,
-            fresh_steps: steps,
-            host,
-            kept_steps,
-            alone,
-        })
-    })?;
+            // This rank's steps' own launches with no transfer beside them, on its own GPU, while every other rank runs
+            // its own (the ring's conditions: every GPU of the host busy).
+            let alone = steps_alone(gpu, s, world, r)?;
+            Ok(RankTimes {
+                fresh_ms: out,
+                kept: runs,
+                fresh_steps: steps,
+                host,
+                kept_steps,
+                alone,
+            })
+        })?;
     let times: Vec<RankTimes> = times
         .into_iter()
         .enumerate()
@@ -198,8 +200,11 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize) -> Result<()> {
     // Shape::flops counts half the pairs under the causal mask.
     let flops = s.flops();
     println!(
-        "ring over NCCL, {world} GPU(s), {}: {ring_ms:.3} ms a call (rank 0, median of {iters}; {:.1} TFLOP/s in all); \
+        "ring over NCCL ({}), {world} GPU(s), {}: {ring_ms:.3} ms a call (rank 0, median of {iters}; {:.1} TFLOP/s in all); \
          stage 7 on one GPU: {:.3} ms ({:.1} TFLOP/s): {:.2}× one GPU",
+        max_ctas.map_or("its kernels as wide as NCCL picks".into(), |n| format!(
+            "its kernels held to {n} blocks"
+        )),
         shape_text(&s),
         flops / (ring_ms * 1e-3) / 1e12,
         one_ms,
