@@ -62,7 +62,7 @@ pub use ring::{
     HostTimes, RankOutput, Shard, SplitTail, StepTime, ring_on_one_device, ring_on_one_device_as,
     ring_on_one_device_timed, zigzag_join, zigzag_range, zigzag_split,
 };
-pub use ring_comm::{RING_MAX_CTAS, RingComm};
+pub use ring_comm::RingComm;
 pub use ring_nccl::{RingRank, on_ranks, on_ranks_with, ring_attention_rank};
 pub use varlen::{Packed, PackedOutput, PagedCache, check_packed};
 

@@ -13,10 +13,6 @@ pub(crate) fn nccl(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
     move |e| Error::Device(anyhow::anyhow!("NCCL {what}: {e:?}"))
 }
 
-/// The blocks a ring's communicator lets NCCL's kernels take (ncclConfig_t's maxCTAs): a step's transfer then leaves
-/// the other SMs to the attention beside it (docs/decisions.md, "NCCL's blocks held to 4").
-pub const RING_MAX_CTAS: usize = 4;
-
 /// NCCL_CONFIG_INITIALIZER for the struct of NCCL 2.28's header (cudarc's `nccl-02028`): every attribute undefined,
 /// so NCCL applies its own default to each one not set.
 fn default_config() -> sys::ncclConfig_t {
@@ -63,19 +59,20 @@ unsafe impl Send for RingComm {}
 unsafe impl Sync for RingComm {}
 
 impl RingComm {
-    /// Rank `rank` of `world` of the communicator `id` names, its operations on `stream`, its kernels held to
-    /// [`RING_MAX_CTAS`] blocks (blocks until every rank has joined, as ncclCommInitRankConfig does).
+    /// Rank `rank` of `world` of the communicator `id` names, its operations on `stream`, its kernels as wide as NCCL
+    /// picks (blocks until every rank has joined, as ncclCommInitRankConfig does).
     pub fn from_rank(
         stream: Arc<CudaStream>,
         rank: usize,
         world: usize,
         id: &Id,
     ) -> Result<RingComm> {
-        Self::from_rank_with(stream, rank, world, id, Some(RING_MAX_CTAS))
+        Self::from_rank_with(stream, rank, world, id, None)
     }
 
-    /// [`RingComm::from_rank`] with NCCL's kernels held to `max_ctas` blocks, or (None) as many as NCCL picks: 32 p2p
-    /// channels a peer on an H100 host with NVSwitch, so a step's transfer held ~30–60 SMs beside its attention.
+    /// [`RingComm::from_rank`] with NCCL's kernels held to `max_ctas` blocks, or (None) as many as NCCL picks (32 p2p
+    /// channels a peer on an H100 host with NVSwitch). Held to 4 or 16, a four-GPU ring's steps were no nearer their
+    /// launches alone than with NCCL's own width (docs/decisions.md, "NCCL's blocks held"): an A/B, not a default.
     pub fn from_rank_with(
         stream: Arc<CudaStream>,
         rank: usize,

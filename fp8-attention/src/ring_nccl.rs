@@ -406,7 +406,7 @@ pub fn on_ranks<T: Send>(
     world: usize,
     f: impl Fn(usize, &'static Gpu, &RingComm) -> anyhow::Result<T> + Sync,
 ) -> Result<Vec<anyhow::Result<T>>> {
-    on_ranks_with(world, Some(crate::ring_comm::RING_MAX_CTAS), f)
+    on_ranks_with(world, None, f)
 }
 
 /// [`on_ranks`] with the communicators' NCCL kernels held to `max_ctas` blocks, or (None) as many as NCCL picks

@@ -168,8 +168,9 @@ pub enum Cmd {
         /// shards; stage7), timed beside stage 7 on the whole problem on GPU 0.
         #[arg(long)]
         ranks: Option<usize>,
-        /// With --ranks: the blocks NCCL's kernels may take (ncclConfig_t's maxCTAs; 0: as many as NCCL picks).
-        #[arg(long, requires = "ranks", default_value_t = fp8_attention::RING_MAX_CTAS)]
+        /// With --ranks: the blocks NCCL's kernels may take (ncclConfig_t's maxCTAs; 0, the default: as many as NCCL
+        /// picks).
+        #[arg(long, requires = "ranks", default_value_t = 0)]
         nccl_max_ctas: usize,
         /// A serving mode's batch on stage8's packed kernel: varlen (with --tokens), decode (--shape B,H,Sq,Sk,D,
         /// Sq ≤ 16; --page adds the paged cache), paged (--shape B,H,Sq,Sk,D and --page). The spelled-out form of
