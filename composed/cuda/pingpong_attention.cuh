@@ -393,7 +393,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     } else {
       if constexpr (VS > 0) {
         if constexpr (HALF) {
-          if (threadIdx.x >= 32) transpose_v_tiles(blk, vst, int(threadIdx.x) / 32 - 1, HalfOrder{key_tiles<BC>(p, 0) / 2});
+          if (threadIdx.x >= 32) transpose_v_tiles(blk, vst, int(threadIdx.x) / 32 - 1, HalfOrder{halved_half<BC>(p)});
         } else if (threadIdx.x >= 32) {
           transpose_v_tiles(blk, vst, int(threadIdx.x) / 32 - 1);
         }
@@ -411,7 +411,7 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
     unsigned char* so = blk.svt + STAGES * Block::kTile + wg * 64 * 128;
     if constexpr (HALF) {
       // Consumer 1 starts at the unit's middle key tile (its ring stage: no tile shares one).
-      const int half = key_tiles<BC>(p, unit_coord(p, int(blockIdx.x) / 2).qt * kUnitRows) / 2;
+      const int half = halved_half<BC>(p);
       if (wg == 1)
         for (int i = 0; i < half; ++i) at.advance();
       consume_unit<D, BC, false, false, false, false, true>(p, blk, wg, int(blockIdx.x) / 2, 0, at, [] { return false; },

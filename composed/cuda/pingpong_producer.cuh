@@ -42,9 +42,9 @@ __device__ __forceinline__ void produce_halved_unit(const Params& p, const Block
   Block::prefetch(mq, mk, mv);
   const TileCoord u = unit_coord(p, int(blockIdx.x) / 2);
   const int hkv = vst.heads / p.group, b = u.bh / vst.heads, kv = u.bh / p.group - b * hkv;
-  const int tiles = key_tiles<BC>(p, u.qt * kUnitRows);
+  const int half = halved_half<BC>(p), tiles = 2 * half;
   blk.produce_q_same(mq, 0, u.bh - b * vst.heads, u.qt * kUnitRows + 64 * int(blockIdx.x & 1), b);
-  const HalfOrder order{tiles / 2};
+  const HalfOrder order{half};
   for (int i = 0; i < tiles; ++i) {
     const int t = order(i);
     blk.template produce_k<true>(mk, [&](int, int kt, const KeyRows& at) { vst.load(mv, i, kt, kv, b, at); }, Block::kTile, kv, t, 1, t, b);

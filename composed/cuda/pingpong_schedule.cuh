@@ -44,6 +44,13 @@ __device__ __forceinline__ int key_tiles(const Params& p, int q0) {
   return max(1, (visible + BC - 1) / BC);
 }
 
+// Half of each unit's key tiles in a halved launch (SplitPlan::halved: never causal nor windowed, so every unit has
+// the same even number of tiles), consumer 1's first.
+template <int BC>
+__device__ __forceinline__ int halved_half(const Params& p) {
+  return key_tiles<BC>(p, 0) / 2;
+}
+
 // Unit w of the dense schedule as a consumer sees it (a split tail's part: kt >= 0 key tiles; WIN: the window's).
 template <int BC, bool WIN = false>
 __device__ __forceinline__ UnitView dense_view(const Params& p, int w, int kt, const Window& win) {

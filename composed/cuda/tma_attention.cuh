@@ -139,20 +139,20 @@ struct TmaBlock {
   // other stages' are (D, S, B·H, 1): bh = b·H + h, bat = 0).
   __device__ void produce_q(const tma::Map* mq, int n, int bh, int q0, int w = 0, int k0 = 0, int kt = -1,
                             int dst = -1, int bat = 0) const {
-    const int b = arm_q(n, w, k0, kt, dst);
-    for (int w = 0; w < consumers; ++w)
-#pragma unroll
-      for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, q0 + 64 * w, bh, bat);
+    load_q(mq, arm_q(n, w, k0, kt, dst), bh, q0, 64, bat);
   }
   // As produce_q, the same 64 rows from row0 into every consumer's half of the buffer (a halved unit's block: both
   // consumers on the same rows, each over its half of the keys).
   __device__ void produce_q_same(const tma::Map* mq, int n, int bh, int row0, int bat = 0) const {
-    const int b = arm_q(n, 0, 0, -1, -1);
+    load_q(mq, arm_q(n, 0, 0, -1, -1), bh, row0, 0, bat);
+  }
+  // Q's boxes into buffer b: consumer w's 64 rows from row0 + step · w.
+  __device__ __forceinline__ void load_q(const tma::Map* mq, int b, int bh, int row0, int step, int bat) const {
     for (int w = 0; w < consumers; ++w)
 #pragma unroll
       for (int c = 0; c < kQkPanels; ++c)
-        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, row0, bh, bat);
+        tma::load_4d(mq, &qb->full[b], sq + b * kQ + w * 64 * D + c * 64 * kQkPanel, c * kQkPanel, row0 + step * w, bh,
+                     bat);
   }
   // As produce_q for a unit of packed heads (pack-gqa) of K/V head `kv` from token `token0`, through a map of Q as
   // (D, group, tokens, K/V heads) in boxes of one panel × group heads × 64 / group tokens: consumer c's 64 rows are
