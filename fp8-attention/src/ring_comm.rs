@@ -60,7 +60,7 @@ unsafe impl Sync for RingComm {}
 
 impl RingComm {
     /// Rank `rank` of `world` of the communicator `id` names, its operations on `stream`, its kernels as wide as NCCL
-    /// picks (blocks until every rank has joined, as ncclCommInitRankConfig does).
+    /// picks (blocks until every rank has joined, as ncclCommInitRank does).
     pub fn from_rank(
         stream: Arc<CudaStream>,
         rank: usize,
@@ -92,21 +92,28 @@ impl RingComm {
         let uid = sys::ncclUniqueId {
             internal: *id.internal(),
         };
-        let mut config = default_config();
-        if let Some(n) = max_ctas {
-            config.maxCTAs = n.min(i32::MAX as usize) as i32;
-        }
         // SAFETY: `comm` is written by NCCL before it is read; world and rank are checked above; `config` is NCCL's
-        // initializer for the struct cudarc declares (nccl-02028), read during the call only.
+        // initializer for the struct cudarc declares (nccl-02028), read during the call only. Without a cap, the
+        // plain ncclCommInitRank (no config struct for an NCCL of another version to refuse).
         let comm = unsafe {
-            result::comm_init_rank_config(
-                comm.as_mut_ptr(),
-                world as i32,
-                uid,
-                rank as i32,
-                &mut config,
-            )
-            .map_err(nccl("ncclCommInitRankConfig"))?;
+            match max_ctas {
+                Some(n) => {
+                    let mut config = default_config();
+                    config.maxCTAs = n.min(i32::MAX as usize) as i32;
+                    result::comm_init_rank_config(
+                        comm.as_mut_ptr(),
+                        world as i32,
+                        uid,
+                        rank as i32,
+                        &mut config,
+                    )
+                    .map_err(nccl("ncclCommInitRankConfig"))?;
+                }
+                None => {
+                    result::comm_init_rank(comm.as_mut_ptr(), world as i32, uid, rank as i32)
+                        .map_err(nccl("ncclCommInitRank"))?;
+                }
+            }
             comm.assume_init()
         };
         Ok(RingComm {

@@ -424,10 +424,8 @@ pub fn on_ranks_with<T: Send>(
                 sc.spawn(move || -> anyhow::Result<T> {
                     let gpu = Gpu::device(r)?;
                     let st = gpu.ctx.new_stream()?;
-                    let comm =
-                        RingComm::from_rank_with(st, r, world, &id, max_ctas).map_err(|e| {
-                            anyhow::anyhow!("ncclCommInitRankConfig on rank {r}: {e:#}")
-                        })?;
+                    let comm = RingComm::from_rank_with(st, r, world, &id, max_ctas)
+                        .map_err(|e| anyhow::anyhow!("rank {r}'s communicator: {e:#}"))?;
                     f(r, gpu, &comm)
                 })
             })
