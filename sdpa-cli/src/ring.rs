@@ -174,19 +174,13 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
         .enumerate()
         .map(|(r, t)| t.with_context(|| format!("rank {r}")))
         .collect::<Result<_>>()?;
-    let (mut rank0, kept0, steps0, host0) = (
-        times[0].fresh_ms.clone(),
-        &times[0].kept,
-        &times[0].fresh_steps,
-        times[0].host,
-    );
+    let (kept0, steps0, host0) = (&times[0].kept, &times[0].fresh_steps, times[0].host);
     // Each setting's better round (the rounds' medians printed beside it).
     let kept_ms: Vec<f64> = kept0
         .iter()
         .map(|k| k.0.iter().copied().fold(f64::INFINITY, f64::min))
         .collect();
-    rank0.sort_by(f64::total_cmp);
-    let ring_ms = rank0[rank0.len() / 2];
+    let ring_ms = lab::numerics::median(times[0].fresh_ms.clone());
     // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
     let gpu = lab::Gpu::device(0)?;
     let one_ms = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
@@ -369,20 +363,10 @@ fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize, rank: usize) -> R
     for i in 0..=ALONE_CALLS {
         let outs = fp8_attention::ring_on_one_device_timed(gpu, &st, s, &q, &kv)?;
         if i > 0 {
-            calls.push(
-                outs[rank]
-                    .steps
-                    .iter()
-                    .map(|t| t.step_ms)
-                    .collect::<Vec<_>>(),
-            );
+            calls.push(outs[rank].steps.clone());
         }
     }
-    Ok((0..world)
-        .map(|step| {
-            lab::numerics::median(calls.iter().map(|c| f64::from(c[step])).collect()) as f32
-        })
-        .collect())
+    Ok(round_steps(&calls).0)
 }
 
 /// Stage 7's time in ms on `s` writing O in `out` (unit-normal inputs quantized per head, on `gpu`, Vᵀ made once):
@@ -412,7 +396,8 @@ fn stage7_ms(gpu: &'static lab::Gpu, s: Shape, out: fixtures::OutDtype) -> Resul
     Ok(ms[2])
 }
 
-/// Each step's median time over `calls` (each a call's steps), and step 0's median idle.
+/// Each step's median time over `calls` (each a call's steps), and step 0's median idle (a kept round's calls, or
+/// [`steps_alone`]'s).
 fn round_steps(calls: &[Vec<StepTime>]) -> (Vec<f32>, f32) {
     let med = |f: &dyn Fn(&[StepTime]) -> Option<f32>| -> Option<f32> {
         let v: Vec<f64> = calls.iter().filter_map(|c| f(c)).map(f64::from).collect();
