@@ -98,7 +98,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     if (u.rows <= 64 * wg) return idle_unit(blk, wg, n, u.tiles, at, next);
   }
   const int bh = u.bh, kv = u.kv, q0 = u.q0, tiles = u.tiles;
-  const typename UnitScale<PACK>::T scale = UnitScale<PACK>::of(p, u, wg);
+  const typename UnitScale<PACK>::T scale = UnitScale<PACK>::of(p, u, wg, rg.one_scale);
   const auto c = times(scale, kLog2e);
   int limit[2];
 #pragma unroll
@@ -235,7 +235,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     // r / group (its first row a token's first head: group divides 64).
     const int head0 = bh - u.seq * rg.heads, token0 = u.q_row0 + 64 * wg / p.group, valid = u.rows - 64 * wg;
     store_lse_grouped(p.lse + (long long)head0 * rg.total_q + token0, lse, valid, p.group, rg.total_q);
-    const float vs = p.v_scale[kv];
+    const float vs = p.v_scale[scale_at(rg.one_scale, kOneV, kv)];
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
     __syncwarp();
@@ -246,7 +246,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     // The unit's rows in the packed outputs: O [total_q, heads, D], the LSE [heads, total_q].
     const int head = bh - u.seq * rg.heads, row0 = u.q_row0 + 64 * wg, valid = u.rows - 64 * wg;
     store_lse_rows(p.lse + (long long)head * rg.total_q + row0, lse, valid);
-    const float vs = p.v_scale[kv];
+    const float vs = p.v_scale[scale_at(rg.one_scale, kOneV, kv)];
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
     __syncwarp();
@@ -447,14 +447,15 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
 // pool rows, Hkv, 1) in boxes of `box` rows, cu_k then the prefix sums of the sequences' lengths); the units and their
 // count from the plan's table (ragged-plan's Planner, made on the device from cu_seqlens); scales per (sequence, head);
 // O [total_q, H, D] and the LSE [H, total_q] by direct stores (mo is not read). `heads` is H; `past` (null: none) each
-// sequence's keys past its end that its rows see (RaggedArgs: split-KV's chunks under a causal mask).
+// sequence's keys past its end that its rows see (RaggedArgs: split-KV's chunks under a causal mask); `one_scale` the
+// scales that are one value for the batch (RaggedArgs::one_scale's bits).
 #define SDPA_VARLEN_KERNEL(NAME, D, BC, ST, VS, PACK)                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,            \
            const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads, const int* table, \
            const int* cu_q, const int* cu_k, int total_q, const int* block_table, int max_pages, int page_shift, \
-           int box, int oob_row, const int* past) {                                                             \
-    const sdpa::RaggedArgs rg{table, cu_q, cu_k, total_q, heads, past};                                         \
+           int box, int oob_row, const int* past, int one_scale) {                                              \
+    const sdpa::RaggedArgs rg{table, cu_q, cu_k, total_q, heads, past, one_scale};                              \
     const sdpa::PagedArgs pg{{block_table, max_pages, page_shift}, box, oob_row};                               \
     sdpa::pingpong_attention<D, ST, BC, VS, true, false, PACK>(p, &mq, &mk, &mv, &mo, heads, rg, &pg);          \
   }

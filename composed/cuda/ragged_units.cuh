@@ -17,7 +17,18 @@ struct RaggedArgs {
   // Per sequence (null: none), keys its rows also see past its last one: a split-KV chunk's virtual sequence has the
   // keys of the chunks after it there. It moves the causal diagonal: row i sees keys j ≤ i + Sk + past − Sq.
   const int* past = nullptr;
+  // Bits of OneScale (composed::OneScale): each set bit's scale is one value for every (sequence, head), read at [0].
+  int one_scale = 0;
 };
+
+// RaggedArgs::one_scale's bits: Q's, K's and V's scales one for the whole batch (a per-tensor scale).
+enum OneScale : int { kOneQ = 1, kOneK = 2, kOneV = 4 };
+
+// The index a scale of (sequence, head) entry i is read at: 0 where `one` has the scale's `bit`.
+template <class I>
+__device__ __forceinline__ I scale_at(int one, int bit, I i) {
+  return one & bit ? I(0) : i;
+}
 
 // A paged KV cache (`pages.pages` set; the producer's only): K and V are a pool of pages ([num_pages · page_size, Hkv,
 // D]) whose rows a sequence's keys reach through its block table (paged-kv); `box`: rows a TMA box of K or V (gcd(BC,
@@ -98,23 +109,24 @@ __device__ __forceinline__ UnitView packed_view(const Params& p, const RaggedArg
 }
 
 // The softmax scale of a unit's rows (the problem's, Q's and K's scales): one float, or with packed heads one a row of
-// this thread's two (osm::RowScale), each its query head's.
+// this thread's two (osm::RowScale), each its query head's. `one`: RaggedArgs::one_scale.
 template <bool PACK>
 struct UnitScale {
   using T = float;
-  __device__ static float of(const Params& p, const UnitView& u, int) {
-    return p.softmax_scale * p.q_scale[u.bh] * p.k_scale[u.kv];
+  __device__ static float of(const Params& p, const UnitView& u, int, int one = 0) {
+    return p.softmax_scale * p.q_scale[scale_at(one, kOneQ, u.bh)] * p.k_scale[scale_at(one, kOneK, u.kv)];
   }
 };
 template <>
 struct UnitScale<true> {
   using T = osm::RowScale;
-  __device__ static osm::RowScale of(const Params& p, const UnitView& u, int wg) {
+  __device__ static osm::RowScale of(const Params& p, const UnitView& u, int wg, int one = 0) {
     osm::RowScale s;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = u.q0 + 64 * wg + frag::wgmma_d_row(int(threadIdx.x) % 128, 2 * h);
-      s.c[h] = p.softmax_scale * p.q_scale[u.bh + row % p.group] * p.k_scale[u.kv];
+      s.c[h] = p.softmax_scale * p.q_scale[scale_at(one, kOneQ, u.bh + row % p.group)] *
+               p.k_scale[scale_at(one, kOneK, u.kv)];
     }
     return s;
   }

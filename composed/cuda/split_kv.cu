@@ -42,7 +42,7 @@ __device__ __forceinline__ int sequence_of(const int* cu, int batch, long long r
 // Q at element strides (token ss, head sh), rows of H · D bytes in Q2.
 extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
     const int* cu_q, const int* cu_k, int batch, int parts, int bc, int align, int heads, int hkv,
-    const float* qs, const float* ks, const float* vs, const int* table, int max_pages, int page_shift,
+    const float* qs, const float* ks, const float* vs, int one_scale, const int* table, int max_pages, int page_shift,
     const unsigned char* q, long long ss, long long sh, int d, int total_q, int* cu_q2, int* cu_k2, int* past2,
     float* qs2, float* ks2, float* vs2, int* table2, unsigned char* q2) {
   const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, threads = (long long)gridDim.x * blockDim.x;
@@ -61,18 +61,20 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
       past2[i] = sk - ch.y;
     }
   }
-  // The scales, an entry a thread (grid-stride): virtual sequence i's H query heads', then its Hkv K and V heads'.
+  // The scales, an entry a thread (grid-stride): virtual sequence i's H query heads', then its Hkv K and V heads' (a scale
+// whose bit is in `one_scale` is one value for the batch: every entry its [0]; the virtual batch's are full).
   // One thread a virtual sequence, its 48 copies in series, took most of the kernel's 6.6 µs at B = 1, H = 32.
   const int per_seq = heads + 2 * hkv;
   for (long long x = tid; x < (long long)virt * per_seq; x += threads) {
     const int i = int(x / per_seq), e = int(x % per_seq), b = i / parts;
     if (e < heads) {
-      qs2[(long long)i * heads + e] = qs[(long long)b * heads + e];
+      qs2[(long long)i * heads + e] = qs[sdpa::scale_at(one_scale, sdpa::kOneQ, (long long)b * heads + e)];
     } else {
       const int h = (e - heads) % hkv;
-      const float* from = e < heads + hkv ? ks : vs;
-      float* to = e < heads + hkv ? ks2 : vs2;
-      to[(long long)i * hkv + h] = from[(long long)b * hkv + h];
+      const bool k = e < heads + hkv;
+      const float* from = k ? ks : vs;
+      float* to = k ? ks2 : vs2;
+      to[(long long)i * hkv + h] = from[sdpa::scale_at(one_scale, k ? sdpa::kOneK : sdpa::kOneV, (long long)b * hkv + h)];
     }
   }
   // The virtual block table, an entry a thread (grid-stride): virtual sequence i's row from its chunk's first page (a

@@ -24,8 +24,8 @@ STAGE8W(128, 192, 3, 1)
       sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,                 \
       const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads, const int* table,     \
       const int* cu_q, const int* cu_k, int total_q, const int* block_table, int max_pages, int page_shift,      \
-      int box, int oob_row, const int* past, int win_left, int win_right) {                                     \
-    const sdpa::RaggedArgs rg{table, cu_q, cu_k, total_q, heads, past};                                        \
+      int box, int oob_row, const int* past, int one_scale, int win_left, int win_right) {                      \
+    const sdpa::RaggedArgs rg{table, cu_q, cu_k, total_q, heads, past, one_scale};                             \
     const sdpa::PagedArgs pg{{block_table, max_pages, page_shift}, box, oob_row};                               \
     sdpa::pingpong_attention<D, ST, BC, VS, true, true>(p, &mq, &mk, &mv, &mo, heads, rg, &pg,                  \
                                                         sdpa::Window{win_left, win_right});                     \

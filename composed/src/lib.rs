@@ -25,7 +25,7 @@ mod workspace;
 
 pub use device::OnDevice;
 pub use fixtures::OutDtype;
-pub use packed::{PagedKv, VarlenShape, VarlenTensors};
+pub use packed::{OneScale, PagedKv, VarlenShape, VarlenTensors};
 pub use plan::{SECTION_KV_BYTES, SplitPlan, blocks_leaving, grid, schedule_section};
 pub use prep::{
     LSE_SHIFT, PREP, PREP_KERNELS, Prep, SMOOTH_K, TRANSPOSE_V, VT_TILES, transpose_v_model,

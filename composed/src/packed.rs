@@ -17,7 +17,7 @@ pub struct VarlenShape {
 }
 
 /// Device addresses of a packed batch: E4M3 Q [total_q, H, D], K and V [total_k, Hkv, D] (packed, or at `strides`);
-/// f32 scales per (sequence, head) ([B, H] and [B, Hkv]); O [total_q, H, D] in the launch's dtype and the LSE [H,
+/// f32 scales per (sequence, head) ([B, H] and [B, Hkv]; one value for the batch where `one_scale` says so); O [total_q, H, D] in the launch's dtype and the LSE [H,
 /// total_q] (f32); the boundaries `cu_q`, `cu_k` (B + 1 i32 each). Borrowed: the caller keeps them alive until the
 /// launch has run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,6 +38,37 @@ pub struct VarlenTensors {
     /// K and V as a paged cache's pool instead of packed: `k` and `v` are then pools [num_pages, page_size, Hkv, D],
     /// and `cu_k` the prefix sums of the sequences' lengths in keys.
     pub paged: Option<PagedKv>,
+    /// Which scales are one value for every (sequence, head) (a per-tensor scale, read at its one element).
+    pub one_scale: OneScale,
+}
+
+/// Which of a packed batch's Q, K and V scales are one value for the whole batch instead of one per (sequence, head):
+/// the kernels read such a scale's single element for every head (`RaggedArgs::one_scale`'s bits, ragged_units.cuh),
+/// so a per-tensor scale needs no expanded copy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OneScale {
+    pub q: bool,
+    pub k: bool,
+    pub v: bool,
+}
+
+impl OneScale {
+    /// Every scale one value.
+    pub const ALL: OneScale = OneScale {
+        q: true,
+        k: true,
+        v: true,
+    };
+
+    /// The device's bitmask (`sdpa::OneScale`: kOneQ = 1, kOneK = 2, kOneV = 4).
+    pub fn bits(self) -> i32 {
+        i32::from(self.q) | i32::from(self.k) << 1 | i32::from(self.v) << 2
+    }
+
+    /// Entries a scale buffer holds: 1 where the scale is one value, else `per` ((sequence, head) pairs).
+    pub fn entries(one: bool, per: usize) -> usize {
+        if one { 1 } else { per }
+    }
 }
 
 /// A paged KV cache as a launch reads it: the block table's device address ([B][max_pages] i32 page indices, checked by
@@ -49,4 +80,31 @@ pub struct PagedKv {
     pub max_pages: usize,
     pub page_size: usize,
     pub num_pages: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OneScale;
+
+    /// The bits mirror ragged_units.cuh's `OneScale` (kOneQ = 1, kOneK = 2, kOneV = 4).
+    #[test]
+    fn one_scale_bits_mirror_the_header() {
+        let header = include_str!("../cuda/ragged_units.cuh");
+        assert!(header.contains("enum OneScale : int { kOneQ = 1, kOneK = 2, kOneV = 4 };"));
+        let one = |q, k, v| OneScale { q, k, v }.bits();
+        assert_eq!(
+            [
+                one(true, false, false),
+                one(false, true, false),
+                one(false, false, true)
+            ],
+            [1, 2, 4]
+        );
+        assert_eq!(OneScale::ALL.bits(), 7);
+        assert_eq!(OneScale::default().bits(), 0);
+        assert_eq!(
+            (OneScale::entries(true, 48), OneScale::entries(false, 48)),
+            (1, 48)
+        );
+    }
 }

@@ -204,7 +204,7 @@ impl Scratch {
         let (batch, parts_i, bc_i, align_i) =
             (s.batch as i32, parts as i32, bc as i32, align as i32);
         let (heads_i, hkv_i, d_i, tq) = (h as i32, hkv as i32, d as i32, s.total_q as i32);
-        let (ss, sh) = (ss as i64, sh as i64);
+        let (ss, sh, one_scale) = (ss as i64, sh as i64, t.one_scale.bits());
         let mut b = st.launch_builder(&k.func);
         b.arg(&t.cu_q)
             .arg(&t.cu_k)
@@ -217,6 +217,7 @@ impl Scratch {
             .arg(&t.q_scale)
             .arg(&t.k_scale)
             .arg(&t.v_scale)
+            .arg(&one_scale)
             .arg(&table)
             .arg(&max_pages)
             .arg(&shift)
@@ -259,6 +260,8 @@ impl Scratch {
                 max_pages: p.max_pages,
                 ..p
             }),
+            // The virtual batch's scales are copies, one per virtual (sequence, head), whatever the batch's were.
+            one_scale: crate::packed::OneScale::default(),
             ..*t
         };
         Ok((s2, t2, past2))

@@ -345,7 +345,7 @@ impl Varlen {
                 rows as i32,
             );
         }
-        let (heads, total_q) = (s.h as i32, s.total_q as i32);
+        let (heads, total_q, one_scale) = (s.h as i32, s.total_q as i32, t.one_scale.bits());
         let blocks = gpu.sms.min(g.max_units().max(1)) as u32;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -368,15 +368,17 @@ impl Varlen {
             .arg(&shift)
             .arg(&box_rows)
             .arg(&oob)
-            .arg(&past);
+            .arg(&past)
+            .arg(&one_scale);
         // The windowed kernel's sides (−1: unbounded).
         let (win_left, win_right) = s.window.kernel_sides();
         if spec.name.starts_with("stage8w_") {
             b.arg(&win_left).arg(&win_right);
         }
         // SAFETY: stage8_varlen_dD(Params, maps q, k, v, o (not read), int heads, const int* table, cu_q, cu_k, int
-        // total_q, const int* block_table, int max_pages, page_shift, box, oob_row, const int* past; stage8w_: int
-        // win_left, win_right) with the block it was written for; `past` null or B entries (the scratch's);
+        // total_q, const int* block_table, int max_pages, page_shift, box, oob_row, const int* past, int one_scale;
+        // stage8w_: int win_left, win_right) with the block it was written for; `past` null or B entries (the
+        // scratch's); a scale named in `one_scale` holds at least one entry, the others one per (sequence, head);
         // the plan's table holds the units the planner just queued on this stream (room for every unit of the
         // geometry); the caller's tensors hold the packed extents, and its block table every page its sequences'
         // lengths reach (the kernel reads no entry past a sequence's length). The packed kernels are stage 8's

@@ -52,8 +52,8 @@ pub struct PackedOutput {
 }
 
 /// Why a packed batch `b` with inputs of these element and scale counts cannot run: the first thing wrong, named
-/// (its boundaries, a head ratio, a head dimension stage 8 lacks, a tensor too short, scales not one per (sequence,
-/// head)); nothing is launched.
+/// (its boundaries, a head ratio, a head dimension stage 8 lacks, a tensor too short, scales neither one per (sequence,
+/// head) nor one for the batch); nothing is launched.
 pub fn check_packed(b: &Packed, lens: [usize; 3], scales: [usize; 3]) -> Result<()> {
     let batch = b.batch();
     let boundary = |name: &'static str, cu: &[i32], total: usize| {
@@ -107,7 +107,8 @@ pub fn check_packed(b: &Packed, lens: [usize; 3], scales: [usize; 3]) -> Result<
         .zip(scales)
         .zip([batch * b.h, batch * b.hkv, batch * b.hkv])
     {
-        if got != want {
+        // One scale for the batch (a per-tensor scale) or one per (sequence, head).
+        if got != want && got != 1 {
             return Err(Error::Scales { tensor, got, want });
         }
     }
@@ -236,7 +237,7 @@ impl Attention {
     }
 
     /// Attention over a packed batch: Q [total_q, H, D], K and V [total_k, Hkv, D] (E4M3 codes, scales one per
-    /// (sequence, head)), sequence i's rows from `b.cu_seqlens_q[i]` and `b.cu_seqlens_k[i]`; causal (the op's)
+    /// (sequence, head) or one for the batch), sequence i's rows from `b.cu_seqlens_q[i]` and `b.cu_seqlens_k[i]`; causal (the op's)
     /// bottom-right per sequence. Runs stage 8's packed kernel on sm_90 (the units planned on the device from the
     /// boundaries, which are checked here and copied to the device on `stream`), into new outputs on `stream`.
     pub fn forward_varlen(
@@ -347,6 +348,12 @@ pub(crate) fn launch_packed(
         cu_k: c.cu[1],
         strides: c.strides,
         paged: c.paged,
+        // A scale of one element is the batch's (check_packed let no other count through but one per head).
+        one_scale: composed::OneScale {
+            q: c.q.scales.len() == 1,
+            k: c.k.scales.len() == 1,
+            v: c.v.scales.len() == 1,
+        },
     };
     let shape = VarlenShape {
         batch: b.batch(),
@@ -459,6 +466,14 @@ mod tests {
         let m = e(&b, [lens[0], lens[1] - 1, lens[2]], scales);
         assert!(
             m.contains("`k` holds 230399 elements") && m.contains("needs 230400"),
+            "{m}"
+        );
+        // One scale for the batch (a per-tensor scale) is taken for any of the three; other counts are named.
+        assert!(check_packed(&b, lens, [1, 1, 1]).is_ok());
+        assert!(check_packed(&b, lens, [24, 1, 6]).is_ok());
+        let m = e(&b, lens, [2, 6, 6]);
+        assert!(
+            m.contains("`q scales` holds 2 scales") && m.contains("needs 24"),
             "{m}"
         );
         let m = e(&b, lens, [24, 6, 2]);

@@ -191,6 +191,23 @@ def _per_head(sc, n):
     return (sc.reshape(1).expand(n) if sc.numel() == 1 else sc.reshape(n)).contiguous()
 
 
+def _packed_scale(sc, n):
+    """A packed batch's scale as the extension takes it: (tensor, one) — a one-element scale as it is, read for every
+    (sequence, head) by the kernels (no expanded copy, no kernel), else `n` contiguous values."""
+    return (sc, True) if sc.numel() == 1 else (_per_head(sc, n), False)
+
+
+def _stream(device):
+    """The raw handle of torch's current CUDA stream on `device` (torch's own fast getter where it has one:
+    torch.cuda.current_stream builds a Stream object, ~8 µs a call)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 @functools.lru_cache(maxsize=1024)
 def _output_rows(b, h, hkv, sq, sk, d, causal, window=(-1, -1)):
     from . import _core
@@ -221,7 +238,7 @@ def sdpa(q, k, v, *, causal=False, scale=None, out_dtype=None, return_lse=False,
 
     from . import _core
 
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = _stream(q.device)
     if fp8:
         qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
         qs, ks, vs = _per_head(q_scale, b * h), _per_head(k_scale, b * hkv), _per_head(v_scale, b * hkv)
@@ -340,7 +357,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
 
     from . import _core
 
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = _stream(q.device)
     keep = []
     if fp8:
         codes = []
@@ -350,8 +367,9 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
             codes.append(t)
         strides = [[t.stride(0), t.stride(1)] for t in codes]
         c = [t.data_ptr() for t in codes]
-        scales = [_per_head(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv), (v_scale, b * hkv))]
-        keep += codes + scales
+        scales, one = zip(*(_packed_scale(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv),
+                                                                (v_scale, b * hkv))))
+        keep += codes + list(scales)
     else:
         # One scale a head over the whole packed tensor: the [1, H, total, D] views quantized in place, codes
         # contiguous [1, H, total, D], the scales repeated for every sequence.
@@ -361,6 +379,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
         strides = [[d, tq * d], [d, tk * d], [d, tk * d]]
         heads = (kept[1][: h], kept[1][_pad4(h): _pad4(h) + hkv], kept[1][_pad4(h) + _pad4(hkv): _pad4(h) + _pad4(hkv) + hkv])
         scales = [x.unsqueeze(0).expand(b, x.numel()).contiguous() for x in heads]
+        one = (False, False, False)
         keep += scales
     tdt = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[out]
     o = torch.empty(max(tq * h * d, 1), dtype=tdt, device=q.device)
@@ -368,7 +387,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
     tensors = [c[0], c[1], c[2], scales[0].data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(), o.data_ptr(),
                lse.data_ptr()]
     batch = ((tensors, [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()], strides), (b, h, hkv, d, tq, tk),
-             bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, None, win)
+             bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, None, win, tuple(one))
     _core.launch_varlen(batch, stream, pack_heads=bool(pack_heads), split_kv=bool(split_kv))
     o = o[: tq * h * d].view(tq, h, d)
     return (o, lse[: h * tq].view(h, tq)) if return_lse else o
@@ -459,13 +478,13 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
         o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
         lse = torch.full((h, tq), float("-inf"), dtype=torch.float32, device=q.device)
         return (o, lse) if return_lse else o
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = _stream(q.device)
     if q.stride(2) != 1 or q.data_ptr() % 16 or q.stride(0) % 16 or q.stride(1) % 16:
         q = q.contiguous()
     k_cache, v_cache, block_table = k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous()
     # The keys' boundaries: the prefix sums of the lengths, on the device.
     cu_k = torch.nn.functional.pad(seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
-    scales = [_per_head(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv), (v_scale, b * hkv))]
+    scales, one = zip(*(_packed_scale(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv), (v_scale, b * hkv))))
     total_k = max_pages * page  # bounds every sequence's keys (the plan sizes its key-tile counts by it)
     o = torch.empty(tq * h * d, dtype=tdt, device=q.device)
     lse = torch.empty(h * tq, dtype=torch.float32, device=q.device)
@@ -474,7 +493,7 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
     strides = [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]]
     batch = ((tensors, [cu_seqlens_q.data_ptr(), cu_k.data_ptr()], strides), (b, h, hkv, d, tq, total_k),
              bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out,
-             (block_table.data_ptr(), max_pages, page, num_pages), win)
+             (block_table.data_ptr(), max_pages, page, num_pages), win, one)
     _core.launch_varlen(batch, stream, pack_heads=bool(pack_heads), split_kv=bool(split_kv))
     o = o.view(tq, h, d)
     return (o, lse.view(h, tq)) if return_lse else o

@@ -14,10 +14,11 @@ def quantize(
     scales: tuple[int, int, int], amax: int, b: int, h: int, hkv: int, sq: int, sk: int, d: int, stream: int,
 ) -> None: ...
 # A packed batch: ((tensors, cu, strides), (batch, h, hkv, d, total_q, total_k), causal, softmax_scale, out_dtype,
-# paged (block table, max_pages, page_size, num_pages) or None, window (left, right; -1 unbounded)).
+# paged (block table, max_pages, page_size, num_pages) or None, window (left, right; -1 unbounded), one_scale (Q's, K's,
+# V's scale one value for the batch)).
 Batch = tuple[
     tuple[list[int], list[int], list[list[int]]], tuple[int, int, int, int, int, int], bool, float, str,
-    Optional[tuple[int, int, int, int]], tuple[int, int],
+    Optional[tuple[int, int, int, int]], tuple[int, int], tuple[bool, bool, bool],
 ]
 def launch_varlen(batch: Batch, stream: int, pack_heads: bool = ..., split_kv: bool = ...) -> None: ...
 def warm(d: int) -> None: ...

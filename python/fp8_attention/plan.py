@@ -114,7 +114,7 @@ class PagedPlan:
 
     def _launch_args(self, q, k_cache, v_cache, q_scale, k_scale, v_scale, scale, out_dtype):
         """run's checks and outputs, and the extension's launch arguments (None: nothing to launch); O and LSE shaped."""
-        from . import _check_fp8_scales, _check_scale, _out_name
+        from . import _check_fp8_scales, _check_scale, _out_name, _packed_scale, _stream
         import torch
 
         sig = (tuple(q.shape), tuple(q.stride()), q.dtype, q.device, tuple(k_cache.shape), k_cache.dtype,
@@ -134,25 +134,22 @@ class PagedPlan:
         if b == 0 or tq == 0:
             o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
             return None, o, torch.full((h, tq), float("-inf"), dtype=torch.float32, device=q.device)
-        if q.stride(2) != 1 or q.data_ptr() % 16 or q.stride(0) % 16 or q.stride(1) % 16:
+        qst = q.stride()
+        if qst[2] != 1 or q.data_ptr() % 16 or qst[0] % 16 or qst[1] % 16:
             q = q.contiguous()
-        if q_scale.numel() == nq and k_scale.numel() == nkv and v_scale.numel() == nkv:
-            scales = [q_scale.contiguous(), k_scale.contiguous(), v_scale.contiguous()]
-        else:
-            # One buffer, one kernel for all three: each scale broadcast to its (sequence, head) entries.
-            flat = torch.cat([sc.reshape(-1).expand(n) if sc.numel() == 1 else sc.reshape(-1)
-                              for sc, n in ((q_scale, nq), (k_scale, nkv), (v_scale, nkv))])
-            scales = [flat[:nq], flat[nq:nq + nkv], flat[nq + nkv:]]
+            qst = q.stride()
+        # A one-element scale goes as it is: the kernels read it for every (sequence, head) (no copy, no kernel).
+        scales, one = zip(*(_packed_scale(sc, n) for sc, n in ((q_scale, nq), (k_scale, nkv), (v_scale, nkv))))
         o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
         lse = torch.empty(h, tq, dtype=torch.float32, device=q.device)
         tensors = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),
                    scales[2].data_ptr(), o.data_ptr(), lse.data_ptr()]
-        strides = [[q.stride(0), q.stride(1)], [hkv * d, d], [hkv * d, d]]
+        strides = [[qst[0], qst[1]], [hkv * d, d], [hkv * d, d]]
         batch = ((tensors, [self._cu_q.data_ptr(), self._cu_k.data_ptr()], strides),
                  (b, h, hkv, d, tq, self.max_pages * page), self.causal,
                  float(scale if scale is not None else 1.0 / math.sqrt(d)), out,
-                 (self._table.data_ptr(), self.max_pages, page, num_pages), self._win)
-        args = (batch, torch.cuda.current_stream(q.device).cuda_stream)
+                 (self._table.data_ptr(), self.max_pages, page, num_pages), self._win, one)
+        args = (batch, _stream(q.device))
         # Kept until the next run, past the launch's queueing (torch's caching allocator reuses freed memory in stream
         # order, so a later run's buffers wait for this launch).
         self._scales = scales

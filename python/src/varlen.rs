@@ -26,7 +26,8 @@ struct Call {
 }
 
 /// A packed batch as Python passes it, one tuple: ((tensors, cu, strides), (batch, h, hkv, d, total_q, total_k),
-/// causal, softmax_scale, out_dtype, paged, window) — `launch_varlen`'s and `KeptPlan.launch`'s first argument.
+/// causal, softmax_scale, out_dtype, paged, window, one_scale) — `launch_varlen`'s and `KeptPlan.launch`'s first
+/// argument. `one_scale`: whether Q's, K's and V's scales are one value for the batch (composed::OneScale).
 #[derive(FromPyObject)]
 pub(crate) struct Batch(
     ([u64; 8], [u64; 2], [[usize; 2]; 3]),
@@ -36,6 +37,7 @@ pub(crate) struct Batch(
     String,
     Option<(u64, usize, usize, usize)>,
     (i64, i64),
+    (bool, bool, bool),
 );
 
 fn call(b: Batch) -> PyResult<Call> {
@@ -47,6 +49,7 @@ fn call(b: Batch) -> PyResult<Call> {
         out_dtype,
         paged,
         window,
+        (one_q, one_k, one_v),
     ) = b;
     let window = window_of(window)?;
     if !(softmax_scale.is_finite() && softmax_scale > 0.0) {
@@ -107,6 +110,11 @@ fn call(b: Batch) -> PyResult<Call> {
                 v: at(strides[2], total_k),
             }),
             paged,
+            one_scale: composed::OneScale {
+                q: one_q,
+                k: one_k,
+                v: one_v,
+            },
         },
         softmax_scale,
         out,
@@ -123,7 +131,7 @@ fn run(vl: &mut Varlen, c: &Call, stream: usize) -> PyResult<()> {
 
 /// Queues a packed (variable-length) batch on stage 8's packed kernel on the CUDA stream `stream`. `batch` (`Batch`):
 /// E4M3 q [total_q, H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales
-/// per (sequence, head); o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device,
+/// per (sequence, head), or one where `one_scale` says so; o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q, cu_k (B + 1 int32 on the device,
 /// checked by the caller: the device trusts them); a paged cache (block table, max_pages, page_size, num_pages) or
 /// None; the window's sides (-1: unbounded). Sizes and strides are checked before anything is queued. `pack_heads`: a
 /// K/V head's query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`); `split_kv`:

@@ -313,6 +313,48 @@ def test_paged_cache_gives_the_packed_keys_bits():
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(gl, wl)
 
 
+def test_one_element_scales_give_the_expanded_scales_bits():
+    # A one-element scale goes to the kernels as it is (no expanded copy): sdpa_varlen, sdpa_paged and a PagedPlan give
+    # the bits of the same values expanded to every (sequence, head) — a prefill-like batch unsplit, and one decode
+    # token over 20,000 keys, which runs split-KV (its prep copies the scales).
+    h, hkv, d, page = 8, 2, 64, 64
+    g = torch.Generator(device="cuda").manual_seed(29)
+    for lens in ([(64, 1000), (1, 130), (17, 64)], [(1, 20000)]):
+        b = len(lens)
+        cq, ck, q, k, v, _, _, _ = packed_codes(lens, h, hkv, d, g)
+        one = [torch.full((1,), x, device="cuda") for x in (0.02, 0.015, 0.025)]
+        full = [x.expand(n).contiguous() for x, n in zip(one, (b * h, b * hkv, b * hkv))]
+        kw = dict(causal=True, return_lse=True)
+        for scales in (one, [one[0], full[1], full[2]], [full[0], one[1], one[2]]):
+            sc = dict(zip(("q_scale", "k_scale", "v_scale"), scales))
+            want = fa.sdpa_varlen(q, k, v, cq, ck, q_scale=full[0], k_scale=full[1], v_scale=full[2], **kw)
+            got = fa.sdpa_varlen(q, k, v, cq, ck, **sc, **kw)
+            assert torch.equal(got[0].view(torch.int16), want[0].view(torch.int16)) and torch.equal(got[1], want[1])
+        # The same keys from 64-row pages in order: sdpa_paged and a plan, one-element scales against expanded ones.
+        pages = [(sk + page - 1) // page for _, sk in lens]
+        n = sum(pages)
+        kc = torch.zeros(n * page, hkv, d, dtype=torch.float8_e4m3fn, device="cuda")
+        vc = torch.zeros_like(kc)
+        table = torch.zeros(b, max(pages), dtype=torch.int32)
+        at = 0
+        for i, (_, sk) in enumerate(lens):
+            kc[at * page: at * page + sk] = k[int(ck[i]): int(ck[i]) + sk]
+            vc[at * page: at * page + sk] = v[int(ck[i]): int(ck[i]) + sk]
+            table[i, : pages[i]] = torch.arange(at, at + pages[i], dtype=torch.int32)
+            at += pages[i]
+        kc, vc, table = kc.view(n, page, hkv, d), vc.view(n, page, hkv, d), table.cuda()
+        seq_lens = torch.tensor([sk for _, sk in lens], dtype=torch.int32, device="cuda")
+        want = fa.sdpa_paged(q, kc, vc, table, seq_lens, cq, q_scale=full[0], k_scale=full[1], v_scale=full[2], **kw)
+        got = fa.sdpa_paged(q, kc, vc, table, seq_lens, cq, q_scale=one[0], k_scale=one[1], v_scale=one[2], **kw)
+        assert torch.equal(got[0].view(torch.int16), want[0].view(torch.int16)) and torch.equal(got[1], want[1])
+        plan = fa.PagedPlan(table, seq_lens, cq, page_size=page, causal=True)
+        runs = [plan.run(q, kc, vc, q_scale=s[0], k_scale=s[1], v_scale=s[2], return_lse=True) for s in (full, one)]
+        assert torch.equal(runs[0][0].view(torch.int16), runs[1][0].view(torch.int16))
+        assert torch.equal(runs[0][1], runs[1][1])
+        assert torch.equal(runs[1][0].view(torch.int16), want[0].view(torch.int16))
+        assert (plan.last_split > 1) == (b == 1), plan.last_split
+
+
 def test_warm_leaves_the_first_call_nothing_to_compile():
     # A fresh process with both kernel caches off: after warm(64), the first dense call and the first packed call
     # each take well under NVRTC's compile time (seconds a kernel), so warm loaded every kernel they launch.

@@ -172,6 +172,7 @@ pub fn bench_varlen(
         cu_k: at(dck.device_ptr(&st)),
         strides: None,
         paged: None,
+        one_scale: composed::OneScale::default(),
     };
     let shape = VarlenShape {
         batch: b,

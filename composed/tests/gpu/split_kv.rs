@@ -227,6 +227,7 @@ impl Batch {
                     page_size: *page_size,
                     num_pages: *num_pages,
                 }),
+            one_scale: composed::OneScale::default(),
         }
     }
 
@@ -502,8 +503,8 @@ pub fn add(t: &mut Suite) {
             (
                 "one virtual sequence's scales for all",
                 true,
-                "qs2[(long long)i * heads + e] = qs[(long long)b * heads + e];",
-                "qs2[(long long)i * heads + e] = qs[e];",
+                "qs[sdpa::scale_at(one_scale, sdpa::kOneQ, (long long)b * heads + e)]",
+                "qs[sdpa::scale_at(one_scale, sdpa::kOneQ, (long long)e)]",
             ),
         ] {
             let spec = if prep {

@@ -4,7 +4,7 @@ use composed::ragged::validate_cu_seqlens;
 use composed::{PagedKv, Varlen, VarlenShape, VarlenTensors};
 use fixtures::Window;
 use half::f16;
-use lab::cudarc::driver::DevicePtr;
+use lab::cudarc::driver::{CudaSlice, DevicePtr};
 
 /// A batch: each sequence's (Sq, Sk), H, Hkv, D, causal, a sliding window (per sequence).
 type Case = (
@@ -254,6 +254,7 @@ pub fn add(t: &mut Suite) {
                 cu_k: ck_at,
                 strides: None,
                 paged: None,
+                one_scale: composed::OneScale::default(),
             };
             let shape = VarlenShape { batch, h, hkv, d, total_q: tq, total_k: tk, causal, window: win };
             let mut vl = Varlen::new();
@@ -338,8 +339,8 @@ pub fn add(t: &mut Suite) {
                 (
                     "a token's heads all at its group's first head's Q scale",
                     "ragged_units.cuh",
-                    "p.q_scale[u.bh + row % p.group]",
-                    "p.q_scale[u.bh]",
+                    "scale_at(one, kOneQ, u.bh + row % p.group)",
+                    "scale_at(one, kOneQ, u.bh)",
                 ),
             ] {
                 vl.use_kernel(Some(
@@ -353,6 +354,10 @@ pub fn add(t: &mut Suite) {
             }
             Ok(())
         },
+    );
+    t.gpu(
+        "varlen::stage8::one_scale_for_the_batch",
+        one_scale_for_the_batch,
     );
     t.gpu("varlen::stage8::mutants_of_paged_tiles_are_caught", |gpu| {
         // Every box of a paged key tile written over its first rows (the box's place in the tile dropped: the
@@ -420,6 +425,135 @@ pub fn add(t: &mut Suite) {
         }
         Ok(())
     });
+}
+
+/// A scale that is one value for the batch (`VarlenTensors::one_scale`, a per-tensor scale) gives the bits of the same
+/// value expanded to every (sequence, head): each of Q's, K's and V's alone and all three, unpacked and with packed heads,
+/// unsplit and split-KV (whose prep copies the scales into the virtual batch). Each one-value buffer holds decoys past
+/// its first element, so a kernel that reads it per head writes other bits; two mutants of the index are caught.
+fn one_scale_for_the_batch(gpu: &Gpu) -> Result<()> {
+    use composed::OneScale;
+    let (h, hkv, d) = (8, 2, 64);
+    let (q1, k1, v1) = (0.011f32, 0.012f32, 0.0125f32);
+    let lens = [(1, 3000), (16, 777), (5, 200), (1, 9000)];
+    let b = lens.len();
+    let st = gpu.stream.clone();
+    let mut c = Codes::new(gpu, &lens, [h, hkv, d], 13, vec![q1; b * h], k1)?;
+    let vs_full = st.clone_htod(&vec![v1; b * hkv])?;
+    let decoy = |x: f32, n: usize| -> Result<CudaSlice<f32>> {
+        let mut v: Vec<f32> = (0..n).map(|i| 2.0 + i as f32).collect();
+        v[0] = x;
+        Ok(st.clone_htod(&v)?)
+    };
+    let (dq, dk, dv) = (decoy(q1, b * h)?, decoy(k1, b * hkv)?, decoy(v1, b * hkv)?);
+    let addr = |p: (u64, lab::cudarc::driver::SyncOnDrop<'_>)| p.0;
+    let full = VarlenTensors {
+        v_scale: addr(vs_full.device_ptr(&st)),
+        ..c.tensors(&st)
+    };
+    let one = |o: OneScale| VarlenTensors {
+        q_scale: if o.q {
+            addr(dq.device_ptr(&st))
+        } else {
+            full.q_scale
+        },
+        k_scale: if o.k {
+            addr(dk.device_ptr(&st))
+        } else {
+            full.k_scale
+        },
+        v_scale: if o.v {
+            addr(dv.device_ptr(&st))
+        } else {
+            full.v_scale
+        },
+        one_scale: o,
+        ..full
+    };
+    let s = c.shape(true);
+    let flags = [
+        OneScale::ALL,
+        OneScale {
+            q: true,
+            ..OneScale::default()
+        },
+        OneScale {
+            k: true,
+            ..OneScale::default()
+        },
+        OneScale {
+            v: true,
+            ..OneScale::default()
+        },
+    ];
+    // Buffers of exactly one element too (under memcheck: nothing reads past them).
+    let (sq1, sk1, sv1) = (
+        st.clone_htod(&[q1])?,
+        st.clone_htod(&[k1])?,
+        st.clone_htod(&[v1])?,
+    );
+    let single = VarlenTensors {
+        q_scale: addr(sq1.device_ptr(&st)),
+        k_scale: addr(sk1.device_ptr(&st)),
+        v_scale: addr(sv1.device_ptr(&st)),
+        one_scale: OneScale::ALL,
+        ..full
+    };
+    let mut each = |vl: &mut Varlen, what: &str| -> Result<Option<String>> {
+        let good = c.run(gpu, vl, &s, &full)?;
+        for f in flags {
+            if c.run(gpu, vl, &s, &one(f))? != good {
+                return Ok(Some(format!(
+                    "{what}, one scale for {f:?}: other bits than the expanded scales"
+                )));
+            }
+        }
+        if c.run(gpu, vl, &s, &single)? != good {
+            return Ok(Some(format!(
+                "{what}, one-element buffers: other bits than the expanded scales"
+            )));
+        }
+        Ok(None)
+    };
+    for (pack, split) in [(false, false), (true, false), (false, true), (true, true)] {
+        let mut vl = Varlen::new();
+        vl.pack_heads(pack);
+        vl.split_kv(split);
+        if let Some(e) = each(&mut vl, &format!("packed heads {pack}, split-KV {split}"))? {
+            anyhow::bail!(e);
+        }
+        ensure!(
+            (vl.last_split() > 1) == split,
+            "split-KV {split}: {} chunks",
+            vl.last_split()
+        );
+    }
+    // Mutants: every scale read per head whatever its bit (the attention's reads; split-KV's prep's copies).
+    let (from, to) = ("return one & bit ? I(0) : i;", "return i;");
+    let mut vl = Varlen::new();
+    vl.split_kv(false);
+    vl.use_kernel(Some(composed::varlen_pack_kernel(d).mutated(
+        "ragged_units.cuh",
+        from,
+        to,
+    )?));
+    ensure!(
+        each(&mut vl, "mutant")?.is_some(),
+        "mutant `the attention ignores one_scale` went unnoticed"
+    );
+    let mut vl = Varlen::new();
+    vl.use_split_kernels(
+        Some(composed::split_kv::prep_kernel().mutated("ragged_units.cuh", from, to)?),
+        None,
+    );
+    ensure!(
+        each(&mut vl, "mutant")?.is_some(),
+        "mutant `split-KV's prep ignores one_scale` went unnoticed"
+    );
+    eprintln!(
+        "one scale for the batch: the expanded scales' bits in 4 configurations; 2 mutants caught"
+    );
+    Ok(())
 }
 
 /// A packed batch of random E4M3 codes on the device for the mutant tests: the boundaries of `lens` ((Sq, Sk) a
@@ -513,6 +647,7 @@ impl Codes {
             cu_k: addr(self.cu[1].device_ptr(st)),
             strides: None,
             paged: None,
+            one_scale: composed::OneScale::default(),
         }
     }
 
