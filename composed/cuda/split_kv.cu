@@ -14,16 +14,6 @@
 // P parts (attn-merge: chunks are disjoint key sets).
 namespace splitkv {
 
-// Both kernels here go as programmatic dependent launches (the host's Varlen::use_programmatic): each may start while
-// the kernel before it in the stream runs, so before it touches global memory it waits until that kernel has finished
-// and its writes are visible (without the launch attribute the wait returns at once). It then lets the next launch
-// start at once: the packed attention after prep waits in turn (pingpong_attention's wait), and so does the prep of a
-// next call after the merge.
-__device__ __forceinline__ void after_the_kernel_before() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
 // Keys [start, end) of chunk c of P of a sequence of sq queries and sk keys (mirrors composed::split_kv::chunk).
 __device__ __forceinline__ int2 chunk(int sk, int c, int parts, int bc, int align) {
   const int tiles = (sk + bc - 1) / bc;
@@ -55,7 +45,6 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
     const float* qs, const float* ks, const float* vs, int one_scale, const int* table, int max_pages, int page_shift,
     const unsigned char* q, long long ss, long long sh, int d, int total_q, int* cu_q2, int* cu_k2, int* past2,
     float* qs2, float* ks2, float* vs2, int* table2, unsigned char* q2) {
-  splitkv::after_the_kernel_before();
   const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x, threads = (long long)gridDim.x * blockDim.x;
   const int virt = batch * parts;
   if (tid <= virt) {
@@ -164,7 +153,6 @@ struct MergeRow {
   extern "C" __global__ void __launch_bounds__(128) split_kv_merge_d##D(                                       \
       const float* o2, const float* lse2, void* o, float* lse, int o_dtype, const int* cu_q, int batch, int parts, \
       int total_q, int heads) {                                                                                  \
-    splitkv::after_the_kernel_before();                                                                        \
     const long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x, row = x / (D / 8);                    \
     if (row >= (long long)total_q * heads) return;                                                             \
     const long long r = row / heads;                                                                           \

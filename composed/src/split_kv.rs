@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use lab::{Gpu, KernelSpec};
 
 use crate::packed::{PagedKv, VarlenShape, VarlenTensors};
@@ -112,8 +112,6 @@ pub(crate) struct Scratch {
     lse2: Option<CudaSlice<f32>>,
     /// Kernel replacements (tests' mutants): prep and merge.
     pub(crate) kernels: [Option<KernelSpec>; 2],
-    /// Prep and merge as ordinary launches instead of programmatic dependent ones (`Varlen::use_programmatic`).
-    pub(crate) serial: bool,
 }
 
 /// The device address of `slot`, made to hold at least `n` elements (a new buffer, zeroed, if it held fewer).
@@ -142,11 +140,6 @@ fn read<T: lab::cudarc::driver::DeviceRepr + Clone>(
 }
 
 impl Scratch {
-    /// How prep and merge are launched: programmatic dependent launches unless `serial`.
-    fn order(&self) -> lab::Order {
-        lab::Order::programmatic_if(!self.serial)
-    }
-
     /// Queues `split_kv_prep` for the batch `s` at `t` cut into `parts` chunks (key tiles of `bc`), and returns the
     /// virtual batch's shape and tensors (f32 O and LSE in the scratch, for `merge`) and the device address of its
     /// `past` keys (B · P i32: the packed kernel's `past`).
@@ -212,7 +205,7 @@ impl Scratch {
             (s.batch as i32, parts as i32, bc as i32, align as i32);
         let (heads_i, hkv_i, d_i, tq) = (h as i32, hkv as i32, d as i32, s.total_q as i32);
         let (ss, sh, one_scale) = (ss as i64, sh as i64, t.one_scale.bits());
-        let mut b = lab::Args::new();
+        let mut b = st.launch_builder(&k.func);
         b.arg(&t.cu_q)
             .arg(&t.cu_k)
             .arg(&batch)
@@ -242,10 +235,8 @@ impl Scratch {
             .arg(&table2)
             .arg(&q2_at);
         // SAFETY: split_kv_prep's parameters in order; the batch's boundaries, scales, table and Q are the caller's
-        // (valid, on this stream); every output holds the virtual batch's sizes (allocated above, kept by self); the
-        // kernel waits for the one before it (splitkv::after_the_kernel_before) before it touches global memory.
-        unsafe { lab::launch_ex(&k.func, cfg, st, &mut b, self.order()) }
-            .with_context(|| format!("launching {}", spec.name))?;
+        // (valid, on this stream); every output holds the virtual batch's sizes (allocated above, kept by self).
+        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
         let s2 = VarlenShape {
             batch: virt,
             total_q: rows2,
@@ -306,7 +297,7 @@ impl Scratch {
             s.total_q as i32,
             s.h as i32,
         );
-        let mut b = lab::Args::new();
+        let mut b = st.launch_builder(&k.func);
         b.arg(&o2_at)
             .arg(&l2_at)
             .arg(&t.o)
@@ -317,11 +308,9 @@ impl Scratch {
             .arg(&parts_i)
             .arg(&tq)
             .arg(&heads);
-        // SAFETY: split_kv_merge_dD's parameters in order; the parts were written on this stream before (the kernel
-        // waits for them: splitkv::after_the_kernel_before), O and the LSE are the caller's ([total_q, H, D] in `out`,
-        // [H, total_q]).
-        unsafe { lab::launch_ex(&k.func, cfg, st, &mut b, self.order()) }
-            .with_context(|| format!("launching {}", spec.name))?;
+        // SAFETY: split_kv_merge_dD's parameters in order; the parts were written on this stream before, O and the LSE
+        // are the caller's ([total_q, H, D] in `out`, [H, total_q]).
+        unsafe { b.launch(cfg) }.with_context(|| format!("launching {}", spec.name))?;
         Ok(())
     }
 }

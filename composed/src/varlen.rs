@@ -103,11 +103,9 @@ impl Varlen {
     }
 
     /// With `on` (the default), the attention kernel goes as a programmatic dependent launch: it may start while the
-    /// kernel before it (the plan's, split-KV's prep, or the caller's) runs, up to its `griddepcontrol.wait`; so do
-    /// split-KV's prep and merge.
+    /// kernel before it (the plan's, split-KV's prep, or the caller's) runs, up to its `griddepcontrol.wait`.
     pub fn use_programmatic(&mut self, on: bool) {
         self.serial = !on;
-        self.scratch.serial = !on;
     }
 
     /// With `on`, a batch whose heads can be packed ([`packs_heads`]) runs [`varlen_pack_kernel`]: a unit is one

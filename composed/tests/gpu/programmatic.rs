@@ -20,7 +20,7 @@ extern "C" __global__ void late_copy(const unsigned char* src, unsigned char* ds
 "#,
     headers: &[],
 };
-pub(crate) const LATE: KernelSpec = KernelSpec {
+const LATE: KernelSpec = KernelSpec {
     block: "composed",
     name: "late_copy",
     source: &LATE_COPY,
@@ -30,7 +30,7 @@ pub(crate) const LATE: KernelSpec = KernelSpec {
 };
 
 /// The wait, as pingpong_attention.cuh writes it; the mutant drops it.
-pub(crate) const WAIT: &str = r#"asm volatile("griddepcontrol.wait;" ::: "memory");"#;
+const WAIT: &str = r#"asm volatile("griddepcontrol.wait;" ::: "memory");"#;
 
 /// Whether `spec` runs pingpong_attention.cuh's `pingpong_attention`, whose body holds the wait: its source includes
 /// that header, and the wait is in the function's body there.
@@ -85,31 +85,6 @@ pub fn add(t: &mut Suite) {
             "{} programmatic kernels found",
             specs.len()
         );
-        // Split-KV's prep and merge (split_kv.cu): each kernel's body starts with the helper that holds the wait.
-        let prep = composed::split_kv::prep_kernel();
-        let code = prep.source.code;
-        let helper = code
-            .split_once("void after_the_kernel_before() {")
-            .and_then(|(_, rest)| rest.split_once('}'))
-            .map_or("", |(body, _)| body);
-        ensure!(
-            helper.contains(WAIT),
-            "split_kv.cu's after_the_kernel_before lacks `{WAIT}`"
-        );
-        for (kernel, opening) in [
-            ("split_kv_prep", "split_kv_prep("),
-            ("split_kv_merge_dD", "split_kv_merge_d##D("),
-        ] {
-            let first = code
-                .split_once(opening)
-                .and_then(|(_, rest)| rest.split_once("{"))
-                .map(|(_, body)| body.trim_start().trim_start_matches('\\').trim_start())
-                .unwrap_or("");
-            ensure!(
-                first.starts_with("splitkv::after_the_kernel_before();"),
-                "{kernel} does not wait first thing (after_the_kernel_before)"
-            );
-        }
         // The check tells a kernel without the wait apart: stage 6 runs tma_attention.cuh's loop.
         ensure!(!waits(&Stage::S6.kernel(128)), "stage 6 reads as waiting");
         for spec in specs {
