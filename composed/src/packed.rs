@@ -64,11 +64,6 @@ impl OneScale {
     pub fn bits(self) -> i32 {
         i32::from(self.q) | i32::from(self.k) << 1 | i32::from(self.v) << 2
     }
-
-    /// Entries a scale buffer holds: 1 where the scale is one value, else `per` ((sequence, head) pairs).
-    pub fn entries(one: bool, per: usize) -> usize {
-        if one { 1 } else { per }
-    }
 }
 
 /// A paged KV cache as a launch reads it: the block table's device address ([B][max_pages] i32 page indices, checked by
@@ -102,9 +97,5 @@ mod tests {
         );
         assert_eq!(OneScale::ALL.bits(), 7);
         assert_eq!(OneScale::default().bits(), 0);
-        assert_eq!(
-            (OneScale::entries(true, 48), OneScale::entries(false, 48)),
-            (1, 48)
-        );
     }
 }
