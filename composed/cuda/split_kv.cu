@@ -61,8 +61,8 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
       past2[i] = sk - ch.y;
     }
   }
-  // The scales, an entry a thread (grid-stride): virtual sequence i's H query heads', then its Hkv K and V heads' (a scale
-// whose bit is in `one_scale` is one value for the batch: every entry its [0]; the virtual batch's are full).
+  // The scales, an entry a thread (grid-stride): virtual sequence i's H query heads', then its Hkv K and V heads' (a
+  // scale whose bit is in `one_scale` is one value for the batch: every entry its [0]; the virtual batch's are full).
   // One thread a virtual sequence, its 48 copies in series, took most of the kernel's 6.6 µs at B = 1, H = 32.
   const int per_seq = heads + 2 * hkv;
   for (long long x = tid; x < (long long)virt * per_seq; x += threads) {
@@ -74,7 +74,8 @@ extern "C" __global__ void __launch_bounds__(256) split_kv_prep(
       const bool k = e < heads + hkv;
       const float* from = k ? ks : vs;
       float* to = k ? ks2 : vs2;
-      to[(long long)i * hkv + h] = from[sdpa::scale_at(one_scale, k ? sdpa::kOneK : sdpa::kOneV, (long long)b * hkv + h)];
+      const int bit = k ? sdpa::kOneK : sdpa::kOneV;
+      to[(long long)i * hkv + h] = from[sdpa::scale_at(one_scale, bit, (long long)b * hkv + h)];
     }
   }
   // The virtual block table, an entry a thread (grid-stride): virtual sequence i's row from its chunk's first page (a

@@ -17,9 +17,9 @@ pub struct VarlenShape {
 }
 
 /// Device addresses of a packed batch: E4M3 Q [total_q, H, D], K and V [total_k, Hkv, D] (packed, or at `strides`);
-/// f32 scales per (sequence, head) ([B, H] and [B, Hkv]; one value for the batch where `one_scale` says so); O [total_q, H, D] in the launch's dtype and the LSE [H,
-/// total_q] (f32); the boundaries `cu_q`, `cu_k` (B + 1 i32 each). Borrowed: the caller keeps them alive until the
-/// launch has run.
+/// f32 scales per (sequence, head) ([B, H] and [B, Hkv]; one value for the batch where `one_scale` says so); O
+/// [total_q, H, D] in the launch's dtype and the LSE [H, total_q] (f32); the boundaries `cu_q`, `cu_k` (B + 1 i32
+/// each). Borrowed: the caller keeps them alive until the launch has run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VarlenTensors {
     pub q: u64,

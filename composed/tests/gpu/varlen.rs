@@ -428,8 +428,8 @@ pub fn add(t: &mut Suite) {
 }
 
 /// A scale that is one value for the batch (`VarlenTensors::one_scale`, a per-tensor scale) gives the bits of the same
-/// value expanded to every (sequence, head): each of Q's, K's and V's alone and all three, unpacked and with packed heads,
-/// unsplit and split-KV (whose prep copies the scales into the virtual batch). Each one-value buffer holds decoys past
+/// value expanded to every (sequence, head): each of Q's, K's and V's alone and all three, unpacked and with packed
+/// heads, unsplit and split-KV (whose prep copies the scales into the virtual batch). Each one-value buffer holds decoys past
 /// its first element, so a kernel that reads it per head writes other bits; two mutants of the index are caught.
 fn one_scale_for_the_batch(gpu: &Gpu) -> Result<()> {
     use composed::OneScale;
