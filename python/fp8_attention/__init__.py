@@ -62,8 +62,10 @@ def _check_fp8_scales(scales, per, need, on_gpu=False):
             raise TypeError(f"{need} `{name}` (float32, one per {per} or one)")
         if _dtype(sc) != "torch.float32":
             raise TypeError(f"`{name}` is {_dtype(sc)}: it must be float32")
-        if on_gpu and getattr(getattr(sc, "device", None), "type", None) != "cuda":
-            raise ValueError(f"`{name}` is on {getattr(sc, 'device', '?')}: it must be on the GPU with q, k, v")
+        dev = getattr(sc, "device", None)
+        if on_gpu and (getattr(dev, "type", None) != "cuda" or getattr(dev, "index", 0) not in (0, None)):
+            raise ValueError(f"`{name}` is on {dev if dev is not None else '?'}: it must be on the GPU with q, k, v "
+                             "(cuda:0)")
         if sc.numel() not in (1, n):
             raise ValueError(f"`{name}` holds {sc.numel()} scales: one, or one per {per} = {n}")
 
@@ -299,7 +301,7 @@ def check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, *, q_scale=None, k_sc
         raise ValueError(f"H = {h} query heads is not a multiple of Hkv = {hkv} key/value heads")
     scales = (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv))
     if fp8:
-        _check_fp8_scales(scales, "(sequence, head)", f"E4M3 inputs ({dt}) need")
+        _check_fp8_scales(scales, "(sequence, head)", f"E4M3 inputs ({dt}) need", on_gpu=True)
     else:
         _check_no_scales(q_scale, k_scale, v_scale)
     _check_scale(scale)
@@ -433,7 +435,7 @@ def check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *
     if h < 1 or hkv < 1 or h % hkv:
         raise ValueError(f"H = {h} query heads is not a positive multiple of Hkv = {hkv} key/value heads")
     scales = (("q_scale", q_scale, b * h), ("k_scale", k_scale, b * hkv), ("v_scale", v_scale, b * hkv))
-    _check_fp8_scales(scales, "(sequence, head)", "E4M3 inputs need")
+    _check_fp8_scales(scales, "(sequence, head)", "E4M3 inputs need", on_gpu=True)
     _check_scale(scale)
     out = _out_name(out_dtype, "bf16")
     return b, h, hkv, tq, d, num_pages, page, block_table.shape[1], out

@@ -149,6 +149,10 @@ def test_varlen_arguments_are_named():
         assert words in str(e.value), str(e.value)
     with pytest.raises(ValueError, match="`v_scale` holds 5 scales"):
         fa.check_varlen_args(*a, q_scale=f32(24), k_scale=f32(6), v_scale=f32(5))
+    # A scale the kernels would read from the host (or another GPU) is named before anything is launched.
+    for dev in (Dev("cpu", None), Dev("cuda", 1)):
+        with pytest.raises(ValueError, match=f"`k_scale` is on {dev}: it must be on the GPU"):
+            fa.check_varlen_args(*a, q_scale=f32(24), k_scale=T((1,), "torch.float32", dev), v_scale=f32(1))
 
 
 def test_paged_arguments_are_named():
@@ -172,6 +176,8 @@ def test_paged_arguments_are_named():
         assert words in str(e.value), str(e.value)
     with pytest.raises(TypeError, match="need `k_scale`"):
         fa.check_paged_args(q, kc, vc, bt, sl, cu, q_scale=f32(24))
+    with pytest.raises(ValueError, match="`v_scale` is on cpu: it must be on the GPU"):
+        fa.check_paged_args(q, kc, vc, bt, sl, cu, **dict(sc, v_scale=T((1,), "torch.float32", Dev("cpu", None))))
 
 
 def test_warm_names_a_bad_head_dim_before_the_gpu():
