@@ -237,9 +237,10 @@ impl Attention {
     }
 
     /// Attention over a packed batch: Q [total_q, H, D], K and V [total_k, Hkv, D] (E4M3 codes, scales one per
-    /// (sequence, head) or one for the batch), sequence i's rows from `b.cu_seqlens_q[i]` and `b.cu_seqlens_k[i]`; causal (the op's)
-    /// bottom-right per sequence. Runs stage 8's packed kernel on sm_90 (the units planned on the device from the
-    /// boundaries, which are checked here and copied to the device on `stream`), into new outputs on `stream`.
+    /// (sequence, head) or one for the batch), sequence i's rows from `b.cu_seqlens_q[i]` and `b.cu_seqlens_k[i]`;
+    /// causal (the op's) bottom-right per sequence. Runs stage 8's packed kernel on sm_90 (the units planned on the
+    /// device from the boundaries, which are checked here and copied to the device on `stream`), into new outputs on
+    /// `stream`.
     pub fn forward_varlen(
         &mut self,
         gpu: &Gpu,

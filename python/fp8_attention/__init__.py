@@ -193,10 +193,13 @@ def _per_head(sc, n):
     return (sc.reshape(1).expand(n) if sc.numel() == 1 else sc.reshape(n)).contiguous()
 
 
-def _packed_scale(sc, n):
-    """A packed batch's scale as the extension takes it: (tensor, one) — a one-element scale as it is, read for every
-    (sequence, head) by the kernels (no expanded copy, no kernel), else `n` contiguous values."""
-    return (sc, True) if sc.numel() == 1 else (_per_head(sc, n), False)
+def _packed_scales(q_scale, k_scale, v_scale, nq, nkv):
+    """A packed batch's three scales as the extension takes them: (tensors, one) — a one-element scale as it is, read
+    for every (sequence, head) by the kernels (no expanded copy, no kernel), else its `nq` or `nkv` contiguous values;
+    `one` says which are one-element."""
+    named = ((q_scale, nq), (k_scale, nkv), (v_scale, nkv))
+    one = tuple(sc.numel() == 1 for sc, _ in named)
+    return tuple(sc if o else _per_head(sc, n) for (sc, n), o in zip(named, one)), one
 
 
 def _stream(device):
@@ -369,8 +372,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
             codes.append(t)
         strides = [[t.stride(0), t.stride(1)] for t in codes]
         c = [t.data_ptr() for t in codes]
-        scales, one = zip(*(_packed_scale(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv),
-                                                                (v_scale, b * hkv))))
+        scales, one = _packed_scales(q_scale, k_scale, v_scale, b * h, b * hkv)
         keep += codes + list(scales)
     else:
         # One scale a head over the whole packed tensor: the [1, H, total, D] views quantized in place, codes
@@ -389,7 +391,7 @@ def sdpa_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, scale=None
     tensors = [c[0], c[1], c[2], scales[0].data_ptr(), scales[1].data_ptr(), scales[2].data_ptr(), o.data_ptr(),
                lse.data_ptr()]
     batch = ((tensors, [cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()], strides), (b, h, hkv, d, tq, tk),
-             bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, None, win, tuple(one))
+             bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(d)), out, None, win, one)
     _core.launch_varlen(batch, stream, pack_heads=bool(pack_heads), split_kv=bool(split_kv))
     o = o[: tq * h * d].view(tq, h, d)
     return (o, lse[: h * tq].view(h, tq)) if return_lse else o
@@ -486,7 +488,7 @@ def sdpa_paged(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens_q, *, caus
     k_cache, v_cache, block_table = k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous()
     # The keys' boundaries: the prefix sums of the lengths, on the device.
     cu_k = torch.nn.functional.pad(seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
-    scales, one = zip(*(_packed_scale(sc, n) for sc, n in ((q_scale, b * h), (k_scale, b * hkv), (v_scale, b * hkv))))
+    scales, one = _packed_scales(q_scale, k_scale, v_scale, b * h, b * hkv)
     total_k = max_pages * page  # bounds every sequence's keys (the plan sizes its key-tile counts by it)
     o = torch.empty(tq * h * d, dtype=tdt, device=q.device)
     lse = torch.empty(h * tq, dtype=torch.float32, device=q.device)

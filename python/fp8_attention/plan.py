@@ -114,7 +114,7 @@ class PagedPlan:
 
     def _launch_args(self, q, k_cache, v_cache, q_scale, k_scale, v_scale, scale, out_dtype):
         """run's checks and outputs, and the extension's launch arguments (None: nothing to launch); O and LSE shaped."""
-        from . import _check_fp8_scales, _check_scale, _out_name, _packed_scale, _stream
+        from . import _check_fp8_scales, _check_scale, _out_name, _packed_scales, _stream
         import torch
 
         sig = (tuple(q.shape), tuple(q.stride()), q.dtype, q.device, tuple(k_cache.shape), k_cache.dtype,
@@ -139,7 +139,7 @@ class PagedPlan:
             q = q.contiguous()
             qst = q.stride()
         # A one-element scale goes as it is: the kernels read it for every (sequence, head) (no copy, no kernel).
-        scales, one = zip(*(_packed_scale(sc, n) for sc, n in ((q_scale, nq), (k_scale, nkv), (v_scale, nkv))))
+        scales, one = _packed_scales(q_scale, k_scale, v_scale, nq, nkv)
         o = torch.empty(tq, h, d, dtype=tdt, device=q.device)
         lse = torch.empty(h, tq, dtype=torch.float32, device=q.device)
         tensors = [q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),

@@ -132,10 +132,11 @@ fn run(vl: &mut Varlen, c: &Call, stream: usize) -> PyResult<()> {
 /// Queues a packed (variable-length) batch on stage 8's packed kernel on the CUDA stream `stream`. `batch` (`Batch`):
 /// E4M3 q [total_q, H, D], k and v [total_k, Hkv, D] at element strides (token, head) each, D contiguous; f32 scales
 /// per (sequence, head), or one where `one_scale` says so; o [total_q, H, D] and lse [H, total_q]; the boundaries cu_q,
-/// cu_k (B + 1 int32 on the device, checked by the caller: the device trusts them); a paged cache (block table, max_pages, page_size, num_pages) or
-/// None; the window's sides (-1: unbounded). Sizes and strides are checked before anything is queued. `pack_heads`: a
-/// K/V head's query heads packed into one unit's rows where the batch allows it (`Varlen::pack_heads`); `split_kv`:
-/// each sequence's keys in chunks merged after, where the batch's units would leave SMs idle (`Varlen::split_kv`).
+/// cu_k (B + 1 int32 on the device, checked by the caller: the device trusts them); a paged cache (block table,
+/// max_pages, page_size, num_pages) or None; the window's sides (-1: unbounded). Sizes and strides are checked before
+/// anything is queued. `pack_heads`: a K/V head's query heads packed into one unit's rows where the batch allows it
+/// (`Varlen::pack_heads`); `split_kv`: each sequence's keys in chunks merged after, where the batch's units would leave
+/// SMs idle (`Varlen::split_kv`).
 #[pyfunction]
 #[pyo3(signature = (batch, stream, pack_heads=true, split_kv=true))]
 pub(crate) fn launch_varlen(
