@@ -20,7 +20,7 @@ extern "C" __global__ void sdpa_layouts(int* out) {
   {
     const sdpa::SplitHead x{};
     for (int v : {int(sizeof(x)), LAB_OFFSET(counter), LAB_OFFSET(done), LAB_OFFSET(split), LAB_OFFSET(pieces),
-                  LAB_OFFSET(parts_at), LAB_OFFSET(merged_at), LAB_OFFSET(reserved)})
+                  LAB_OFFSET(parts_at), LAB_OFFSET(merged_at), LAB_OFFSET(taken), LAB_OFFSET(reserved)})
       out[n++] = v;
   }
   {

@@ -272,11 +272,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
       if constexpr (Block::kSplit) at.release_second();  // Vᵀ of the last tile (its K went back before P·V)
       else at.release();
     }
-    if constexpr (ACC) {
-      accumulate_rows<D>(p, o, inv, vs, lse, obh, orow, wg);
-    } else {
-      epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
-    }
+    store_or_accumulate<D, ACC>(p, o, inv, vs, lse, dst, obh, orow, wg, mo, so);
   }
   mark(kMarkEpilogueEnd);
 }
@@ -361,12 +357,18 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
       Block::prefetch(mq, mk, mvt);
       int r0 = 0, n = 0;
       // Whole units below `split`; past it the split tail's parts, piece after piece (the table's order). A split
-      // tail's work is dealt, not taken from the counter: each block its split / G whole units, then its piece's
-      // parts; taken greedily, the whole units' ends were ragged by up to a unit.
+      // tail's work is dealt: each block its split / G whole units, then its piece's parts (taken greedily, the whole
+      // units' ends were ragged by up to a unit) — unless the plan is taken (beside another kernel's blocks, a block
+      // may start late): then whole units and then pieces come from the counter, a piece's parts one after another.
+      // Only stage 7's kernels (no V staging) take them (the host's Stage::takes_pieces): the branch moved ptxas's
+      // schedule of stage 8's consumer loop.
       const SplitTable tab(p);
       SplitHead* sched = reinterpret_cast<SplitHead*>(p.sched);
       const int split = tickets && !VARLEN ? tab.split() : work, pieces = tickets && !VARLEN ? tab.pieces() : 0;
-      const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0, end = pieces > 0 ? split + tab.first(blockIdx.x + 1) : 0;
+      const bool taken = VS == 0 && pieces > 0 && tab.taken();
+      // Dealt: this block's piece's parts are mine .. end − 1. Taken: end is the piece in hand's end (0: none).
+      const int mine = pieces > 0 ? split + tab.first(blockIdx.x) : 0;
+      int end = pieces > 0 && !taken ? split + tab.first(blockIdx.x + 1) : 0;
       for (int w = blockIdx.x; w < split || w < end; ++n) {
         if constexpr (VARLEN) {
           r0 += produce_ragged_unit<WIN, PACK>(p, rg, *pg, blk, mq, mk, mvt, w, n, r0, vst, win);
@@ -375,7 +377,17 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
           r0 += produce_unit<Block, BC, typename StagingOf<Block, VS>::type, WIN>(
               p, blk, mq, mk, mvt, Seg{g.x, g.y, g.z, g.w}, n, r0, vst, win);
         }
-        if (pieces > 0) {
+        if (taken) {
+          if (w >= split && w + 1 < end) {
+            ++w;  // the piece's next part
+          } else {
+            // A whole unit, else piece q's first part (its parts end at `end`), else past every part: done.
+            const int c = int(gridDim.x) + atomicAdd(&sched->counter, 1), q = c - split;
+            const bool piece = q >= 0 && q < pieces;
+            w = c < split ? c : split + tab.first(piece ? q : pieces);
+            end = piece ? split + tab.first(q + 1) : 0;
+          }
+        } else if (pieces > 0) {
           w = w >= split ? w + 1 : w + int(gridDim.x) < split ? w + int(gridDim.x) : mine;
         } else {
           w = tickets ? int(gridDim.x) + atomicAdd(&sched->counter, 1) : work;
@@ -464,7 +476,13 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
 // the host split the tail; named stage7_merge_dD in every source that has it.
 #define SDPA_MERGE_KERNEL(D)                                                                                       \
   extern "C" __global__ void __launch_bounds__(128) stage7_merge_d##D(sdpa::Params p) {                           \
-    sdpa::merge_split_tail<D>(p);                                                                                  \
+    sdpa::merge_split_tail<D, false>(p);                                                                           \
+  }
+// The same in the accumulating kernels' source (stage7_acc.cu): each split unit's rows hold the running result, which
+// is merged with the parts, first.
+#define SDPA_MERGE_ACC_KERNEL(D)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(128) stage7_merge_d##D(sdpa::Params p) {                           \
+    sdpa::merge_split_tail<D, true>(p);                                                                            \
   }
 
 // Parts of a split unit at most (the host's SplitPlan, whose test checks it).
@@ -491,44 +509,52 @@ __device__ __forceinline__ void store8(T* at, const float (&x)[8]) {
 
 // Columns 8c .. 8c + 7 of row `row` of head bh (and, for c = 0, the row's LSE) merged from n parts' O and LSE at
 // virtual units dsts (each a whole unit's over its key tiles), in piece order, by the attn-merge block (FlashAttention's
-// split-KV combine). Every load is issued before the first is used.
-template <class T, int D>
-__device__ __forceinline__ void merge_row(const Params& p, const int* dsts, int n, int bh, int row, int c) {
+// split-KV combine); ACC: the row's own (O, LSE), a running result, first. Every load is issued before the first is
+// used. `lanes`: the row's threads (consecutive lanes of one warp), which have all read its LSE before it is written.
+template <class T, int D, bool ACC>
+__device__ __forceinline__ void merge_row(const Params& p, const int* dsts, int n, int bh, int row, int c,
+                                          unsigned lanes) {
+  constexpr int kIn = kMaxParts + (ACC ? 1 : 0);
+  const int m = n + (ACC ? 1 : 0);
   T* o = static_cast<T*>(p.o);
-  long long at[kMaxParts];
-  float lse[kMaxParts], v[kMaxParts][8];
+  const long long out = (long long)bh * p.sq + row;
+  long long at[kIn];
+  float lse[kIn], v[kIn][8];
 #pragma unroll
-  for (int j = 0; j < kMaxParts; ++j) {
+  for (int j = 0; j < kIn; ++j) {
     lse[j] = wr::neg_inf();
-    if (j < n) {
-      at[j] = (long long)(dsts[j] / p.q_tiles) * p.sq + dsts[j] % p.q_tiles * kUnitRows + row % kUnitRows;
+    if (j < m) {
+      const int i = j - (ACC ? 1 : 0);
+      at[j] = ACC && j == 0 ? out
+                            : (long long)(dsts[i] / p.q_tiles) * p.sq + dsts[i] % p.q_tiles * kUnitRows + row % kUnitRows;
       lse[j] = __ldcg(p.lse + at[j]);
       load8(o + at[j] * D + 8 * c, v[j]);
     }
   }
-  const amerge::Weights<kMaxParts> w = amerge::weights(lse, n);
-  const long long out = (long long)bh * p.sq + row;
+  const amerge::Weights<kIn> w = amerge::weights(lse, m);
+  if constexpr (ACC) __syncwarp(lanes);  // the row's LSE read by each of its threads before c = 0 writes it
   if (c == 0) p.lse[out] = w.lse;
   float x[8];
-  amerge::merge8(w, v, n, x);
+  amerge::merge8(w, v, m, x);
   store8(o + out * D + 8 * c, x);
 }
 
 // merge_row in the type with_o_type names.
-template <int D>
+template <int D, bool ACC>
 struct MergeRow {
   const Params& p;
   const int* dsts;
   int n, bh, row, c;
+  unsigned lanes;
   template <class T>
   __device__ __forceinline__ void operator()(T) const {
-    merge_row<T, D>(p, dsts, n, bh, row, c);
+    merge_row<T, D, ACC>(p, dsts, n, bh, row, c, lanes);
   }
 };
 
 // Stage 7's split tail, merged after the attention kernel: block (r, y) merges rows y · 128 / (D / 8) … of split unit
-// split + r, a thread 8 columns.
-template <int D>
+// split + r, a thread 8 columns; ACC: into the running result already in the unit's rows.
+template <int D, bool ACC>
 __device__ void merge_split_tail(const Params& p) {
   const SplitTable tab(p);
   const MergeList& m = tab.merged(int(blockIdx.x));
@@ -538,7 +564,8 @@ __device__ void merge_split_tail(const Params& p) {
   const int c = int(threadIdx.x) % kChunks;
   const int row = tc.qt * kUnitRows + int(blockIdx.y) * kRows + int(threadIdx.x) / kChunks;
   if (m.parts == 0 || row >= p.sq) return;
-  with_o_type(p.o_dtype, MergeRow<D>{p, m.dst, m.parts, tc.bh, row, c});
+  const unsigned lanes = kChunks >= 32 ? ~0u : ((1u << kChunks) - 1) << (int(threadIdx.x) % 32 / kChunks * kChunks);
+  with_o_type(p.o_dtype, MergeRow<D, ACC>{p, m.dst, m.parts, tc.bh, row, c, lanes});
 }
 
 }  // namespace sdpa

@@ -108,6 +108,25 @@ __device__ __forceinline__ void accumulate_rows(const Params& p, frag::Regs<frag
   }
 }
 
+// A unit's rows at its end: written (epilogue_staged; the LSE was stored before), or, in the ACC kernels, merged into
+// the running result there (accumulate_rows) — but a split tail's part (dst >= 0: rows obh, orow of a virtual unit)
+// is written with its LSE in either, for the split tail's merge kernel (the ACC kernels' own merges the running rows
+// in with the parts).
+template <int D, bool ACC>
+__device__ __forceinline__ void store_or_accumulate(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
+                                                    const float (&inv)[2], float vs, const float (&lse)[2], int dst,
+                                                    int obh, int orow, int wg, const tma::Map* mo,
+                                                    unsigned char* so) {
+  if constexpr (ACC) {
+    if (dst < 0) {
+      accumulate_rows<D>(p, o, inv, vs, lse, obh, orow, wg);
+      return;
+    }
+    store_lse(p, lse, obh, orow);
+  }
+  epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
+}
+
 // A halved unit's block (HALF): consumer wg's (O, LSE) over its half of the keys, on the same 64 rows from row0 as the
 // other consumer's. Consumer 1 stashes its part — O·(1/l)·V's scale, element i of thread t at [i][t], in the K and Vᵀ
 // tiles of its own first ring stage (read no more once its last P·V retired; consumer 0's tiles are other stages), its

@@ -76,11 +76,12 @@ __device__ __forceinline__ UnitView unit_view(const Params& p, const RaggedArgs&
 // Stage 7's schedule buffer (Params::sched), mirrored field for field by composed::tables (SplitHead, SplitPart,
 // MergeList; their layouts checked against these by a test). The head: the persistent grid's unit counter and count of
 // blocks done with it (zero before a launch, zeroed again by the last block done), then the split tail's plan (the
-// host's SplitPlan): its first unit, its pieces (one a block after its whole units; 0: no split) and the word offsets of
-// the parts and the merge lists. The pieces' first parts follow the head. The plan is a table in this buffer, not
+// host's SplitPlan): its first unit, its pieces (one a block after its whole units; 0: no split), the word offsets of
+// the parts and the merge lists, and whether the pieces are taken from the counter after the whole units (`taken`,
+// 1) or dealt, piece b to block b (0). The pieces' first parts follow the head. The plan is a table in this buffer, not
 // fields of Params: two fields more in Params moved ptxas's schedule of the hot loop.
 struct SplitHead {
-  int counter, done, split, pieces, parts_at, merged_at, reserved[2];
+  int counter, done, split, pieces, parts_at, merged_at, taken, reserved;
 };
 // Key tiles k0 .. k0 + tiles − 1 of a unit, its O and LSE to virtual unit dst (tiles, dst < 0: the whole unit, to its
 // own rows). Read as one int4.
@@ -101,6 +102,7 @@ struct SplitTable {
   __device__ const SplitHead& head() const { return *reinterpret_cast<const SplitHead*>(s); }
   __device__ int split() const { return head().split; }
   __device__ int pieces() const { return head().pieces; }
+  __device__ bool taken() const { return head().taken != 0; }
   // Piece q's parts are parts first(q) .. first(q + 1) − 1.
   __device__ int first(int q) const { return s[kHeadWords + q]; }
   __device__ int4 part(int i) const { return reinterpret_cast<const int4*>(s + head().parts_at)[i]; }

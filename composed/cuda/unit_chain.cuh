@@ -40,11 +40,7 @@ __device__ __forceinline__ void finish_chain_unit(const Params& p, const Block& 
   wgmma::fence_operand(s[0].x);
   __syncwarp();
   if (roles::lane() == 0) release();
-  if constexpr (ACC) {
-    accumulate_rows<D>(p, o, inv, vs, lse, obh, orow, wg);
-  } else {
-    epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
-  }
+  store_or_accumulate<D, ACC>(p, o, inv, vs, lse, dst, obh, orow, wg, mo, so);
   mark(kMarkEpilogueEnd);
 }
 
@@ -183,11 +179,7 @@ __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk,
       wgmma::fence_operand(o[0].x);
       __syncwarp();
       if (roles::lane() == 0) at.release_prev();
-      if constexpr (ACC) {
-        accumulate_rows<D>(p, o, inv, vs, lse, obh, orow, wg);
-      } else {
-        epilogue_staged<D>(p, o, inv, vs, obh, orow, wg, mo, so);
-      }
+      store_or_accumulate<D, ACC>(p, o, inv, vs, lse, dst, obh, orow, wg, mo, so);
       mark(kMarkEpilogueEnd);
       // The next unit's destination, for its epilogue (every thread read this one's before the epilogue's barrier).
       if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);

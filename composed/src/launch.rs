@@ -31,6 +31,11 @@ impl OnDevice {
         self.ws.use_split_tail(on);
     }
 
+    /// Take a split tail's pieces from the counter instead of dealing them (`Workspace::take_split_tail`).
+    pub fn take_split_tail(&mut self, on: bool) {
+        self.ws.take_split_tail(on);
+    }
+
     /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).
     pub fn use_section(&mut self, heads: Option<usize>) {
         self.ws.use_section(heads);

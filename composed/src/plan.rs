@@ -68,7 +68,9 @@ pub fn blocks_leaving(units: usize, sms: usize, free: usize, equal: bool) -> usi
 /// against 15.5 (ncu: 1984 units cost what 2048 do, 1920 6.4% less; docs/decisions.md, "The last wave"). So the last R
 /// units (R = U mod G, or U mod G + G where that is at most G / 2, so that no piece is under half a unit) are cut, as
 /// one run of R · T key tiles, into G pieces of near-equal length; each block runs its G-strided whole units, then
-/// its piece. A part of a unit writes its O and LSE, as a unit would, to a virtual unit past the real ones, and
+/// its piece — or, in a *taken* plan ([`SplitPlan::taken`]), every block takes whole units and then pieces from the
+/// counter, so that a block that starts late (its SM held by another kernel) takes fewer instead of holding up a dealt
+/// share. A part of a unit writes its O and LSE, as a unit would, to a virtual unit past the real ones, and
 /// `stage7_merge_dD` combines each split unit's (O, LSE) pairs. Not for causal units (longest first already
 /// balances them), nor where a unit is one key tile, Sq is under a full query tile, or the blocks would not first
 /// run a whole wave of whole units.
@@ -84,6 +86,8 @@ pub struct SplitPlan {
     pub unit_tiles: usize,
     /// Each unit's rows in two blocks of 64, each block's keys halved between its consumers ([`SplitPlan::halved`]).
     pub halved: bool,
+    /// The pieces are taken from the counter after the whole units, not dealt one a block.
+    pub taken: bool,
 }
 
 impl SplitPlan {
@@ -119,6 +123,7 @@ impl SplitPlan {
             pieces: 0,
             unit_tiles,
             halved: false,
+            taken: false,
         };
         if causal
             || unit_tiles < 2
@@ -142,6 +147,7 @@ impl SplitPlan {
             pieces: blocks,
             unit_tiles,
             halved: false,
+            taken: false,
         }
     }
     /// Halved units: where the units would hold at most half the `blocks` (the mission shape, (1, 8, 512, 64): 32
@@ -163,6 +169,7 @@ impl SplitPlan {
                 pieces: 0,
                 unit_tiles,
                 halved: true,
+                taken: false,
             })
     }
     /// The launch's blocks: two a unit for a halved plan, else `grid` (the persistent grid's).
@@ -175,6 +182,15 @@ impl SplitPlan {
             split: self.units,
             pieces: 0,
             halved: false,
+            taken: false,
+            ..self
+        }
+    }
+    /// This plan with its pieces, where it has any, taken from the counter after the whole units (which are taken
+    /// from it too) instead of dealt: the same parts, virtual units and merge lists, so the same bits.
+    pub fn taken(self) -> SplitPlan {
+        SplitPlan {
+            taken: self.pieces > 0,
             ..self
         }
     }
@@ -239,7 +255,14 @@ impl SplitPlan {
         for m in &mut merged {
             m.keep_if_split();
         }
-        SplitTable::new(i(self.split), i(self.pieces), first, parts, merged)
+        SplitTable::new(
+            i(self.split),
+            i(self.pieces),
+            self.taken,
+            first,
+            parts,
+            merged,
+        )
     }
 }
 

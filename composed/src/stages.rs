@@ -272,6 +272,12 @@ impl Stage {
         matches!(self, Stage::S7 | Stage::S8)
     }
 
+    /// Whether the stage's kernels can take a split tail's pieces from the counter (`SplitPlan::taken`): stage 7's
+    /// (stage 8's deal them: the taking branch moved ptxas's schedule of its consumer loop).
+    pub fn takes_pieces(self) -> bool {
+        self == Stage::S7
+    }
+
     /// Whether the stage has a halved kernel (`stage8h_dD`, `plan::SplitPlan::halved`): a unit's rows in two blocks,
     /// each block's keys halved between its consumers, where the units would leave most SMs idle.
     pub fn halves(self) -> bool {

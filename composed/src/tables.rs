@@ -58,8 +58,10 @@ pub fn out_dtype_code(d: OutDtype) -> i32 {
 /// `sdpa::SplitHead`: the start of stage 7's schedule buffer. `counter` and `done` are the persistent grid's unit
 /// counter and count of blocks done with it (zero before a launch; the last block done zeroes them again);
 /// `split` is the first unit of the split tail, `pieces` how many pieces it is cut into (0: no split);
-/// `parts_at` and `merged_at` are the word offsets of the parts and merge lists in the buffer. The pieces' first
-/// parts (`pieces + 1` words) follow the head.
+/// `parts_at` and `merged_at` are the word offsets of the parts and merge lists in the buffer; `taken` is 1 where the
+/// persistent blocks take the pieces from the counter after the whole units, which they take from it too (0: each
+/// block is dealt its whole units and then piece `blockIdx.x`). The pieces' first parts (`pieces + 1` words) follow
+/// the head.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SplitHead {
@@ -69,7 +71,8 @@ pub struct SplitHead {
     pub pieces: i32,
     pub parts_at: i32,
     pub merged_at: i32,
-    pub reserved: [i32; 2],
+    pub taken: i32,
+    pub reserved: i32,
 }
 
 /// `sdpa::SplitPart` (read as an int4): key tiles `k0 .. k0 + tiles` of `unit`, written to virtual unit `dst`;
@@ -140,9 +143,11 @@ const WORDS_OF_HEAD: usize = size_of::<SplitHead>() / 4;
 
 impl SplitTable {
     /// The table of a plan's pieces, parts and merge lists; the head's offsets computed (parts 16-byte aligned).
+    /// `taken`: the pieces are taken from the counter, not dealt.
     pub fn new(
         split: i32,
         pieces: i32,
+        taken: bool,
         first: Vec<i32>,
         parts: Vec<SplitPart>,
         merged: Vec<MergeList>,
@@ -153,6 +158,7 @@ impl SplitTable {
             head: SplitHead {
                 split,
                 pieces,
+                taken: i32::from(taken),
                 parts_at: parts_at as i32,
                 merged_at: merged_at as i32,
                 ..SplitHead::default()
@@ -173,8 +179,8 @@ impl SplitTable {
             h.pieces,
             h.parts_at,
             h.merged_at,
-            h.reserved[0],
-            h.reserved[1],
+            h.taken,
+            h.reserved,
         ];
         debug_assert_eq!(w.len(), WORDS_OF_HEAD);
         w.extend(&self.first);
@@ -241,7 +247,9 @@ pub fn layouts() -> Vec<Layout> {
         layout!(
             SplitHead,
             "sdpa::SplitHead",
-            [counter, done, split, pieces, parts_at, merged_at, reserved]
+            [
+                counter, done, split, pieces, parts_at, merged_at, taken, reserved
+            ]
         ),
         layout!(SplitPart, "sdpa::SplitPart", [unit, k0, tiles, dst]),
         layout!(MergeList, "sdpa::MergeList", [parts, dst]),
@@ -323,6 +331,7 @@ mod tests {
         let t = SplitTable::new(
             3,
             2,
+            true,
             vec![0, 1, 2],
             vec![
                 SplitPart {
@@ -341,7 +350,7 @@ mod tests {
             vec![m],
         );
         let w = t.words();
-        assert_eq!(&w[..6], &[0, 0, 3, 2, 12, 20]);
+        assert_eq!(&w[..8], &[0, 0, 3, 2, 12, 20, 1, 0]);
         assert_eq!(&w[8..11], &[0, 1, 2]);
         assert_eq!(&w[12..16], &[3, 0, 2, 40]);
         assert_eq!(&w[20..23], &[2, 40, 41]);

@@ -58,6 +58,8 @@ pub struct Workspace {
     section: Option<usize>,
     /// Plan no split tail: every unit whole and taken from the counter (`use_split_tail`).
     no_split: bool,
+    /// A split tail's pieces taken from the counter after the whole units, not dealt (`take_split_tail`).
+    taken: bool,
     /// Launch stages 7 and 8 as ordinary launches, not programmatic dependent ones (`use_programmatic`).
     serial: bool,
     /// The last launch's kernel, loaded with its shared memory allowed (the kernel's name and source, the bytes):
@@ -127,6 +129,14 @@ impl Workspace {
         self.no_split = !on;
     }
 
+    /// With `on`, a split tail's pieces are taken from the counter after the whole units, which are taken from it
+    /// too ([`SplitPlan::taken`]), instead of dealt: for launches beside other kernels that a split tail should still
+    /// balance (a ring step's beside NCCL's). The same parts and merge as dealt, so the same bits. Off by default;
+    /// stages whose kernels deal them (`Stage::takes_pieces`) go on dealing.
+    pub fn take_split_tail(&mut self, on: bool) {
+        self.taken = on;
+    }
+
     /// The split plan of a launch of `stage` on `s` with blocks of `rows` rows, a grid of `blocks`.
     fn split_plan(
         &self,
@@ -136,7 +146,11 @@ impl Workspace {
         blocks: usize,
     ) -> SplitPlan {
         let plan = SplitPlan::of(stage, s, rows, blocks);
-        if self.no_split { plan.unsplit() } else { plan }
+        match (self.no_split, self.taken && stage.takes_pieces()) {
+            (true, _) => plan.unsplit(),
+            (false, true) => plan.taken(),
+            (false, false) => plan,
+        }
     }
 
     /// Order causal stage 7's units in sections of `heads` heads from now on (`None`: `schedule_section`'s).

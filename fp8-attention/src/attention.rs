@@ -297,6 +297,13 @@ impl Attention {
         self.ws.use_split_tail(on);
     }
 
+    /// With `on`, a split tail's pieces are taken from the launch's counter after the whole units (which are taken
+    /// from it too) instead of dealt ahead: a block that starts late takes fewer, and the last wave is still split.
+    /// The same bits as dealt. Off by default.
+    pub fn set_split_taken(&mut self, on: bool) {
+        self.ws.take_split_tail(on);
+    }
+
     /// Leave `free` SMs to other kernels (0, the default: none): a persistent stage's launch then takes at most the
     /// others, and where its units are equal the fewest blocks that run them in as many waves
     /// ([`composed::blocks_leaving`]). For calls beside a communication library's kernels (NCCL's during a ring step),
@@ -531,6 +538,17 @@ impl Attention {
     /// to [`Attention::forward_into`] call after call.
     pub fn alloc_output(&self, gpu: &Gpu, stream: &Arc<CudaStream>, s: &Shape) -> Result<Output> {
         let rows = self.output_rows(gpu, s)?;
+        self.alloc_rows(stream, s, rows)
+    }
+
+    /// As [`Attention::alloc_output`], with `rows` rows (at least [`Attention::output_rows`]'s for every call the
+    /// buffers will take).
+    pub(crate) fn alloc_rows(
+        &self,
+        stream: &Arc<CudaStream>,
+        s: &Shape,
+        rows: usize,
+    ) -> Result<Output> {
         let n = rows * s.d;
         let alloc = |e: lab::cudarc::driver::DriverError| {
             Error::Device(anyhow::Error::from(e).context(format!(

@@ -134,12 +134,13 @@ pub fn ring_on_one_device(
     kv: &[(Shard, Shard)],
 ) -> Result<Vec<RankOutput>> {
     let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
-    ring_on_one_device_as(gpu, stream, shape, q, kv, fold)
+    ring_on_one_device_as(gpu, stream, shape, q, kv, fold, SplitTail::default())
 }
 
 /// [`ring_on_one_device`] with later steps' full launches merging into the running result in their kernel, `fold`
 /// (`Stage::accumulating_kernel`'s, the default; or a variant of it with the same parameters), or, with None, writing
-/// an f32 part that attn-merge merges after: the same bits either way (a test holds them equal).
+/// an f32 part that attn-merge merges after (the same bits where no launch splits its tail: a test holds them equal),
+/// and `split`'s steps splitting their tails.
 pub fn ring_on_one_device_as(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
@@ -147,8 +148,9 @@ pub fn ring_on_one_device_as(
     q: &[Shard],
     kv: &[(Shard, Shard)],
     fold: Option<lab::KernelSpec>,
+    split: SplitTail,
 ) -> Result<Vec<RankOutput>> {
-    one_device(gpu, stream, shape, q, kv, fold, false)
+    one_device(gpu, stream, shape, q, kv, (fold, split), false)
 }
 
 /// [`ring_on_one_device`] with each step's launches between device events: every rank's [`RankOutput::steps`] holds
@@ -162,7 +164,15 @@ pub fn ring_on_one_device_timed(
     kv: &[(Shard, Shard)],
 ) -> Result<Vec<RankOutput>> {
     let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
-    one_device(gpu, stream, shape, q, kv, fold, true)
+    one_device(
+        gpu,
+        stream,
+        shape,
+        q,
+        kv,
+        (fold, SplitTail::default()),
+        true,
+    )
 }
 
 /// The one-device ring, its steps timed where `timed`.
@@ -172,7 +182,7 @@ fn one_device(
     shape: Shape,
     q: &[Shard],
     kv: &[(Shard, Shard)],
-    fold: Option<lab::KernelSpec>,
+    (fold, split): (Option<lab::KernelSpec>, SplitTail),
     timed: bool,
 ) -> Result<Vec<RankOutput>> {
     let world = q.len();
@@ -205,6 +215,7 @@ fn one_device(
     for (rank, mine) in q.iter().enumerate() {
         let mut steps = RankSteps::new(gpu, world, shape, mine.lens)?;
         steps.set_folding(gpu, fold)?;
+        steps.set_split_tail(split);
         steps.begin(gpu, stream)?;
         let drv = |e| Error::Device(anyhow::Error::from(e));
         let mark = || {
@@ -276,14 +287,16 @@ pub(crate) fn short_buffer(
     })
 }
 
-/// Which ring steps' launches deal the last, partial wave of their units ahead to every block, split by key tiles
+/// Which ring steps' launches split the last, partial wave of their units by key tiles among the blocks
 /// (`Attention::set_split_tail`). A step with a transfer in flight shares the GPU with NCCL's kernels, and a block
-/// that starts late would hold up its dealt share; the last step sends nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// that starts late would hold up a share dealt to it ahead: such a step's pieces are taken from the counter after the
+/// whole units (`Attention::set_split_taken`); the last step sends nothing, and its pieces are dealt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SplitTail {
     /// No step: every unit whole, taken from the counter.
     Never,
     /// The last step only (the default).
+    #[default]
     Last,
     /// Every step.
     Every,
@@ -300,12 +313,11 @@ fn step_op(gpu: &Gpu, stage: composed::Stage, causal: bool) -> Result<Attention>
     Attention::with_stage(gpu, cfg, stage)
 }
 
-/// The op for later steps' full launches: stage 7 writing f32 by `spec`, an accumulating kernel, its tail never split
-/// (a split's merge kernel would overwrite the running result).
+/// The op for later steps' full launches: stage 7 writing f32 by `spec`, an accumulating kernel (its split tail's
+/// merge kernel, from the same source, merges each split unit's running rows with its parts).
 fn folding_op(gpu: &Gpu, stage: composed::Stage, spec: lab::KernelSpec) -> Result<Attention> {
     let mut a = step_op(gpu, stage, false)?;
     a.set_kernel(Some(spec));
-    a.set_split_tail(false);
     Ok(a)
 }
 
@@ -349,9 +361,9 @@ pub(crate) struct RankSteps {
 impl RankSteps {
     /// A rank of `world` whose Q halves hold `q_lens` tokens, of the whole problem `shape`.
     pub(crate) fn new(gpu: &Gpu, world: usize, shape: Shape, q_lens: [usize; 2]) -> Result<Self> {
-        // NCCL's kernels share the GPU with a step's attention: a step with a transfer takes its units from the
-        // counter (no split tail dealt ahead), so a block whose SM NCCL holds for a while takes fewer, not delays the
-        // step (`SplitTail`, set per step).
+        // NCCL's kernels share the GPU with a step's attention: a step with a transfer takes its units (and any split
+        // tail's pieces) from the counter, so a block whose SM NCCL holds for a while takes fewer, not delays the step
+        // (`SplitTail`, set per step).
         let stage = crate::stage_for(gpu);
         let op = |causal| step_op(gpu, stage, causal);
         let folding = stage
@@ -362,7 +374,7 @@ impl RankSteps {
             shape,
             world,
             q_lens,
-            split: SplitTail::Last,
+            split: SplitTail::default(),
             free_sms: 0,
             full: op(false)?,
             diag: op(true)?,
@@ -374,7 +386,7 @@ impl RankSteps {
         })
     }
 
-    /// Which steps deal a split tail ahead.
+    /// Which steps split their tails.
     pub(crate) fn set_split_tail(&mut self, split: SplitTail) {
         self.split = split;
     }
@@ -409,12 +421,19 @@ impl RankSteps {
             SplitTail::Every => true,
         };
         let free = if last { 0 } else { self.free_sms };
-        for op in [&mut self.full, &mut self.diag] {
-            op.set_split_tail(on);
-            op.set_free_sms(free);
-        }
-        if let Some(op) = self.folding.as_mut() {
-            op.set_free_sms(free);
+        // The accumulating kernel splits its tail at D = 128 only: at D = 64 (units chained, unit_chain.cuh) the split
+        // ring's results failed the reference (rows with wrong LSEs; the cause is not found yet).
+        let fold_splits = on && self.shape.d == 128;
+        for (op, split) in [
+            (Some(&mut self.full), on),
+            (Some(&mut self.diag), on),
+            (self.folding.as_mut(), fold_splits),
+        ] {
+            if let Some(op) = op {
+                op.set_split_tail(split);
+                op.set_split_taken(!last);
+                op.set_free_sms(free);
+            }
         }
     }
 
@@ -432,9 +451,27 @@ impl RankSteps {
     /// Starts a call's running result on `stream`: new buffers (the last call's went out with its [`RankOutput`]),
     /// not initialised — the first step writes every row. A rank with no rows gets one row of O = 0, LSE = −inf.
     pub(crate) fn begin(&mut self, gpu: &Gpu, stream: &Arc<CudaStream>) -> Result<()> {
-        // Step 0's launch writes the result, with its split tail's parts past the rows where it splits.
-        self.configure(0);
+        // Step 0's launch writes the result, and later steps' folded launches merge into it; past the shard's rows it
+        // holds the split-tail parts of any of them that splits (each step's configuration, as `configure` sets it).
         let whole = self.whole();
+        let mut rows = 0;
+        for step in (0..self.world).rev() {
+            self.configure(step);
+            let (op, s) = match (step, &self.folding) {
+                (0, _) if whole.causal => (&self.diag, whole),
+                (0, _) => (&self.full, whole),
+                (_, Some(f)) if self.fold => (
+                    f,
+                    Shape {
+                        causal: false,
+                        ..whole
+                    },
+                ),
+                _ => continue,
+            };
+            rows = rows.max(op.output_rows(gpu, &s)?);
+        }
+        // The loop ends configured for step 0.
         let op = if whole.causal { &self.diag } else { &self.full };
         self.acc = Some(if whole.sq == 0 {
             let drv = |e| Error::Device(anyhow::Error::from(e));
@@ -444,7 +481,7 @@ impl RankSteps {
                 lse: stream.clone_htod(&[f32::NEG_INFINITY]).map_err(drv)?,
             }
         } else {
-            op.alloc_output(gpu, stream, &whole)?
+            op.alloc_rows(stream, &whole, rows)?
         });
         Ok(())
     }

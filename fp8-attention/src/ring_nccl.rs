@@ -156,8 +156,9 @@ impl RingRank {
         })
     }
 
-    /// Which steps' launches deal their last, partial wave ahead to every block ([`SplitTail`]; by default the last
-    /// step's, the one with no transfer beside it). The others are A/Bs.
+    /// Which steps' launches split their last, partial wave among the blocks ([`SplitTail`]; by default the last
+    /// step's, the one with no transfer beside it, dealt ahead; with `Every`, steps beside a transfer take their pieces
+    /// from the counter). The others are A/Bs.
     pub fn set_split_tail(&mut self, split: SplitTail) {
         self.steps.set_split_tail(split);
     }

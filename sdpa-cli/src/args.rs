@@ -146,6 +146,10 @@ pub enum Cmd {
         /// launches are programmatic dependent launches: the next may start while one runs, up to its wait).
         #[arg(long)]
         serial: bool,
+        /// A persistent stage (stage7, stage8) also timed with every unit whole, taken from the counter: no split tail
+        /// (the last, partial wave's units cut by key tiles among the blocks and merged after), as ring steps run.
+        #[arg(long)]
+        whole_units: bool,
         /// Q, K and V moved to [B, S, H, D] on the device and read in place through those strides (stage8 at any B;
         /// stage7 at B = 1, where its flat heads read them).
         #[arg(long)]

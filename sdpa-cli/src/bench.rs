@@ -48,6 +48,8 @@ struct Run {
     section: Option<usize>,
     vt_prep: bool,
     serial: bool,
+    /// Every unit whole (no split tail).
+    whole: bool,
 }
 
 impl Run {
@@ -59,6 +61,7 @@ impl Run {
             section: None,
             vt_prep: false,
             serial: false,
+            whole: false,
         }
     }
 }
@@ -71,6 +74,8 @@ pub struct Knobs<'a> {
     pub blocks: &'a [usize],
     pub sections: &'a [usize],
     pub serial: bool,
+    /// Also every unit whole: no split tail.
+    pub whole_units: bool,
     /// Inputs as [B, S, H, D], read through their strides.
     pub bshd: bool,
 }
@@ -81,6 +86,7 @@ pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) 
         blocks,
         sections,
         serial,
+        whole_units,
         bshd,
     } = *knobs;
     // Everything that needs no GPU is checked before the GPU is asked for.
@@ -132,6 +138,17 @@ pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) 
             ..Run::named(format!("{} [serial launches]", stage.name()))
         });
     }
+    if whole_units {
+        ensure!(
+            stage.persistent(),
+            "--whole-units: {} is not persistent (one block a query tile); stage7 and stage8 are",
+            stage.name()
+        );
+        runs.push(Run {
+            whole: true,
+            ..Run::named(format!("{} [whole units]", stage.name()))
+        });
+    }
     // A TMA stage reads V transposed (prep_vt, made once and not timed above): timed again with the transpose in
     // every launch, the figure to set beside cuDNN's FP8 SDPA, which reads V as it is.
     if stage.reads_vt() {
@@ -159,6 +176,7 @@ pub fn bench(stage: Stage, s: Shape, dist: Dist, knobs: &Knobs, scheme: Scheme) 
             sets[0].use_section(r.section);
             sets[0].time_vt_prep(r.vt_prep);
             sets[0].use_programmatic(!r.serial);
+            sets[0].use_split_tail(!r.whole);
             let t = time_stage(gpu, stage, &mut sets, 5, 100)?;
             if best[i].is_none_or(|b| t.p50_us < b.p50_us) {
                 best[i] = Some(t);

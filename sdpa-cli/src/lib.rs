@@ -70,6 +70,7 @@ pub fn execute(args: Args) -> Result<()> {
             blocks,
             sections,
             serial,
+            whole_units,
             bshd,
             causal,
             kv_heads,
@@ -133,6 +134,7 @@ pub fn execute(args: Args) -> Result<()> {
                 blocks: &blocks,
                 sections: &sections,
                 serial,
+                whole_units,
                 bshd,
             };
             bench::bench(stage, s, dist, &knobs, scheme.scheme())

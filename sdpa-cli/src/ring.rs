@@ -50,7 +50,7 @@ struct Kept {
 }
 
 /// The kept state's runs: as the library sets it, then A/Bs.
-const KEPT_RUNS: [Kept; 5] = [
+const KEPT_RUNS: [Kept; 6] = [
     Kept {
         label: "on a state kept across calls (RingRank; later steps merge in their kernel, the last step's partial launches split their tail)",
         split: SplitTail::Last,
@@ -75,6 +75,13 @@ const KEPT_RUNS: [Kept; 5] = [
     Kept {
         label: "the same with no step splitting its tail (A/B)",
         split: SplitTail::Never,
+        overlap: false,
+        free_sms: 0,
+        fold: true,
+    },
+    Kept {
+        label: "the same with every step splitting its tail, those beside a transfer taking their pieces from the counter (A/B)",
+        split: SplitTail::Every,
         overlap: false,
         free_sms: 0,
         fold: true,

@@ -129,9 +129,9 @@ pub fn add(t: &mut Suite) {
     t.compile("hopper_gemms_run_on_qgmma_and_loads_on_tma", || {
         // Q·Kᵀ is D/32 QGMMA a tile and P·V bc/32: exactly those, and no HMMA (no f16 fallback); stage 6 loads
         // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
-        // three scales (LDG); stage 7 also reads its split tail's table (sdpa::SplitTable: split, pieces, its piece's
-        // bounds and parts, and where they are: 6 LDG in its producer), and stores O with UTMASTG; a chain of units
-        // (D = 64) reads the three scales at the boundary turn too.
+        // three scales (LDG); stage 7 also reads its split tail's table (sdpa::SplitTable: split, pieces, whether
+        // they are taken, its piece's bounds and parts, and where they are: 9 LDG in its producer), and stores O
+        // with UTMASTG; a chain of units (D = 64) reads the three scales at the boundary turn too.
         for stage in [Stage::S5, Stage::S6, Stage::S7] {
             for &d in stage.dims() {
                 let spec = stage.kernel(d);
@@ -147,8 +147,8 @@ pub fn add(t: &mut Suite) {
                 };
                 let want = (d / 32 + stage.bc(d) / 32) * copies;
                 let ldg = match stage {
-                    Stage::S7 if copies == 5 => 15,
-                    Stage::S7 => 9,
+                    Stage::S7 if copies == 5 => 18,
+                    Stage::S7 => 12,
                     _ => 3,
                 };
                 ensure!(

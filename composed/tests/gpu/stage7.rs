@@ -236,9 +236,68 @@ pub fn add(t: &mut Suite) {
                 bit_identical(&d.download(gpu)?, &got),
                 "{name}: a second launch gives other bits"
             );
+            // The same plan taken (whole units, then pieces, from the counter): stage 7 takes it, with the dealt
+            // plan's bits (the same parts and merge); stage 8 deals it as before.
+            d.take_split_tail(true);
+            let taken = d.split_plan(gpu, stage)?;
+            ensure!(
+                taken.taken == stage.takes_pieces() && taken.pieces == plan.pieces,
+                "{name}: taking the split tail plans {taken:?}"
+            );
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, stage)?;
+            ensure!(
+                bit_identical(&d.download(gpu)?, &got),
+                "{name}: the taken split tail gives other bits than the dealt one"
+            );
             Ok(())
         });
     }
+    t.gpu("split::stage7::taken_pieces_run_every_part", |gpu| {
+        // A taken plan whose pieces hold two parts each (pieces of 7 key tiles over units of 5): the mutant that moves
+        // on to the counter after a piece's first part leaves the second parts unrun, and the merge reads poison.
+        let (shape, blocks) = (Shape::new(1, 4, 1000, 128), 5);
+        let qz = quantize_per_head(&normal(shape, 73));
+        let run = |spec: Option<lab::KernelSpec>| -> Result<Attention<f32>> {
+            let mut d = OnDevice::upload_as(gpu, &qz, OutDtype::F16)?;
+            d.use_blocks(Some(blocks));
+            d.use_kernel(spec);
+            d.take_split_tail(true);
+            let plan = d.split_plan(gpu, Stage::S7)?;
+            ensure!(
+                plan.taken && plan.tail_tiles() > plan.pieces * plan.unit_tiles,
+                "plan {plan:?}"
+            );
+            d.poison_outputs(gpu)?;
+            d.launch(gpu, Stage::S7)?;
+            d.download(gpu)
+        };
+        let good = run(None)?;
+        rule(
+            Stage::S7,
+            &qz,
+            &reference(&qz),
+            &emulation_of(Stage::S7, &qz, OutDtype::F16),
+            &good,
+            "taken split tail",
+            |e, _| eprintln!("stage7 taken split tail 1x4x1000x128, 5 blocks: {e}"),
+        )?;
+        let mutant = Stage::S7.kernel(128).mutated(
+            "pingpong_attention.cuh",
+            "++w;  // the piece's next part",
+            "w = end;",
+        )?;
+        let bad = run(Some(mutant));
+        ensure!(
+            !bad.as_ref().is_ok_and(|b| bit_identical(b, &good)),
+            "a taken piece's later parts skipped: O and the LSE unchanged"
+        );
+        eprintln!(
+            "mutant `taken piece's later parts skipped` caught: {}",
+            bad.map_or_else(|e| format!("{e:#}"), |_| "other bits".into())
+        );
+        Ok(())
+    });
     t.gpu("split::stage7::f32_parts_land_when_warps_lag", |gpu| {
         // A split part's destination sits in shared memory across its unit; with f32 O (direct stores, no panel
         // barrier) the warpgroup's first warp could go on to its next unit and overwrite it before a slower warp had
@@ -383,8 +442,8 @@ pub fn add(t: &mut Suite) {
         ("counter_left_nonzero", "sched->counter = 0;", ""),
         (
             "every_other_ticket",
-            "atomicAdd(&sched->counter, 1)",
-            "atomicAdd(&sched->counter, 2)",
+            "w = tickets ? int(gridDim.x) + atomicAdd(&sched->counter, 1) : work;",
+            "w = tickets ? int(gridDim.x) + atomicAdd(&sched->counter, 2) : work;",
         ),
     ] {
         t.gpu(

@@ -1,7 +1,7 @@
 // Ring attention: every rank's steps on one device against the f64 reference, and over NCCL on 2 and 4 GPUs.
 use anyhow::{Result, ensure};
 use fixtures::{Quantized, Raw, Shape, quantize_per_head};
-use fp8_attention::{Fp8, OutDtype, Shard};
+use fp8_attention::{Fp8, OutDtype, Shard, SplitTail};
 use lab::{Gpu, Suite};
 
 use crate::lab_path;
@@ -43,13 +43,25 @@ fn ring_one_device_joined_as(
     world: usize,
     fold: Option<lab::KernelSpec>,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
-    Ok(ring_one_device_run(gpu, qz, s, world, How::As(fold))?.0)
+    ring_one_device_split(gpu, qz, s, world, fold, SplitTail::default())
 }
 
-/// Which one-device ring runs: `ring_on_one_device_as` with later steps merging in this kernel (None: attn-merge),
-/// or `ring_on_one_device_timed` (the default kernel, each step between events).
+/// As ring_one_device_joined_as, `split`'s steps splitting their tails.
+fn ring_one_device_split(
+    gpu: &Gpu,
+    qz: &Quantized,
+    s: Shape,
+    world: usize,
+    fold: Option<lab::KernelSpec>,
+    split: SplitTail,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    Ok(ring_one_device_run(gpu, qz, s, world, How::As(fold, split))?.0)
+}
+
+/// Which one-device ring runs: `ring_on_one_device_as` with later steps merging in this kernel (None: attn-merge) and
+/// these steps splitting their tails, or `ring_on_one_device_timed` (the defaults, each step between events).
 enum How {
-    As(Option<lab::KernelSpec>),
+    As(Option<lab::KernelSpec>, SplitTail),
     Timed,
 }
 
@@ -86,7 +98,7 @@ fn ring_one_device_run(
         .collect();
     let outs = match how {
         How::Timed => ring_on_one_device_timed(gpu, &st, s, &q, &kv)?,
-        How::As(fold) => ring_on_one_device_as(gpu, &st, s, &q, &kv, fold)?,
+        How::As(fold, split) => ring_on_one_device_as(gpu, &st, s, &q, &kv, fold, split)?,
     };
     let steps = outs.iter().map(|o| o.steps.clone()).collect();
     let (mut o_shards, mut l_shards) = (vec![], vec![]);
@@ -113,6 +125,14 @@ fn check_ring(gpu: &Gpu, s: Shape, world: usize, same_bits: bool) -> Result<()> 
     // The ring as the library runs it, and, where later steps fold their merge into the kernel, with attn-merge's
     // merge after each part instead: each held to the reference.
     let mut runs = vec![("", ring_one_device_joined(gpu, &qz, s, world)?)];
+    // Every step splitting its tail (steps before the last taking their pieces from the counter): the same bits where
+    // no launch splits.
+    let every = ring_one_device_split(gpu, &qz, s, world, default_fold(s.d), SplitTail::Every)?;
+    ensure!(
+        !same_bits || runs[0].1 == every,
+        "ring W = {world} {s:?}: every step splitting its tail changed bits where none splits"
+    );
+    runs.push((" (every step splitting its tail)", every));
     if default_fold(s.d).is_some() {
         let unfolded = ring_one_device_joined_as(gpu, &qz, s, world, None)?;
         // The same bits where no launch of the unfolded ring splits its tail (a split part's own merge changes them).
@@ -307,7 +327,13 @@ pub fn add(t: &mut Suite) {
         let s = Shape::new(1, 4, 1000, 128);
         let qz = quantize_per_head(&Raw::random(s, 92, 1.0));
         let world = 3;
-        let (plain, none) = ring_one_device_run(gpu, &qz, s, world, How::As(default_fold(s.d)))?;
+        let (plain, none) = ring_one_device_run(
+            gpu,
+            &qz,
+            s,
+            world,
+            How::As(default_fold(s.d), SplitTail::default()),
+        )?;
         let (timed, steps) = ring_one_device_run(gpu, &qz, s, world, How::Timed)?;
         ensure!(
             none.iter().all(Vec::is_empty),
@@ -416,9 +442,22 @@ pub fn add(t: &mut Suite) {
             Shape::new(1, 43, 4096, 64).with_causal(true),
             &[2][..],
         ),
+        // D = 128 (consume_unit's epilogue, not the chain's): 43 heads × 8 query tiles, 5 key tiles a step.
+        (
+            "1x43x2048x128_split_tail",
+            Shape::new(1, 43, 2048, 128),
+            &[2][..],
+        ),
+        // 137 heads × 2 query tiles = 274 units a step on 132 SMs: 142 units in the tail, pieces longer than a unit,
+        // so some pieces hold a whole unit (accumulated in the kernel) beside a part.
+        (
+            "1x137x512x128_split_tail_whole_parts",
+            Shape::new(1, 137, 512, 128),
+            &[2][..],
+        ),
     ] {
         t.gpu(&format!("ring::on_one_device::{name}"), move |gpu| {
-            if name.ends_with("split_tail") {
+            if name.contains("split_tail") {
                 // A step's launch at W = 2 (a rank's shard against a shard) must split its tail on this GPU: the last
                 // step's does (SplitTail::Last, the default), its parts merged in the kernel's own merge.
                 let block = Shape::new(shape.b, shape.h, shape.sq / 2, shape.d);
@@ -430,11 +469,44 @@ pub fn add(t: &mut Suite) {
                 );
             }
             for &w in worlds {
-                check_ring(gpu, shape, w, !name.ends_with("split_tail"))?;
+                check_ring(gpu, shape, w, !name.contains("split_tail"))?;
             }
             Ok(())
         });
     }
+    t.gpu(
+        "ring::on_one_device::split_tail_merge_without_running_rows_is_caught",
+        |gpu| {
+            // The last step's folded launch splits its tail (W = 2, 344 units on 132 SMs); with stage 7's own merge
+            // kernel in the accumulating source (the parts merged, the running rows of the step before dropped) the
+            // ring must differ from the accumulating merge's by far.
+            let s = Shape::new(1, 43, 2048, 128);
+            let qz = quantize_per_head(&Raw::random(s, 91, 1.0));
+            let spec =
+                anyhow::Context::context(default_fold(s.d), "no accumulating kernel at D = 128")?;
+            let mutant = spec.mutated_source("SDPA_MERGE_ACC_KERNEL(128)", "SDPA_MERGE_KERNEL(128)")?;
+            let good = ring_one_device_joined_as(gpu, &qz, s, 2, Some(spec))?;
+            let bad = ring_one_device_joined_as(gpu, &qz, s, 2, Some(mutant))?;
+            let e = lab::numerics::error_stats(
+                &bad.0,
+                &good.0,
+                lab::numerics::Tolerance {
+                    atol: 0.0,
+                    rtol: 0.0,
+                },
+            );
+            ensure!(
+                e.rel_l2 > 1e-2,
+                "the merge without the running rows is within rel-L2 {:.3e} of the accumulating merge",
+                e.rel_l2
+            );
+            eprintln!(
+                "mutant `split tail merged without the running rows` caught: rel-L2 {:.3e}",
+                e.rel_l2
+            );
+            Ok(())
+        },
+    );
     for (world, name, shape) in [
         (
             2,
