@@ -35,6 +35,7 @@
 #![warn(missing_docs)]
 
 mod attention;
+mod checks;
 mod error;
 mod paged_plan;
 mod problem;
@@ -47,7 +48,8 @@ mod varlen;
 mod varlen_real;
 mod warm;
 
-pub use attention::{Attention, Config, Fp8, Lengths, OutBuf, Output, check_inputs, check_strides};
+pub use attention::{Attention, Config, Fp8, OutBuf, Output};
+pub use checks::{Lengths, check_inputs, check_strides};
 pub use composed::bench::Timing;
 pub use composed::{Stage, Strides, validate, validate_shape};
 pub use error::{Error, Result};

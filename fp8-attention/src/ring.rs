@@ -9,7 +9,8 @@ use lab::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use composed::{Strides, Tensors};
 
-use crate::attention::{Attention, Config, Fp8, Lengths, OutBuf, Output};
+use crate::attention::{Attention, Config, Fp8, OutBuf, Output};
+use crate::checks::Lengths;
 use crate::error::{Error, Result};
 
 /// The token range of zigzag half `half` (0: first, 1: second) of rank `rank` of `world`, in a sequence of `s`.

@@ -319,6 +319,24 @@ fn ring_nccl_run(
     }
 }
 
+/// O of the two-rank one-device ring on `qz` with later steps merging in `mutant`, against the same ring merging in
+/// `good` (None: attn-merge after an f32 part).
+fn mutant_distance(
+    gpu: &Gpu,
+    qz: &Quantized,
+    s: Shape,
+    good: Option<lab::KernelSpec>,
+    mutant: lab::KernelSpec,
+) -> Result<lab::numerics::ErrorStats> {
+    let good = ring_one_device_joined_as(gpu, qz, s, 2, good)?;
+    let bad = ring_one_device_joined_as(gpu, qz, s, 2, Some(mutant))?;
+    let exact = lab::numerics::Tolerance {
+        atol: 0.0,
+        rtol: 0.0,
+    };
+    Ok(lab::numerics::error_stats(&bad.0, &good.0, exact))
+}
+
 /// The ring tests.
 pub fn add(t: &mut Suite) {
     t.gpu("ring::on_one_device::timed_steps_same_bits", |gpu| {
@@ -384,16 +402,7 @@ pub fn add(t: &mut Suite) {
                 "const float l[2] = {row0 + r < p.sq ? lacc[r] : 0.0f, lse[h]};",
                 "const float l[2] = {lse[h], row0 + r < p.sq ? lacc[r] : 0.0f};",
             )?;
-            let good = ring_one_device_joined_as(gpu, &qz, s, 2, None)?;
-            let bad = ring_one_device_joined_as(gpu, &qz, s, 2, Some(mutant))?;
-            let e = lab::numerics::error_stats(
-                &bad.0,
-                &good.0,
-                lab::numerics::Tolerance {
-                    atol: 0.0,
-                    rtol: 0.0,
-                },
-            );
+            let e = mutant_distance(gpu, &qz, s, None, mutant)?;
             ensure!(
                 e.rel_l2 > 1e-2,
                 "the swapped weights' ring is within rel-L2 {:.3e} of the merge's",
@@ -485,16 +494,7 @@ pub fn add(t: &mut Suite) {
             let spec =
                 anyhow::Context::context(default_fold(s.d), "no accumulating kernel at D = 128")?;
             let mutant = spec.mutated_source("SDPA_MERGE_ACC_KERNEL(128)", "SDPA_MERGE_KERNEL(128)")?;
-            let good = ring_one_device_joined_as(gpu, &qz, s, 2, Some(spec))?;
-            let bad = ring_one_device_joined_as(gpu, &qz, s, 2, Some(mutant))?;
-            let e = lab::numerics::error_stats(
-                &bad.0,
-                &good.0,
-                lab::numerics::Tolerance {
-                    atol: 0.0,
-                    rtol: 0.0,
-                },
-            );
+            let e = mutant_distance(gpu, &qz, s, Some(spec), mutant)?;
             ensure!(
                 e.rel_l2 > 1e-2,
                 "the merge without the running rows is within rel-L2 {:.3e} of the accumulating merge",
