@@ -492,6 +492,68 @@ mod tests {
         );
     }
 
+    /// The producer's walk over a taken plan (pingpong_attention.cuh), one step: a block's next item after `w` (below
+    /// `split` a whole unit, else `split` + a part's index in the table) with `end` its piece's end (0: none in hand),
+    /// and the grid's counter.
+    fn taken_next(
+        p: &SplitPlan,
+        first: &[i32],
+        grid: usize,
+        (w, end): (usize, usize),
+        counter: &mut usize,
+    ) -> (usize, usize) {
+        if w >= p.split && w + 1 < end {
+            return (w + 1, end);
+        }
+        let c = grid + *counter;
+        *counter += 1;
+        let q = c.checked_sub(p.split).filter(|&q| q < p.pieces);
+        let w = if c < p.split {
+            c
+        } else {
+            p.split + first[q.unwrap_or(p.pieces)] as usize
+        };
+        (w, q.map_or(0, |q| p.split + first[q + 1] as usize))
+    }
+
+    proptest::proptest! {
+        /// Blocks walking a taken plan in any interleaving, some of them starting only after every other block has
+        /// ended (late, as beside NCCL's kernels): every whole unit and every part is produced once.
+        #[test]
+        fn a_taken_walk_runs_every_item_once(
+            units in 2usize..400,
+            blocks in 1usize..40,
+            tiles in 2usize..12,
+            order in proptest::collection::vec(0usize..1000, 1..4000),
+            late in 0usize..4,
+        ) {
+            let p = SplitPlan::new(units, blocks, tiles, false, 4).taken();
+            proptest::prop_assume!(p.pieces > 0);
+            proptest::prop_assert!(p.taken);
+            let t = p.table(5, 4);
+            let mut counter = 0;
+            // Each block: its item in hand (its first unit: blockIdx.x) and whether it walks yet.
+            let mut at: Vec<(usize, usize)> = (0..blocks).map(|b| (b, 0)).collect();
+            let alive = |(w, end): (usize, usize)| w < p.split || w < end;
+            let mut ran = vec![0u32; p.split + t.parts.len()];
+            let mut picks = order.iter().cycle();
+            let early = blocks - late.min(blocks - 1);
+            loop {
+                let walking: Vec<usize> = (0..blocks)
+                    .filter(|&b| alive(at[b]) && (b < early || (0..early).all(|e| !alive(at[e]))))
+                    .collect();
+                let Some(&pick) = picks.next() else { break };
+                if walking.is_empty() {
+                    break;
+                }
+                let b = walking[pick % walking.len()];
+                ran[at[b].0] += 1;
+                at[b] = taken_next(&p, &t.first, blocks, at[b], &mut counter);
+            }
+            proptest::prop_assert!(ran.iter().all(|&n| n == 1), "{:?}: items run {:?}", p, ran);
+        }
+    }
+
     #[test]
     fn the_h100_plan_at_4_16_4096_128() {
         // 2048 units of 19 key tiles on 132 SMs: 15 whole units a block, then 68 units' 1292 tiles in 132 pieces.
