@@ -182,7 +182,10 @@ __device__ __forceinline__ void consume_chain(const Params& p, const Block& blk,
       store_or_accumulate<D, ACC>(p, o, inv, vs, lse, dst, obh, orow, wg, mo, so);
       mark(kMarkEpilogueEnd);
       // The next unit's destination, for its epilogue (every thread read this one's before the epilogue's barrier).
+      // A unit of one key tile (a split tail's part) has no turn barrier before its end reads it: one here, so that no
+      // warp reads the finished unit's destination as its own.
       if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);
+      if (cur.u.tiles == 1) roles::sync(3 + wg, 128);
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) o[0].x[i] = 0.0f;
       wgmma::wait<0>();

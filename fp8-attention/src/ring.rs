@@ -423,8 +423,8 @@ impl RankSteps {
         };
         let free = if last { 0 } else { self.free_sms };
         // The accumulating kernel splits its tail at D = 128 only: at D = 64 (units chained, unit_chain.cuh) a part of
-        // one key tile followed by another unit can read the unit before's destination (no barrier after thread 0
-        // writes it), and the split ring failed the reference.
+        // one key tile followed by another unit read the unit before's destination (no barrier after thread 0 wrote
+        // it), and the split ring failed the reference; the barrier that closes it is not yet run on a device.
         let fold_splits = on && self.shape.d == 128;
         for (op, split) in [
             (Some(&mut self.full), on),

@@ -356,6 +356,41 @@ pub fn add(t: &mut Suite) {
         );
         Ok(())
     });
+    t.gpu("split::stage7::one_tile_parts_read_their_own_destination", |gpu| {
+        // A chained part of one key tile followed by another unit (1 × 520 × 256 at D = 64 on 2 blocks: piece 1 is unit
+        // 3's last tile, then unit 4 whole) has no turn barrier between thread 0's write of its destination and the
+        // other warps' read at its end. Thread 0 is made to lag before that write: with the barrier after it, O is as
+        // without the lag; without it, warps 1–3 take the unit before's destination and the lag must show.
+        let at = "if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);";
+        let lag = format!("if (roles::thread_in_group() == 0)\n        for (int i = 0; i < 200; ++i) __nanosleep(1000);\n      {at}");
+        let (shape, blocks, out) = (Shape::cross(1, 1, 520, 256, 64), 2, OutDtype::F32);
+        let qz = quantize_per_head(&normal(shape, 79));
+        let run = split_f32_run(gpu, &qz, blocks, out);
+        let plain = run(None)?;
+        rule(
+            Stage::S7,
+            &qz,
+            &reference(&qz),
+            &emulation_of(Stage::S7, &qz, out),
+            &plain,
+            "one-tile parts",
+            |e, _| eprintln!("stage7 1x1x520x256x64, 2 blocks (a one-tile part mid-chain): {e}"),
+        )?;
+        let lagging = Stage::S7.kernel(64).mutated("unit_chain.cuh", at, &lag)?;
+        ensure!(
+            bit_identical(&run(Some(lagging))?, &plain),
+            "with thread 0 lagging before the next destination, O or the LSE changed"
+        );
+        let unguarded = lagging.mutated("unit_chain.cuh", "if (cur.u.tiles == 1) roles::sync(3 + wg, 128);", "")?;
+        let broken = run(Some(unguarded));
+        ensure!(
+            !broken.as_ref().is_ok_and(|b| bit_identical(b, &plain)),
+            "without the barrier after a one-tile unit's destination the lag did not show: the test no longer shows the race"
+        );
+        eprintln!("one-tile parts: thread 0 lagging, rows land with the barrier; without it: {}",
+            broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()));
+        Ok(())
+    });
     t.model("split::stage7::chained_mutants_apply", || {
         // The chained lag test's two edits still find their text (no GPU needed).
         let at = "const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier";
