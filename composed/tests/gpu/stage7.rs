@@ -19,6 +19,25 @@ fn split_f32_run<'a>(
     }
 }
 
+/// A lag test's two verdicts: the kernel with a warp made to lag (`lagging`) gives the plain kernel's bits, and the same
+/// lag without the ordering under test (`unguarded`) must not; `fail` is what each failure says. The unguarded run's
+/// outcome, for the log.
+fn lag_verdicts(
+    run: impl Fn(Option<lab::KernelSpec>) -> Result<Attention<f32>>,
+    plain: &Attention<f32>,
+    (lagging, unguarded): (lab::KernelSpec, lab::KernelSpec),
+    fail: [&str; 2],
+) -> Result<String> {
+    ensure!(bit_identical(&run(Some(lagging))?, plain), "{}", fail[0]);
+    let broken = run(Some(unguarded));
+    ensure!(
+        !broken.as_ref().is_ok_and(|b| bit_identical(b, plain)),
+        "{}",
+        fail[1]
+    );
+    Ok(broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()))
+}
+
 /// Stage 7 (and stage 6 where it shares the path), capability by capability.
 /// The split tail's mutants (name, header, from, to), each a plausible bug its GPU test must catch.
 const SPLIT_MUTANTS: [(&str, &str, &str, &str); 3] = [
@@ -313,18 +332,12 @@ pub fn add(t: &mut Suite) {
         let lagging = Stage::S7
             .kernel(128)
             .mutated("pingpong_attention.cuh", "const int dst = blk.qb->dest[wg];", lag)?;
-        ensure!(
-            bit_identical(&run(Some(lagging))?, &plain),
-            "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it"
-        );
         let unguarded = lagging.mutated("pingpong_epilogue.cuh", "roles::sync(3 + wg, 128);  // dest read by all", "")?;
-        let broken = run(Some(unguarded));
-        ensure!(
-            !broken.as_ref().is_ok_and(|b| bit_identical(b, &plain)),
-            "without the epilogue's barrier the lagging warps' rows still landed: the test no longer shows the race"
-        );
-        eprintln!("f32 split parts: lagging warps land their rows with the barrier; without it: {}",
-            broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()));
+        let broken = lag_verdicts(run, &plain, (lagging, unguarded), [
+            "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it",
+            "without the epilogue's barrier the lagging warps' rows still landed: the test no longer shows the race",
+        ])?;
+        eprintln!("f32 split parts: lagging warps land their rows with the barrier; without it: {broken}");
         Ok(())
     });
     t.gpu("split::stage7::chained_parts_land_when_warps_lag", |gpu| {
@@ -340,20 +353,15 @@ pub fn add(t: &mut Suite) {
         let run = split_f32_run(gpu, &qz, blocks, out);
         let plain = run(None)?;
         let lagging = Stage::S7.kernel(64).mutated("unit_chain.cuh", at, &lag)?;
-        ensure!(
-            bit_identical(&run(Some(lagging))?, &plain),
-            "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it"
-        );
         let early = lagging.mutated(
             "unit_chain.cuh",
             "      ++n;\n      cur.begin(",
             "      ++n;\n      if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);\n      cur.begin(",
         )?;
-        let broken = run(Some(early));
-        ensure!(
-            !broken.as_ref().is_ok_and(|b| bit_identical(b, &plain)),
-            "the next destination written before the turn's barrier: the lagging warps' rows still landed"
-        );
+        lag_verdicts(run, &plain, (lagging, early), [
+            "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it",
+            "the next destination written before the turn's barrier: the lagging warps' rows still landed",
+        ])?;
         Ok(())
     });
     t.gpu("split::stage7::one_tile_parts_read_their_own_destination", |gpu| {
@@ -377,22 +385,16 @@ pub fn add(t: &mut Suite) {
             |e, _| eprintln!("stage7 1x1x520x256x64, 2 blocks (a one-tile part mid-chain): {e}"),
         )?;
         let lagging = Stage::S7.kernel(64).mutated("unit_chain.cuh", at, &lag)?;
-        ensure!(
-            bit_identical(&run(Some(lagging))?, &plain),
-            "with thread 0 lagging before the next destination, O or the LSE changed"
-        );
         let unguarded = lagging.mutated("unit_chain.cuh", "if (cur.u.tiles == 1) roles::sync(3 + wg, 128);", "")?;
-        let broken = run(Some(unguarded));
-        ensure!(
-            !broken.as_ref().is_ok_and(|b| bit_identical(b, &plain)),
-            "without the barrier after a one-tile unit's destination the lag did not show: the test no longer shows the race"
-        );
-        eprintln!("one-tile parts: thread 0 lagging, rows land with the barrier; without it: {}",
-            broken.map_or_else(|e| format!("{e:#}"), |_| "other bits".into()));
+        let broken = lag_verdicts(run, &plain, (lagging, unguarded), [
+            "with thread 0 lagging before the next destination, O or the LSE changed",
+            "without the barrier after a one-tile unit's destination the lag did not show: the test no longer shows the race",
+        ])?;
+        eprintln!("one-tile parts: thread 0 lagging, rows land with the barrier; without it: {broken}");
         Ok(())
     });
     t.model("split::stage7::chained_mutants_apply", || {
-        // The chained lag test's two edits still find their text (no GPU needed).
+        // The chained lag tests' edits still find their text (no GPU needed).
         let at = "const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier";
         Stage::S7
             .kernel(64)
@@ -402,6 +404,12 @@ pub fn add(t: &mut Suite) {
                 "      ++n;\n      cur.begin(",
                 "      ++n;\n      cur.begin(",
             )?;
+        let write = "if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);";
+        let barrier = "if (cur.u.tiles == 1) roles::sync(3 + wg, 128);";
+        Stage::S7
+            .kernel(64)
+            .mutated("unit_chain.cuh", write, write)?
+            .mutated("unit_chain.cuh", barrier, "")?;
         Ok(())
     });
     // Every mutation still applies to today's headers (no GPU needed): a mutant whose text moved would otherwise be
