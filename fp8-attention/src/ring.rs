@@ -422,17 +422,9 @@ impl RankSteps {
             SplitTail::Every => true,
         };
         let free = if last { 0 } else { self.free_sms };
-        // The accumulating kernel splits its tail at D = 128 only: at D = 64 (units chained, unit_chain.cuh) a part of
-        // one key tile followed by another unit read the unit before's destination (no barrier after thread 0 wrote
-        // it), and the split ring failed the reference; the barrier that closes it is not yet run on a device.
-        let fold_splits = on && self.shape.d == 128;
-        for (op, split) in [
-            (Some(&mut self.full), on),
-            (Some(&mut self.diag), on),
-            (self.folding.as_mut(), fold_splits),
-        ] {
+        for op in [Some(&mut self.full), Some(&mut self.diag), self.folding.as_mut()] {
             if let Some(op) = op {
-                op.set_split_tail(split);
+                op.set_split_tail(on);
                 op.set_split_taken(!last);
                 op.set_free_sms(free);
             }
