@@ -422,12 +422,17 @@ impl RankSteps {
             SplitTail::Every => true,
         };
         let free = if last { 0 } else { self.free_sms };
-        for op in [Some(&mut self.full), Some(&mut self.diag), self.folding.as_mut()] {
-            if let Some(op) = op {
-                op.set_split_tail(on);
-                op.set_split_taken(!last);
-                op.set_free_sms(free);
-            }
+        for op in [
+            Some(&mut self.full),
+            Some(&mut self.diag),
+            self.folding.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            op.set_split_tail(on);
+            op.set_split_taken(!last);
+            op.set_free_sms(free);
         }
     }
 
