@@ -113,6 +113,19 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "racecheck", "synccheck"],
     ),
     (
+        // Chained units (D = 64) with split parts of one key tile mid-chain, thread 0 made to lag before it writes the
+        // next unit's destination: the barrier after that write.
+        "composed--gpu",
+        "gpu::split::stage7::one_tile_parts_read_their_own_destination",
+        &["memcheck", "racecheck"],
+    ),
+    (
+        // The ring's accumulating kernel at D = 64 splitting its tail: chained parts, the accumulating merge kernel.
+        "fp8-attention--gpu",
+        "gpu::ring::on_one_device::1x43x4096x64_split_tail",
+        &["memcheck"],
+    ),
+    (
         // Ring attention on one device: zigzag views, stage 7 and its accumulating kernel, attn-merge's merges, and
         // stage 8 as the dense reference.
         "fp8-attention--gpu",
