@@ -32,12 +32,15 @@ struct RankTimes {
     fresh_steps: Vec<StepTime>,
     host: HostTimes,
     kept_steps: Vec<(Vec<f32>, f32)>,
+    /// The kept state's last call's transfers (as the library sets it; ms, none for the last step).
+    kept_transfers: Vec<f32>,
     alone: Vec<f32>,
 }
 
-/// Rounds over [`KEPT_RUNS`], each setting timed once a round in the same order: a setting's calls then sit at two
-/// points of the run, so that none is read only at its start (cooler) or only late.
-const KEPT_ROUNDS: usize = 2;
+/// Rounds over [`KEPT_RUNS`], each setting timed once a round in the same order: a setting's calls then sit at five
+/// points of the run, so that none is read only at its start (cooler) or only late, and a setting's figure is the
+/// median of its rounds (a run's rounds differ by up to 10% at four GPUs: the better of two read high).
+const KEPT_ROUNDS: usize = 5;
 
 /// One run on the kept state: its label, which steps split their tail, whether step 0 runs under the ranks' check,
 /// the SMs a step with a transfer leaves to NCCL, and whether later steps merge in their kernel.
@@ -112,6 +115,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
         have >= world,
         "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
     );
+    let one_before = stage7_ms(lab::Gpu::device(0)?, s, fixtures::OutDtype::Bf16)?;
     let times =
         fp8_attention::on_ranks_with(world, max_ctas, |r, gpu, comm| -> Result<RankTimes> {
             let st = comm.stream();
@@ -144,6 +148,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
             let mut runs: Vec<(Vec<f64>, Vec<f32>, f32)> =
                 vec![(vec![], vec![], 0.0); KEPT_RUNS.len()];
             let mut kept_steps = vec![];
+            let mut kept_transfers = vec![];
             for _ in 0..KEPT_ROUNDS {
                 for (i, (k, run)) in KEPT_RUNS.iter().zip(runs.iter_mut()).enumerate() {
                     kept.set_split_tail(k.split);
@@ -161,6 +166,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                     run.2 = last.steps.first().map_or(0.0, |t| t.idle_ms);
                     if i == 0 {
                         kept_steps.push(round_steps(&every[1..]));
+                        kept_transfers = last.steps.iter().filter_map(|t| t.transfer_ms).collect();
                     }
                 }
             }
@@ -173,6 +179,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                 fresh_steps: steps,
                 host,
                 kept_steps,
+                kept_transfers,
                 alone,
             })
         })?;
@@ -182,15 +189,17 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
         .map(|(r, t)| t.with_context(|| format!("rank {r}")))
         .collect::<Result<_>>()?;
     let (kept0, steps0, host0) = (&times[0].kept, &times[0].fresh_steps, times[0].host);
-    // Each setting's better round (the rounds' medians printed beside it).
+    // Each setting's median round (the rounds' medians printed beside it).
     let kept_ms: Vec<f64> = kept0
         .iter()
-        .map(|k| k.0.iter().copied().fold(f64::INFINITY, f64::min))
+        .map(|k| lab::numerics::median(k.0.clone()))
         .collect();
     let ring_ms = lab::numerics::median(times[0].fresh_ms.clone());
-    // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it.
+    // One GPU: stage 7 on the whole problem (every kernel of a launch), as the library runs it; timed before the ring's
+    // rounds (`one_before`) and after them, and their mean.
     let gpu = lab::Gpu::device(0)?;
-    let one_ms = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
+    let one_after = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
+    let one_ms = (one_before + one_after) / 2.0;
     // A step's work alone: stage 7 on one rank's shard against one shard of keys (B, H, S / W, S / W), not causal;
     // a causal step (the diagonal, or two of the four half-blocks) is half of it.
     let shard = Shape {
@@ -205,7 +214,8 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
     let flops = s.flops();
     println!(
         "ring over NCCL ({}), {world} GPU(s), {}: {ring_ms:.3} ms a call (rank 0, median of {iters}; {:.1} TFLOP/s in all); \
-         stage 7 on one GPU: {:.3} ms ({:.1} TFLOP/s): {:.2}× one GPU",
+         stage 7 on one GPU: {:.3} ms ({:.1} TFLOP/s; {one_before:.3} ms before the ring's calls, {one_after:.3} after): \
+         {:.2}× one GPU",
         max_ctas.map_or("its kernels as wide as NCCL picks".into(), |n| format!(
             "its kernels held to {n} blocks"
         )),
@@ -217,7 +227,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
     );
     for ((k, ms), (rounds, steps, idle)) in KEPT_RUNS.iter().zip(&kept_ms).zip(kept0) {
         println!(
-            "  {}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU (the better of {KEPT_ROUNDS} interleaved rounds' \
+            "  {}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU (the median of {KEPT_ROUNDS} interleaved rounds' \
              medians, {} ms; rank 0's steps in its last call {} ms, step 0's device waiting for the host {idle:.3} ms)",
             k.label,
             flops / (ms * 1e-3) / 1e12,
@@ -281,12 +291,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
             slowest / step_f32_ms
         );
     }
-    // Each rank's steps, on the kept state (as the library runs calls; the round whose call time is reported above)
-    // and on a fresh one, against the ring's own launches of those steps with nothing beside them, on the rank's own
-    // GPU.
-    let best = (0..KEPT_ROUNDS)
-        .min_by(|&a, &b| kept0[0].0[a].total_cmp(&kept0[0].0[b]))
-        .unwrap_or(0);
+    // Each rank's steps, on the kept state (as the library runs calls: each step's median over the rounds, each round's
+    // the median of its calls) and on a fresh one, against the ring's own launches of those steps with nothing beside
+    // them, on the rank's own GPU.
     let list = |x: &[f32], unit: &str| joined(x.iter().map(|&v| f64::from(v)), unit);
     let (mut worst_kept, mut worst_fresh) = (0.0f32, 0.0f32);
     for (r, t) in times.iter().enumerate() {
@@ -296,21 +303,22 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                 .map(|(st, a)| st / a.max(f32::MIN_POSITIVE))
                 .collect()
         };
-        let (kept_ms, kept_idle) = &t.kept_steps[best];
+        let (kept_ms, kept_idle) = over_rounds(&t.kept_steps);
         let fresh_ms: Vec<f32> = t.fresh_steps.iter().map(|st| st.step_ms).collect();
         let fresh_idle = t.fresh_steps.first().map_or(0.0, |st| st.idle_ms);
-        let (kept, fresh) = (ratios(kept_ms), ratios(&fresh_ms));
+        let (kept, fresh) = (ratios(&kept_ms), ratios(&fresh_ms));
         worst_kept = kept.iter().copied().fold(worst_kept, f32::max);
         worst_fresh = fresh.iter().copied().fold(worst_fresh, f32::max);
         println!(
             "  rank {r} (GPU {r}): its steps' own launches alone (median of {ALONE_CALLS} calls, every GPU running its \
-             rank's) {} ms; kept state's steps, each the median of round {}'s calls, {} ms ({}; step 0's device \
-             waiting for the host {:.3} ms); fresh state's last call {} ms ({}; {:.3} ms)",
+             rank's) {} ms; kept state's steps, each the median over {KEPT_ROUNDS} rounds of its calls' medians, {} ms \
+             ({}; step 0's device waiting for the host {:.3} ms; the last call's transfers {} ms); fresh state's last \
+             call {} ms ({}; {:.3} ms)",
             list(&t.alone, ""),
-            best + 1,
-            list(kept_ms, ""),
+            list(&kept_ms, ""),
             list(&kept, "×"),
             kept_idle,
+            list(&t.kept_transfers, ""),
             list(&fresh_ms, ""),
             list(&fresh, "×"),
             fresh_idle,
@@ -403,6 +411,23 @@ fn stage7_ms(gpu: &'static lab::Gpu, s: Shape, out: fixtures::OutDtype) -> Resul
     Ok(ms[2])
 }
 
+/// Each step's median over `rounds` (each a round's step medians and step 0's idle, as [`round_steps`] gives them),
+/// and step 0's median idle over them.
+fn over_rounds(rounds: &[(Vec<f32>, f32)]) -> (Vec<f32>, f32) {
+    let med = |v: Vec<f64>| lab::numerics::median(v) as f32;
+    let steps = rounds.iter().map(|r| r.0.len()).min().unwrap_or(0);
+    (
+        (0..steps)
+            .map(|i| med(rounds.iter().map(|r| f64::from(r.0[i])).collect()))
+            .collect(),
+        if rounds.is_empty() {
+            0.0
+        } else {
+            med(rounds.iter().map(|r| f64::from(r.1)).collect())
+        },
+    )
+}
+
 /// Each step's median time over `calls` (each a call's steps), and step 0's median idle (a kept round's calls, or
 /// [`steps_alone`]'s).
 fn round_steps(calls: &[Vec<StepTime>]) -> (Vec<f32>, f32) {
@@ -445,6 +470,18 @@ mod tests {
             transfer_ms: None,
             step_ms: ms,
         }
+    }
+
+    #[test]
+    fn the_kept_steps_are_each_steps_median_over_the_rounds() {
+        // Three rounds of two steps: each step's median on its own, and step 0's idle's.
+        let rounds = vec![
+            (vec![9.0, 4.0], 0.3),
+            (vec![7.0, 6.0], 0.1),
+            (vec![8.0, 5.0], 0.2),
+        ];
+        assert_eq!(over_rounds(&rounds), (vec![8.0, 5.0], 0.2));
+        assert_eq!(over_rounds(&[]), (vec![], 0.0));
     }
 
     #[test]
