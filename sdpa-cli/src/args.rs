@@ -176,6 +176,10 @@ pub enum Cmd {
         /// picks).
         #[arg(long, requires = "ranks", default_value_t = 0)]
         nccl_max_ctas: usize,
+        /// With --ranks: the ring's launches for that many ranks all on GPU 0 with no transfer (every rank's steps
+        /// against stage 7 on the whole problem there): the ring's kernels on one GPU.
+        #[arg(long, requires = "ranks")]
+        one_device: bool,
         /// A serving mode's batch on stage8's packed kernel: varlen (with --tokens), decode (--shape B,H,Sq,Sk,D,
         /// Sq ≤ 16; --page adds the paged cache), paged (--shape B,H,Sq,Sk,D and --page). The spelled-out form of
         /// --varlen, --prefix and --page.

@@ -78,6 +78,7 @@ pub fn execute(args: Args) -> Result<()> {
             api,
             ranks,
             nccl_max_ctas,
+            one_device,
             mode,
             tokens,
             varlen,
@@ -124,6 +125,9 @@ pub fn execute(args: Args) -> Result<()> {
                     "--ranks runs ring attention on stage7, not {}",
                     stage.name()
                 );
+                if one_device {
+                    return ring::bench_one_device(s, n);
+                }
                 return ring::bench_ranks(s, n, 5, (nccl_max_ctas > 0).then_some(nccl_max_ctas));
             }
             if api {

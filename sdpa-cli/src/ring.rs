@@ -350,9 +350,16 @@ fn joined(values: impl IntoIterator<Item = f64>, unit: &str) -> String {
 const ALONE_CALLS: usize = 3;
 
 /// Rank `rank`'s step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
+/// one device with no transfer beside them ([`steps_alone_all`]).
+fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize, rank: usize) -> Result<Vec<f32>> {
+    let mut all = steps_alone_all(gpu, s, world)?;
+    Ok(all.swap_remove(rank))
+}
+
+/// Every rank's step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
 /// one device with no transfer beside them (`ring_on_one_device_timed` on `gpu`, every rank's shard there, the bench's
 /// shards): the same kernels, views, f32 O and merges as a ring step's.
-fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize, rank: usize) -> Result<Vec<f32>> {
+fn steps_alone_all(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<Vec<f32>>> {
     let st = gpu.stream.clone();
     let mut held = Vec::with_capacity(world);
     for r in 0..world {
@@ -374,14 +381,50 @@ fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize, rank: usize) -> R
     };
     let q: Vec<Shard> = (0..world).map(|r| shard(r, 0)).collect();
     let kv: Vec<(Shard, Shard)> = (0..world).map(|r| (shard(r, 1), shard(r, 2))).collect();
-    let mut calls = vec![];
+    let mut calls: Vec<Vec<Vec<StepTime>>> = vec![vec![]; world];
     for i in 0..=ALONE_CALLS {
         let outs = fp8_attention::ring_on_one_device_timed(gpu, &st, s, &q, &kv)?;
         if i > 0 {
-            calls.push(outs[rank].steps.clone());
+            for (c, out) in calls.iter_mut().zip(outs) {
+                c.push(out.steps);
+            }
         }
     }
-    Ok(round_steps(&calls).0)
+    Ok(calls.iter().map(|c| round_steps(c).0).collect())
+}
+
+/// `sdpa bench --ranks N --one-device`: the ring's launches for N ranks, every rank's steps on GPU 0 with nothing
+/// beside them, against stage 7 on the whole problem there: how far the ring's kernels alone stand from one GPU's
+/// 1/N share, with no transfer, no NCCL and no other GPU (an A/B of the ring's kernels needs one GPU).
+pub fn bench_one_device(s: Shape, world: usize) -> Result<()> {
+    ensure!(world >= 1, "--ranks {world}: at least one rank");
+    ensure!(
+        s.sq == s.sk,
+        "--ranks: the ring shards one sequence (Sq = Sk), not {}",
+        shape_text(&s)
+    );
+    let gpu = lab::Gpu::device(0)?;
+    let one_ms = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
+    let all = steps_alone_all(gpu, s, world)?;
+    let sums: Vec<f64> = all
+        .iter()
+        .map(|st| st.iter().map(|&v| f64::from(v)).sum())
+        .collect();
+    let slowest = sums.iter().copied().fold(0.0, f64::max);
+    let share = one_ms / world as f64;
+    println!(
+        "ring launches of {world} rank(s) on one GPU, {}: stage 7 on the whole problem {one_ms:.3} ms, 1/{world} of it \
+         {share:.3} ms; the slowest rank's steps {slowest:.3} ms, {:.3}× that share",
+        shape_text(&s),
+        slowest / share
+    );
+    for (r, (st, sum)) in all.iter().zip(&sums).enumerate() {
+        println!(
+            "  rank {r}: steps {} ms (median of {ALONE_CALLS} calls each), {sum:.3} ms in all",
+            joined(st.iter().map(|&v| f64::from(v)), "")
+        );
+    }
+    Ok(())
 }
 
 /// Stage 7's time in ms on `s` writing O in `out` (unit-normal inputs quantized per head, on `gpu`, Vᵀ made once):
