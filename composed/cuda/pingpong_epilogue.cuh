@@ -69,7 +69,9 @@ __device__ __forceinline__ void epilogue_staged(const Params& p, frag::Regs<frag
 // attention's running result; the ACC kernels), instead of written: the rows' part is O·(1/l)·V's scale, as
 // epilogue_staged's f32 stores make it, and its LSE `lse`; each row's (O, LSE) becomes attn-merge's merge of the two,
 // accumulated first (the attn-merge kernel's arithmetic: the same bits as writing the part and merging it after).
-// A row's quad reads its LSE before the quad's first lane writes the merged one.
+// Every load of the running rows (their LSEs and O's pairs, D / 2 registers a thread) is issued before the first
+// store: stores between them would order each load after the store before it (ptxas cannot tell the addresses
+// apart), one memory round trip a pair. A row's quad reads its LSE before the quad's first lane writes the merged one.
 template <int D>
 __device__ __forceinline__ void accumulate_rows(const Params& p, frag::Regs<frag::WgmmaD<D>> (&o)[1],
                                                 const float (&inv)[2], float vs, const float (&lse)[2], int bh,
@@ -78,12 +80,24 @@ __device__ __forceinline__ void accumulate_rows(const Params& p, frag::Regs<frag
   const int t = threadIdx.x % 128;
   float* out = static_cast<float*>(p.o) + ((long long)bh * p.sq + row0) * D;
   float* lacc = p.lse + (long long)bh * p.sq + row0;
+  float lrun[2];
+  float2 run[D / 4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = frag::wgmma_d_row(t, 2 * h);
+    lrun[h] = row0 + r < p.sq ? lacc[r] : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < D / 2; i += 2) {
+    const int row = frag::wgmma_d_row(t, i), col = frag::wgmma_d_col(t, i);
+    run[i / 2] = row0 + row < p.sq ? *reinterpret_cast<const float2*>(out + (long long)row * D + col)
+                                   : make_float2(0.0f, 0.0f);
+  }
   amerge::Weights<2> w[2];
   float winv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = frag::wgmma_d_row(t, 2 * h);
-    const float l[2] = {row0 + r < p.sq ? lacc[r] : 0.0f, lse[h]};
+    const float l[2] = {lrun[h], lse[h]};
     w[h] = amerge::weights(l, 2);
     winv[h] = amerge::inv_sum(w[h]);
   }
@@ -100,10 +114,10 @@ __device__ __forceinline__ void accumulate_rows(const Params& p, frag::Regs<frag
   for (int i = 0; i < D / 2; i += 2) {
     const int row = frag::wgmma_d_row(t, i), col = frag::wgmma_d_col(t, i), h = frag::acc_half(i);
     if (row0 + row < p.sq) {
-      float2* at = reinterpret_cast<float2*>(out + (long long)row * D + col);
-      const float2 a = *at;
+      const float2 a = run[i / 2];
       const float v0[2] = {a.x, o[0].x[i] * vs}, v1[2] = {a.y, o[0].x[i + 1] * vs};
-      *at = make_float2(amerge::merge1(w[h], v0, 2, winv[h]), amerge::merge1(w[h], v1, 2, winv[h]));
+      *reinterpret_cast<float2*>(out + (long long)row * D + col) =
+          make_float2(amerge::merge1(w[h], v0, 2, winv[h]), amerge::merge1(w[h], v1, 2, winv[h]));
     }
   }
 }

@@ -399,8 +399,8 @@ pub fn add(t: &mut Suite) {
                 anyhow::Context::context(default_fold(s.d), "no accumulating kernel at D = 128")?;
             let mutant = spec.mutated(
                 "pingpong_epilogue.cuh",
-                "const float l[2] = {row0 + r < p.sq ? lacc[r] : 0.0f, lse[h]};",
-                "const float l[2] = {lse[h], row0 + r < p.sq ? lacc[r] : 0.0f};",
+                "const float l[2] = {lrun[h], lse[h]};",
+                "const float l[2] = {lse[h], lrun[h]};",
             )?;
             let e = mutant_distance(gpu, &qz, s, None, mutant)?;
             ensure!(
