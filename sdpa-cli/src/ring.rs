@@ -32,8 +32,9 @@ struct RankTimes {
     fresh_steps: Vec<StepTime>,
     host: HostTimes,
     kept_steps: Vec<(Vec<f32>, f32)>,
-    /// The kept state's last call's transfers (as the library sets it; ms, none for the last step).
+    /// The kept state's last call's transfers (as the library sets it; ms, none for the last step) and host times.
     kept_transfers: Vec<f32>,
+    kept_host: HostTimes,
     alone: Vec<f32>,
 }
 
@@ -43,23 +44,26 @@ struct RankTimes {
 const KEPT_ROUNDS: usize = 5;
 
 /// One run on the kept state: its label, which steps split their tail, whether step 0 runs under the ranks' check,
-/// the SMs a step with a transfer leaves to NCCL, and whether later steps merge in their kernel.
+/// the SMs a step with a transfer leaves to NCCL, whether later steps merge in their kernel, and whether each call's
+/// result goes back to the state for the next call to write into (`RingRank::recycle`).
 struct Kept {
     label: &'static str,
     split: SplitTail,
     overlap: bool,
     free_sms: usize,
     fold: bool,
+    recycle: bool,
 }
 
 /// The kept state's runs: as the library sets it, then A/Bs.
-const KEPT_RUNS: [Kept; 6] = [
+const KEPT_RUNS: [Kept; 7] = [
     Kept {
         label: "on a state kept across calls (RingRank; later steps merge in their kernel, the last step's partial launches split their tail)",
         split: SplitTail::Last,
         overlap: false,
         free_sms: 0,
         fold: true,
+        recycle: false,
     },
     Kept {
         label: "the same with later steps writing a part that attn-merge merges (A/B)",
@@ -67,6 +71,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 0,
         fold: false,
+        recycle: false,
     },
     Kept {
         label: "the same with a step beside a transfer leaving 1 SM to NCCL (A/B)",
@@ -74,6 +79,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 1,
         fold: true,
+        recycle: false,
     },
     Kept {
         label: "the same with no step splitting its tail (A/B)",
@@ -81,6 +87,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 0,
         fold: true,
+        recycle: false,
     },
     Kept {
         label: "the same with every step splitting its tail, those beside a transfer taking their pieces from the counter (A/B)",
@@ -88,6 +95,15 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 0,
         fold: true,
+        recycle: false,
+    },
+    Kept {
+        label: "the same with each call's result handed back for the next to write into (RingRank::recycle; A/B)",
+        split: SplitTail::Last,
+        overlap: false,
+        free_sms: 0,
+        fold: true,
+        recycle: true,
     },
     Kept {
         label: "the same with step 0 queued under the ranks' input check (A/B)",
@@ -95,6 +111,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: true,
         free_sms: 0,
         fold: true,
+        recycle: false,
     },
 ];
 
@@ -138,10 +155,10 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
             };
             let limit = std::time::Duration::from_secs(300);
             // Each call with its own state (ring_attention_rank); its last call's step and host times.
-            let (out, last) = timed_calls(iters, || {
-                ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)
+            let (out, (steps, host)) = timed_calls(iters, || {
+                let out = ring_attention_rank(gpu, comm, s, shard(0), shard(1), shard(2), limit)?;
+                Ok((out.steps, out.host))
             })?;
-            let (steps, host) = (last.steps, last.host);
             // The same calls on a state kept across them (RingRank: buffers and ops made once), in each of KEPT_RUNS'
             // settings.
             let mut kept = RingRank::new(gpu, comm, s)?;
@@ -149,6 +166,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                 vec![(vec![], vec![], 0.0); KEPT_RUNS.len()];
             let mut kept_steps = vec![];
             let mut kept_transfers = vec![];
+            let mut kept_host = HostTimes::default();
             for _ in 0..KEPT_ROUNDS {
                 for (i, (k, run)) in KEPT_RUNS.iter().zip(runs.iter_mut()).enumerate() {
                     kept.set_split_tail(k.split);
@@ -156,17 +174,22 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                     kept.set_free_sms(k.free_sms);
                     kept.set_fold_merge(k.fold);
                     let mut every = vec![];
-                    let (ms, last) = timed_calls(iters, || {
+                    let (ms, (last, host)) = timed_calls(iters, || {
                         let out = kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)?;
                         every.push(out.steps.clone());
-                        Ok(out)
+                        let times = (out.steps.clone(), out.host);
+                        if k.recycle {
+                            kept.recycle(out);
+                        }
+                        Ok(times)
                     })?;
                     run.0.push(lab::numerics::median(ms));
-                    run.1 = last.steps.iter().map(|t| t.step_ms).collect();
-                    run.2 = last.steps.first().map_or(0.0, |t| t.idle_ms);
+                    run.1 = last.iter().map(|t| t.step_ms).collect();
+                    run.2 = last.first().map_or(0.0, |t| t.idle_ms);
                     if i == 0 {
                         kept_steps.push(round_steps(&every[1..]));
-                        kept_transfers = last.steps.iter().filter_map(|t| t.transfer_ms).collect();
+                        kept_transfers = last.iter().filter_map(|t| t.transfer_ms).collect();
+                        kept_host = host;
                     }
                 }
             }
@@ -180,6 +203,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                 host,
                 kept_steps,
                 kept_transfers,
+                kept_host,
                 alone,
             })
         })?;
@@ -328,9 +352,15 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
         "  the slowest step of any rank against its own launches alone: {worst_kept:.3}× on the kept state, \
          {worst_fresh:.3}× on a fresh one (issue 35: ≤ 1.05×)"
     );
+    let h = times[0].kept_host;
+    println!(
+        "  host, rank 0's last kept call (as the library sets it): input check {:.3} ms, setup {:.3} ms, queueing the \
+         steps {:.3} ms, waiting for the device {:.3} ms",
+        h.check_ms, h.setup_ms, h.queue_ms, h.drain_ms
+    );
     let h = host0;
     println!(
-        "  host, rank 0's last call: input check {:.3} ms, setup {:.3} ms, queueing the steps {:.3} ms, waiting for \
+        "  host, rank 0's last fresh call: input check {:.3} ms, setup {:.3} ms, queueing the steps {:.3} ms, waiting for \
          the device {:.3} ms",
         h.check_ms, h.setup_ms, h.queue_ms, h.drain_ms
     );
@@ -488,10 +518,10 @@ fn round_steps(calls: &[Vec<StepTime>]) -> (Vec<f32>, f32) {
 }
 
 /// `iters` calls of `call` after one warm-up: each one's wall ms, and the last call's output.
-fn timed_calls(
+fn timed_calls<T>(
     iters: usize,
-    mut call: impl FnMut() -> fp8_attention::Result<fp8_attention::RankOutput>,
-) -> Result<(Vec<f64>, fp8_attention::RankOutput)> {
+    mut call: impl FnMut() -> fp8_attention::Result<T>,
+) -> Result<(Vec<f64>, T)> {
     let mut ms = vec![];
     let mut last = call()?;
     for _ in 0..iters {
