@@ -263,7 +263,7 @@ impl Attention {
     }
 
     /// `s` with the op's causal flag and window (what every call and output buffer is made for).
-    pub(crate) fn configured(&self, s: &Shape) -> Shape {
+    fn configured(&self, s: &Shape) -> Shape {
         Shape {
             causal: self.cfg.causal,
             window: self.cfg.window,

@@ -357,9 +357,6 @@ pub(crate) struct RankSteps {
     part: Option<Output>,
     /// The running result of the call in progress (None between calls).
     acc: Option<Output>,
-    /// A finished call's O and LSE handed back ([`RankSteps::recycle`]), which the next call writes its result into
-    /// where they hold its rows.
-    spare: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
 }
 
 impl RankSteps {
@@ -387,7 +384,6 @@ impl RankSteps {
             merger: Merger::default(),
             part: None,
             acc: None,
-            spare: None,
         })
     }
 
@@ -484,22 +480,9 @@ impl RankSteps {
                 lse: stream.clone_htod(&[f32::NEG_INFINITY]).map_err(drv)?,
             }
         } else {
-            match self.spare.take() {
-                Some((o, lse)) if o.len() >= rows * whole.d && lse.len() >= rows => Output {
-                    shape: op.configured(&whole),
-                    o: OutBuf::F32(o),
-                    lse,
-                },
-                _ => op.alloc_rows(stream, &whole, rows)?,
-            }
+            op.alloc_rows(stream, &whole, rows)?
         });
         Ok(())
-    }
-
-    /// A finished call's O and LSE back, for the next call to write its result into instead of new buffers (its
-    /// rows permitting). The next call's first launch overwrites them in this rank's stream order.
-    pub(crate) fn recycle(&mut self, o: CudaSlice<f32>, lse: CudaSlice<f32>) {
-        self.spare = Some((o, lse));
     }
 
     /// Step `step` of rank `rank` of `world` (`at`): ring-schedule's launches of the rank's shard `q` against the

@@ -184,13 +184,6 @@ impl RingRank {
         self.overlap_check = on;
     }
 
-    /// Hands a finished call's result back: the next call writes its O and LSE into these buffers (where they hold its
-    /// rows) instead of allocating new ones, whose first use each call maps memory again. Work the caller queued on
-    /// them on another stream must be finished first; the next call's writes follow this rank's stream order.
-    pub fn recycle(&mut self, out: RankOutput) {
-        self.steps.recycle(out.o, out.lse);
-    }
-
     /// One call ([`ring_attention_rank`]'s, on this state): every rank of `comm` calls it with its shards.
     pub fn run(
         &mut self,
