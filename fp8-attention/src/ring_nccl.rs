@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use fixtures::Shape;
 use lab::Gpu;
 use lab::cudarc::driver::sys::CUevent_flags;
-use lab::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
+use lab::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use lab::cudarc::nccl::Id;
 
 use crate::attention::Fp8;
@@ -56,11 +56,6 @@ fn drv(e: lab::cudarc::driver::DriverError) -> Error {
 /// leaves this rank's transfers, and the work behind them, waiting for ever).
 fn wait(st: &Arc<CudaStream>, deadline: Instant, rank: usize, what: &str) -> Result<()> {
     let done = st.record_event(None).map_err(drv)?;
-    wait_event(&done, deadline, rank, what)
-}
-
-/// As [`wait`], for the work before the event `done`.
-fn wait_event(done: &CudaEvent, deadline: Instant, rank: usize, what: &str) -> Result<()> {
     loop {
         if done.try_is_complete().map_err(drv)? {
             return Ok(());
@@ -73,41 +68,6 @@ fn wait_event(done: &CudaEvent, deadline: Instant, rank: usize, what: &str) -> R
         }
         std::thread::sleep(Duration::from_micros(50));
     }
-}
-
-/// A step's transfer on the communicator's stream, as one NCCL group: the shard in `cur` (`send` tokens a half) to
-/// rank `next`, and the next step's (`recv` tokens a half) from rank `prev` into `nxt`; K's and V's codes
-/// (`per_tok` bytes a token) and their scales.
-#[allow(clippy::too_many_arguments)]
-fn post_transfer(
-    comm: &RingComm,
-    cur: &Travel,
-    nxt: &mut Travel,
-    send: [usize; 2],
-    recv: [usize; 2],
-    per_tok: usize,
-    next: usize,
-    prev: usize,
-) -> Result<()> {
-    group(|| {
-        let (ns, nr) = (
-            send.iter().sum::<usize>() * per_tok,
-            recv.iter().sum::<usize>() * per_tok,
-        );
-        for (c, n) in [(&cur.k, &mut nxt.k), (&cur.v, &mut nxt.v)] {
-            if ns > 0 {
-                comm.send(&c.slice(0..ns), next)?;
-            }
-            if nr > 0 {
-                comm.recv(&mut n.slice_mut(0..nr), prev)?;
-            }
-        }
-        for (c, n) in [(&cur.ks, &mut nxt.ks), (&cur.vs, &mut nxt.vs)] {
-            comm.send(&c.slice(..), next)?;
-            comm.recv(&mut n.slice_mut(..), prev)?;
-        }
-        Ok(())
-    })
 }
 
 /// This rank's part of ring attention over `comm` (rank `comm.rank()` of `comm.world_size()`, on `gpu`, whose
@@ -148,11 +108,6 @@ pub struct RingRank {
     steps: RankSteps,
     /// Queue step 0's attention before waiting for the ranks' verdict (`set_overlap_check`).
     overlap_check: bool,
-    /// Queue step 0, its transfer and its attention, behind the ranks' check on the device (`set_eager_start`).
-    eager: bool,
-    /// The ranks' verdict as the host reads it (page-locked: its copy waits for the check alone, not for the work
-    /// queued behind it on the communicator's stream).
-    seen: PinnedHostSlice<i32>,
 }
 
 impl std::fmt::Debug for RingRank {
@@ -190,8 +145,6 @@ impl RingRank {
         };
         let bufs = [alloc()?, alloc()?];
         let steps = RankSteps::new(gpu, world, shape, lens(rank))?;
-        // SAFETY: one i32, written by the verdict's copy before the host reads it (`as_slice` waits for that copy).
-        let seen = unsafe { gpu.ctx.alloc_pinned_with_flags::<i32>(1, 0) }.map_err(drv)?;
         Ok(RingRank {
             shape,
             world,
@@ -200,8 +153,6 @@ impl RingRank {
             bufs,
             steps,
             overlap_check: false,
-            eager: false,
-            seen,
         })
     }
 
@@ -231,15 +182,6 @@ impl RingRank {
     /// step 0's transfer and attention (the A/B in `sdpa bench --ranks`, docs/decisions.md).
     pub fn set_overlap_check(&mut self, on: bool) {
         self.overlap_check = on;
-    }
-
-    /// With `on`, step 0 — its transfer and its attention — is queued before the host waits for the ranks' verdict on
-    /// their inputs, behind the check's all-reduce on the device, so that no host round trip sits between the check
-    /// and the first step; a rank that refuses its inputs still takes part in step 0's transfer (from its travel
-    /// buffers, not the caller's) before it returns its error, so that no peer waits for it. Takes precedence over
-    /// [`RingRank::set_overlap_check`]. Off by default (the A/B in `sdpa bench --ranks`).
-    pub fn set_eager_start(&mut self, on: bool) {
-        self.eager = on;
     }
 
     /// One call ([`ring_attention_rank`]'s, on this state): every rank of `comm` calls it with its shards.
@@ -307,33 +249,13 @@ impl RingRank {
             .map_err(drv)?;
         let mut worst = comm_stream.alloc_zeros::<i32>(1).map_err(drv)?;
         comm.all_reduce_max(&flag, &mut worst)?;
-        comm_stream
-            .memcpy_dtoh(&worst, &mut self.seen)
-            .map_err(drv)?;
-        let reduced = comm_stream.record_event(None).map_err(drv)?;
-        let per_tok = shape.b * shape.hkv * shape.d;
-        let heads_kv = shape.b * shape.hkv;
-        let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
-        // Step 0's transfer: this rank's shard (ring-schedule's source at step 0) on, the next step's in.
-        let transfer0 = |r: usize| {
-            (
-                lens(ring_schedule::source(world, r, 0)),
-                lens(ring_schedule::source(world, r, 1)),
-            )
-        };
-        let eager = self.eager && world > 1;
         if let Some(why) = mine {
-            // Under an eager start every peer posts step 0's transfer before the verdict: this rank too (where its
-            // state is this communicator's rank), from its travel buffers as they are.
-            if eager && (comm.world_size(), comm.rank()) == (world, rank) {
-                let (lo, hi) = self.bufs.split_at_mut(1);
-                let (send, recv) = transfer0(rank);
-                post_transfer(comm, &lo[0], &mut hi[0], send, recv, per_tok, next, prev)?;
-            }
             wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
             return Err(Error::Ring(format!("rank {rank} of {world}: {why}")));
         }
         let t1 = Instant::now();
+        let per_tok = shape.b * shape.hkv * shape.d;
+        let heads_kv = shape.b * shape.hkv;
         // The last call's reads of the travel buffers are done (its drain waited for both streams).
         let bufs = &mut self.bufs;
         // Step 0's shard is this rank's own, copied into the first travel buffer; its attention (which needs nothing
@@ -360,33 +282,19 @@ impl RingRank {
         // The verdict: every rank's inputs right, or this rank's error naming the one that refused (after the device
         // is done with the caller's shard).
         let verdict = || -> Result<()> {
-            wait_event(&reduced, deadline, rank, "the ranks' input checks")?;
-            let worst = self.seen.as_slice().map_err(drv)?[0];
+            wait(&comm_stream, deadline, rank, "the ranks' input checks")?;
+            let worst = comm_stream.clone_dtoh(&worst).map_err(drv)?[0];
             if worst > 0 {
                 wait(&st, deadline, rank, "step 0's attention")?;
-                wait(&comm_stream, deadline, rank, "step 0's transfer")?;
                 return Err(Error::Ring(format!(
-                    "rank {rank} of {world}: rank {} refused its inputs (its own error says why)",
+                    "rank {rank} of {world}: rank {} refused its inputs (its own error says why); nothing was sent",
                     worst - 1
                 )));
             }
             Ok(())
         };
-        // Step 0's transfer queued before the verdict (`set_eager_start`), behind the check's all-reduce in the
-        // communicator's stream order: its marks.
-        let mut first_transfer = None;
-        if eager {
-            comm_stream.wait(&copied).map_err(drv)?;
-            let c0 = timed(&comm_stream)?;
-            let (lo, hi) = bufs.split_at_mut(1);
-            let (send, recv) = transfer0(rank);
-            post_transfer(comm, &lo[0], &mut hi[0], send, recv, per_tok, next, prev)?;
-            first_transfer = Some((c0, timed(&comm_stream)?));
-            st.wait(&reduced).map_err(drv)?;
-        }
-        // Step 0's attention queued before the verdict (`set_overlap_check`, `set_eager_start`): its start and end
-        // marks.
-        let mut first = if self.overlap_check || eager {
+        // Step 0's attention queued before the verdict (`set_overlap_check`): its start and end marks.
+        let mut first = if self.overlap_check {
             let a0 = timed(&st)?;
             steps.step(
                 gpu,
@@ -403,6 +311,7 @@ impl RingRank {
         let setup_ms = since(t1);
         verdict()?;
         let check_ms = since(t0) - setup_ms;
+        let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
         let mut marks: Vec<StepMarks> = Vec::with_capacity(world);
         let t2 = Instant::now();
         for step in 0..world {
@@ -416,9 +325,7 @@ impl RingRank {
             // done before this step's transfer fills it. Step 0's attention is queued already: its transfer waits
             // only for the own shard's copy.
             if step == 0 {
-                if first_transfer.is_none() {
-                    comm_stream.wait(&copied).map_err(drv)?;
-                }
+                comm_stream.wait(&copied).map_err(drv)?;
             } else {
                 st.join(&comm_stream).map_err(drv)?;
                 comm_stream.join(&st).map_err(drv)?;
@@ -431,15 +338,31 @@ impl RingRank {
             };
             let mut transfer = None;
             let src = ring_schedule::source(world, rank, step);
-            if step == 0 && first_transfer.is_some() {
-                transfer = first_transfer.take();
-            } else if step + 1 < world {
+            if step + 1 < world {
                 let c0 = timed(&comm_stream)?;
                 let (send_lens, recv_lens) = (
                     lens(src),
                     lens(ring_schedule::source(world, rank, step + 1)),
                 );
-                post_transfer(comm, cur, nxt, send_lens, recv_lens, per_tok, next, prev)?;
+                group(|| {
+                    let (ns, nr) = (
+                        send_lens.iter().sum::<usize>() * per_tok,
+                        recv_lens.iter().sum::<usize>() * per_tok,
+                    );
+                    for (c, n) in [(&cur.k, &mut nxt.k), (&cur.v, &mut nxt.v)] {
+                        if ns > 0 {
+                            comm.send(&c.slice(0..ns), next)?;
+                        }
+                        if nr > 0 {
+                            comm.recv(&mut n.slice_mut(0..nr), prev)?;
+                        }
+                    }
+                    for (c, n) in [(&cur.ks, &mut nxt.ks), (&cur.vs, &mut nxt.vs)] {
+                        comm.send(&c.slice(..), next)?;
+                        comm.recv(&mut n.slice_mut(..), prev)?;
+                    }
+                    Ok(())
+                })?;
                 transfer = Some((c0, timed(&comm_stream)?));
             }
             if let Some((a0, a1)) = queued {

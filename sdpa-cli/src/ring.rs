@@ -44,26 +44,23 @@ struct RankTimes {
 const KEPT_ROUNDS: usize = 5;
 
 /// One run on the kept state: its label, which steps split their tail, whether step 0 runs under the ranks' check,
-/// the SMs a step with a transfer leaves to NCCL, whether later steps merge in their kernel, and whether all of step
-/// 0 is queued behind the check on the device (`RingRank::set_eager_start`).
+/// the SMs a step with a transfer leaves to NCCL, and whether later steps merge in their kernel.
 struct Kept {
     label: &'static str,
     split: SplitTail,
     overlap: bool,
     free_sms: usize,
     fold: bool,
-    eager: bool,
 }
 
 /// The kept state's runs: as the library sets it, then A/Bs.
-const KEPT_RUNS: [Kept; 7] = [
+const KEPT_RUNS: [Kept; 6] = [
     Kept {
         label: "on a state kept across calls (RingRank; later steps merge in their kernel, the last step's partial launches split their tail)",
         split: SplitTail::Last,
         overlap: false,
         free_sms: 0,
         fold: true,
-        eager: false,
     },
     Kept {
         label: "the same with later steps writing a part that attn-merge merges (A/B)",
@@ -71,7 +68,6 @@ const KEPT_RUNS: [Kept; 7] = [
         overlap: false,
         free_sms: 0,
         fold: false,
-        eager: false,
     },
     Kept {
         label: "the same with a step beside a transfer leaving 1 SM to NCCL (A/B)",
@@ -79,7 +75,6 @@ const KEPT_RUNS: [Kept; 7] = [
         overlap: false,
         free_sms: 1,
         fold: true,
-        eager: false,
     },
     Kept {
         label: "the same with no step splitting its tail (A/B)",
@@ -87,7 +82,6 @@ const KEPT_RUNS: [Kept; 7] = [
         overlap: false,
         free_sms: 0,
         fold: true,
-        eager: false,
     },
     Kept {
         label: "the same with every step splitting its tail, those beside a transfer taking their pieces from the counter (A/B)",
@@ -95,15 +89,6 @@ const KEPT_RUNS: [Kept; 7] = [
         overlap: false,
         free_sms: 0,
         fold: true,
-        eager: false,
-    },
-    Kept {
-        label: "the same with step 0, its transfer and its attention, queued behind the ranks' check on the device (an eager start; A/B)",
-        split: SplitTail::Last,
-        overlap: false,
-        free_sms: 0,
-        fold: true,
-        eager: true,
     },
     Kept {
         label: "the same with step 0 queued under the ranks' input check (A/B)",
@@ -111,7 +96,6 @@ const KEPT_RUNS: [Kept; 7] = [
         overlap: true,
         free_sms: 0,
         fold: true,
-        eager: false,
     },
 ];
 
@@ -173,7 +157,6 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                     kept.set_overlap_check(k.overlap);
                     kept.set_free_sms(k.free_sms);
                     kept.set_fold_merge(k.fold);
-                    kept.set_eager_start(k.eager);
                     let mut every = vec![];
                     let (ms, (last, host)) = timed_calls(iters, || {
                         let out = kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)?;

@@ -261,36 +261,28 @@ fn ring_nccl_run(
         let (q1, k1, v1) = shards();
         let out = ring_attention_rank(gpu, comm, s, q1, k1, v1, limit);
         if bad.is_some() {
-            // The same refusal on a state that queues step 0's attention under the ranks' check, and on one that
-            // queues all of step 0 (its transfer too) behind it: the same error on every rank, and no rank waits on
-            // a peer's transfer (a kept state's second refusal, after the first's transfers, too).
+            // The same refusal on a state that queues step 0 under the ranks' check: the same error on every rank.
+            let mut overlapped = RingRank::new(gpu, comm, s)?;
+            overlapped.set_overlap_check(true);
+            let (q2, k2, v2) = shards();
+            let again = overlapped.run(gpu, comm, q2, k2, v2, limit);
             let text = |r: &fp8_attention::Result<fp8_attention::RankOutput>| {
                 r.as_ref().err().map(|e| e.to_string())
             };
-            for (how, eager) in [("step 0 under the check", false), ("an eager start", true)] {
-                let mut kept = RingRank::new(gpu, comm, s)?;
-                kept.set_overlap_check(!eager);
-                kept.set_eager_start(eager);
-                for call in 0..2 {
-                    let (q2, k2, v2) = shards();
-                    let again = kept.run(gpu, comm, q2, k2, v2, limit);
-                    ensure!(
-                        text(&out).is_some() && text(&out) == text(&again),
-                        "rank {r}: refusals differ with {how} (call {call}): {:?} / {:?}",
-                        text(&out),
-                        text(&again)
-                    );
-                }
-            }
+            ensure!(
+                text(&out).is_some() && text(&out) == text(&again),
+                "rank {r}: refusals differ with step 0 under the check: {:?} / {:?}",
+                text(&out),
+                text(&again)
+            );
         }
         let out = out?;
-        // The same call four times on a kept state (RingRank: its buffers and ops reused), the second with step 0
-        // queued under the ranks' input check, the third with 4 SMs left to NCCL (fewer blocks), the fourth with
-        // all of step 0 queued behind the check (an eager start): each gives the one-call bits.
+        // The same call three times on a kept state (RingRank: its buffers and ops reused), the second with step 0
+        // queued under the ranks' input check, the third with 4 SMs left to NCCL (fewer blocks): each gives the
+        // one-call bits.
         let mut kept = RingRank::new(gpu, comm, s)?;
-        for call in 0..4 {
+        for call in 0..3 {
             kept.set_overlap_check(call == 1);
-            kept.set_eager_start(call == 3);
             kept.set_free_sms(if call == 2 { 4 } else { 0 });
             let (q2, k2, v2) = shards();
             let again = kept.run(gpu, comm, q2, k2, v2, limit)?;
