@@ -68,9 +68,7 @@ __device__ __forceinline__ void idle_unit(const Block& blk, int wg, int n, int t
 // slot and Q's buffer go back always: behind a test of `next`, ptxas's schedule of the loop cost 13% at
 // (4, 16, 4096, 64).
 // VARLEN: unit w is the plan's (`rg`, ragged_units.cuh): its sequence's rows, Sq and Sk, scales per (sequence, head),
-// O and the LSE into the packed outputs (no split tail): the LSE by direct stores, O through epilogue_staged's TMA
-// stores where the host gave O's map (kOTma: 16-bit O) and the consumer's 64 rows all lie in the sequence, else by
-// direct stores (epilogue_rows).
+// O and the LSE by direct stores into the packed outputs (no split tail).
 // WIN: the unit's key tiles start at its window's first (k0), each row's keys cut on both sides (osm::mask_below for
 // the left edge, the limit for the right).
 // PACK (VARLEN, no window): a plan of packed heads (packed_view): row r of the unit is query head r % group of token r /
@@ -253,11 +251,8 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     wgmma::fence_operand(o[0].x);
     __syncwarp();
     if (roles::lane() == 0) at.release();
-    if ((rg.one_scale & kOTma) && valid >= 64)
-      epilogue_staged<D>(p, o, inv, vs, head, row0, wg, mo, so);
-    else
-      epilogue_rows<D>(p, o, inv, vs, ((long long)row0 * rg.heads + head) * D,
-                       relayout::RowPitch{(long long)rg.heads * D}, valid, wg);
+    epilogue_rows<D>(p, o, inv, vs, ((long long)row0 * rg.heads + head) * D, relayout::RowPitch{(long long)rg.heads * D},
+                     valid, wg);
   } else if constexpr (HALF) {
     const float vs = p.v_scale[kv];
     wgmma::wait<0>();
@@ -463,9 +458,9 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
 // or K and V a paged cache's pool (block_table set: [B][max_pages] page indices, pages of 2^page_shift rows, maps (D,
 // pool rows, Hkv, 1) in boxes of `box` rows, cu_k then the prefix sums of the sequences' lengths); the units and their
 // count from the plan's table (ragged-plan's Planner, made on the device from cu_seqlens); scales per (sequence, head);
-// O [total_q, H, D] and the LSE [H, total_q] (mo: O's map, read where `one_scale` has kOTma). `heads` is H; `past`
-// (null: none) each sequence's keys past its end that its rows see (RaggedArgs: split-KV's chunks under a causal
-// mask); `one_scale` the scales that are one value for the batch and kOTma (RaggedArgs::one_scale's bits).
+// O [total_q, H, D] and the LSE [H, total_q] by direct stores (mo is not read). `heads` is H; `past` (null: none) each
+// sequence's keys past its end that its rows see (RaggedArgs: split-KV's chunks under a causal mask); `one_scale` the
+// scales that are one value for the batch (RaggedArgs::one_scale's bits).
 #define SDPA_VARLEN_KERNEL(NAME, D, BC, ST, VS, PACK)                                                            \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,            \

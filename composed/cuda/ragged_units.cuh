@@ -21,11 +21,8 @@ struct RaggedArgs {
   int one_scale = 0;
 };
 
-// RaggedArgs::one_scale's bits: Q's, K's and V's scales one for the whole batch (a per-tensor scale); and, not a
-// scale, kOTma: O (16-bit) has a TMA map (`mo`: (D, total_q, H, 1), boxes of 64 rows × 64 columns), through which a
-// consumer whose 64 rows all lie in its unit's sequence stores them (a box at a sequence's end would write the next
-// one's rows: those go by direct stores).
-enum OneScale : int { kOneQ = 1, kOneK = 2, kOneV = 4, kOTma = 8 };
+// RaggedArgs::one_scale's bits: Q's, K's and V's scales one for the whole batch (a per-tensor scale).
+enum OneScale : int { kOneQ = 1, kOneK = 2, kOneV = 4 };
 
 // The index a scale of (sequence, head) entry i is read at: 0 where `one` has the scale's `bit`.
 template <class I>

@@ -66,9 +66,6 @@ impl OneScale {
     }
 }
 
-/// The bit beside [`OneScale::bits`] in the packed kernels' last argument that says O has a TMA map (`sdpa::kOTma`).
-pub(crate) const O_TMA: i32 = 8;
-
 /// A paged KV cache as a launch reads it: the block table's device address ([B][max_pages] i32 page indices, checked by
 /// the caller with `paged_kv::validate`: every entry a sequence's length reaches is in the pool), pages of
 /// `page_size` rows (a power of two, 16 to 256), `num_pages` of them.
@@ -82,16 +79,13 @@ pub struct PagedKv {
 
 #[cfg(test)]
 mod tests {
-    use super::{O_TMA, OneScale};
+    use super::OneScale;
 
     /// The bits mirror ragged_units.cuh's `OneScale` (kOneQ = 1, kOneK = 2, kOneV = 4).
     #[test]
     fn one_scale_bits_mirror_the_header() {
         let header = include_str!("../cuda/ragged_units.cuh");
-        assert!(
-            header.contains("enum OneScale : int { kOneQ = 1, kOneK = 2, kOneV = 4, kOTma = 8 };")
-        );
-        assert_eq!(O_TMA & OneScale::ALL.bits(), 0);
+        assert!(header.contains("enum OneScale : int { kOneQ = 1, kOneK = 2, kOneV = 4 };"));
         let one = |q, k, v| OneScale { q, k, v }.bits();
         assert_eq!(
             [

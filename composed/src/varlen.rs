@@ -9,7 +9,7 @@ use crate::strides::Strides;
 use lab::{Gpu, KernelSpec};
 use ragged_plan::{DevicePlan, Geometry, Planner};
 
-use crate::packed::{O_TMA, VarlenShape, VarlenTensors};
+use crate::packed::{VarlenShape, VarlenTensors};
 use crate::split_kv;
 use crate::stages::{KERNELS, Stage};
 use crate::tables::{Params, SplitHead, out_dtype_code};
@@ -345,13 +345,7 @@ impl Varlen {
                 rows as i32,
             );
         }
-        // O's map for the TMA stores of whole 64-row groups (16-bit O, a plain packed batch); none where O is f32 or
-        // its address is not one a map takes (16-byte aligned): those launches store every row directly.
-        let o_map = (out != OutDtype::F32 && !packed && s.total_q > 0)
-            .then(|| packed_o_map(s, t.o).ok())
-            .flatten();
-        let (heads, total_q) = (s.h as i32, s.total_q as i32);
-        let one_scale = t.one_scale.bits() | if o_map.is_some() { O_TMA } else { 0 };
+        let (heads, total_q, one_scale) = (s.h as i32, s.total_q as i32, t.one_scale.bits());
         let blocks = gpu.sms.min(g.max_units().max(1)) as u32;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -363,7 +357,7 @@ impl Varlen {
             .arg(&maps[0])
             .arg(&maps[1])
             .arg(&maps[2])
-            .arg(o_map.as_ref().unwrap_or(&maps[0]))
+            .arg(&maps[0])
             .arg(&heads)
             .arg(&table)
             .arg(&cq)
@@ -381,7 +375,7 @@ impl Varlen {
         if spec.name.starts_with("stage8w_") {
             b.arg(&win_left).arg(&win_right);
         }
-        // SAFETY: stage8_varlen_dD(Params, maps q, k, v, o (read where one_scale has O_TMA), int heads, const int* table, cu_q, cu_k, int
+        // SAFETY: stage8_varlen_dD(Params, maps q, k, v, o (not read), int heads, const int* table, cu_q, cu_k, int
         // total_q, const int* block_table, int max_pages, page_shift, box, oob_row, const int* past, int one_scale;
         // stage8w_: int win_left, win_right) with the block it was written for; `past` null or B entries (the
         // scratch's); a scale named in `one_scale` holds at least one entry, the others one per (sequence, head);
@@ -422,21 +416,6 @@ fn packed_maps(
         map("k", k, s.hkv, s.total_k, bc, strides.map(|x| x.k))?,
         map("v", v, s.hkv, s.total_k, bc, strides.map(|x| x.v))?,
     ])
-}
-
-/// O's map for the packed kernels' TMA stores: (D, total_q, H, 1) over a 16-bit O [total_q, H, D], boxes of 64 rows
-/// × 64 columns (128 bytes, 128-byte swizzle), as the dense O map's boxes.
-fn packed_o_map(s: &VarlenShape, o: u64) -> Result<tma_ring::TensorMap> {
-    use tma_ring::{Elem, MapSpec};
-    let (h, d, n) = (s.h as u64, s.d as u64, s.total_q as u64);
-    MapSpec::strided(
-        Elem::U16,
-        [1, h, n, d],
-        [h * d, d, n * h * d],
-        64,
-        frag_layout::Swizzle::B128,
-    )
-    .encode(o)
 }
 
 /// Q's map for packed heads: (D, G, total_q, Hkv) over Q [total_q, H, D] (or at `strides`: a head `sh` and a token
