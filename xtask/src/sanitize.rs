@@ -394,8 +394,7 @@ mod tests {
     #[test]
     fn the_ledger_accepts_the_q_slot_reads_and_nothing_else() {
         // Hazard lines as racecheck printed them on the ring's D = 64 split-tail test (H100, 2026-11-28).
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let accepted = ledger(&root);
+        let accepted = ledger(&crate::build::workspace_root());
         let ran = "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 36 filtered out\n========= ERROR SUMMARY: 0 errors\n";
         let tb = "sdpa::TmaBlock<(int)64, (int)4, (int)128, (int)2, (bool)0>";
         for read in [
