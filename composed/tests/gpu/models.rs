@@ -115,6 +115,50 @@ pub fn add(t: &mut Suite) {
         }
         Ok(())
     });
+    t.compile("accumulating_epilogue_loads_before_it_stores", || {
+        // accumulate_rows (the ring's accumulating kernels): every running element a thread merges is loaded before
+        // the first store, D / 4 LDG.E.64 in one run; a load where its value is used, after the previous pair's
+        // store, orders each load after that store (one memory round trip a pair): its mutant must be caught.
+        let run_of_loads = |spec: &lab::KernelSpec| -> Result<usize> {
+            let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
+            let text = lab::sass::listing(&cubin, spec.name)?;
+            let (mut best, mut run) = (0, 0);
+            for line in text.lines() {
+                if line.contains("LDG.E.64") {
+                    run += 1;
+                    best = best.max(run);
+                } else if line.contains("STG") {
+                    run = 0;
+                }
+            }
+            Ok(best)
+        };
+        for d in [64, 128] {
+            let spec = Stage::S7
+                .accumulating_kernel(d)
+                .context("stage 7 has an accumulating kernel at D = 64 and 128")?;
+            let loads = run_of_loads(&spec)?;
+            ensure!(
+                loads >= d / 4,
+                "{}: {loads} LDG.E.64 in a row before a store, want {} (every running pair first)",
+                spec.name,
+                d / 4
+            );
+            let mutant = spec.mutated(
+                "pingpong_epilogue.cuh",
+                "const float2 a = run[i / 2];",
+                "const float2 a = *reinterpret_cast<const float2*>(out + (long long)row * D + col);",
+            )?;
+            let serial = run_of_loads(&mutant)?;
+            ensure!(
+                serial < d / 4,
+                "{}: the mutant loading each pair where it is merged still has {serial} loads in a row",
+                spec.name
+            );
+            eprintln!("{}: {loads} loads in a row; the load-where-used mutant {serial}", spec.name);
+        }
+        Ok(())
+    });
     t.compile("trace::stage7_traced_build_keeps_its_budget", || {
         // The timeline's marks (a pointer and a count in registers, a store a mark) must not change the kind of
         // code traced: no spills, no serialised wgmma, stage 7's own budget.
