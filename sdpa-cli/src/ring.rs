@@ -99,18 +99,24 @@ const KEPT_RUNS: [Kept; 6] = [
     },
 ];
 
-/// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
-/// rank's stream synchronised: the ranks run in lockstep), each call with its own state (`ring_attention_rank`) and
-/// then on a state kept across calls (`RingRank`), and prints both beside stage 7 on the whole problem on GPU 0, then
-/// rank 0's last fresh-state call step by step (attention, transfer, the step against its attention) and its host
-/// time.
-pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>) -> Result<()> {
+/// What `--ranks` needs of its problem, checked before anything runs: a rank at least, and one sequence (Sq = Sk).
+fn check_ring(s: Shape, world: usize) -> Result<()> {
     ensure!(world >= 1, "--ranks {world}: at least one rank");
     ensure!(
         s.sq == s.sk,
         "--ranks: the ring shards one sequence (Sq = Sk), not {}",
         shape_text(&s)
     );
+    Ok(())
+}
+
+/// Times `iters` ring calls on `world` GPUs (after one warm-up), rank 0's wall clock a call (each call ends with its
+/// rank's stream synchronised: the ranks run in lockstep), each call with its own state (`ring_attention_rank`) and
+/// then on a state kept across calls (`RingRank`), and prints both beside stage 7 on the whole problem on GPU 0, then
+/// rank 0's last fresh-state call step by step (attention, transfer, the step against its attention) and its host
+/// time.
+pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>) -> Result<()> {
+    check_ring(s, world)?;
     let have = lab::device_count();
     ensure!(
         have >= world,
@@ -407,12 +413,7 @@ fn steps_alone_all(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec
 /// beside them, against stage 7 on the whole problem there: how far the ring's kernels alone stand from one GPU's
 /// 1/N share, with no transfer, no NCCL and no other GPU (an A/B of the ring's kernels needs one GPU).
 pub fn bench_one_device(s: Shape, world: usize) -> Result<()> {
-    ensure!(world >= 1, "--ranks {world}: at least one rank");
-    ensure!(
-        s.sq == s.sk,
-        "--ranks: the ring shards one sequence (Sq = Sk), not {}",
-        shape_text(&s)
-    );
+    check_ring(s, world)?;
     let gpu = lab::Gpu::device(0)?;
     let one_ms = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
     let all = steps_alone_all(gpu, s, world)?;

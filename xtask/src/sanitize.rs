@@ -396,29 +396,27 @@ mod tests {
         // Hazard lines as racecheck printed them on the ring's D = 64 split-tail test (H100, 2026-11-28).
         let accepted = ledger(&crate::build::workspace_root());
         let ran = "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 36 filtered out\n========= ERROR SUMMARY: 0 errors\n";
-        let tb = "sdpa::TmaBlock<(int)64, (int)4, (int)128, (int)2, (bool)0>";
+        // One hazard: a read in TmaBlock's accessor `read` against the producer's write.
+        let report = |read: &str| {
+            format!(
+                "{ran}========= RACECHECK SUMMARY: 1 hazards displayed\n========= Error: Race reported between Read \
+                 access at sdpa::TmaBlock<(int)64, (int)4, (int)128, (int)2, (bool)0>::{read} in tma_attention.cuh:118\n"
+            )
+        };
         for read in [
             "unit(int) const+0xdac0",
             "k0(int) const+0xe930",
             "kt(int) const+0xe920",
         ] {
-            let report = format!(
-                "{ran}========= RACECHECK SUMMARY: 1 hazards displayed\n========= Error: Race reported between Read \
-                 access at {tb}::{read} in tma_attention.cuh:118\n"
-            );
             assert!(
-                verdict(read.into(), &report, Some(0), &accepted).ok,
+                verdict(read.into(), &report(read), Some(0), &accepted).ok,
                 "{read}"
             );
         }
         // Another word of the slot, or a ring stage's tile, is not covered.
         for read in ["dst(int) const+0x10", "k_stage(int) const+0x20"] {
-            let report = format!(
-                "{ran}========= RACECHECK SUMMARY: 1 hazards displayed\n========= Error: Race reported between Read \
-                 access at {tb}::{read} in tma_attention.cuh:123\n"
-            );
             assert!(
-                !verdict(read.into(), &report, Some(0), &accepted).ok,
+                !verdict(read.into(), &report(read), Some(0), &accepted).ok,
                 "{read}"
             );
         }
