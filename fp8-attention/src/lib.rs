@@ -61,8 +61,9 @@ pub use lab::Gpu;
 pub use paged_plan::PagedPlan;
 pub use real::{Real, RealDtype, RealElem};
 pub use ring::{
-    HostTimes, RankOutput, Shard, SplitTail, StepTime, ring_on_one_device, ring_on_one_device_as,
-    ring_on_one_device_timed, zigzag_join, zigzag_range, zigzag_split,
+    Beside, HostTimes, RankOutput, Shard, SplitTail, StepTime, ring_on_one_device,
+    ring_on_one_device_as, ring_on_one_device_beside, ring_on_one_device_timed, zigzag_join,
+    zigzag_range, zigzag_split,
 };
 pub use ring_comm::RingComm;
 pub use ring_nccl::{RingRank, on_ranks, on_ranks_with, ring_attention_rank};

@@ -151,7 +151,7 @@ pub fn ring_on_one_device_as(
     fold: Option<lab::KernelSpec>,
     split: SplitTail,
 ) -> Result<Vec<RankOutput>> {
-    one_device(gpu, stream, shape, q, kv, (fold, split), false)
+    one_device(gpu, stream, shape, q, kv, (fold, split), None)
 }
 
 /// [`ring_on_one_device`] with each step's launches between device events: every rank's [`RankOutput::steps`] holds
@@ -164,7 +164,38 @@ pub fn ring_on_one_device_timed(
     q: &[Shard],
     kv: &[(Shard, Shard)],
 ) -> Result<Vec<RankOutput>> {
+    ring_on_one_device_beside(gpu, stream, shape, q, kv, Beside::Nothing)
+}
+
+/// What runs beside each timed step of the one-device ring that would have a transfer beside it over NCCL (every step
+/// but the last): nothing, or a copy of the next step's K and V codes (the transfer's bytes) between two buffers of
+/// the device, on a second stream started with the step — a transfer's memory traffic with no NCCL and no other GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beside {
+    /// The ring's launches alone.
+    Nothing,
+    /// A device-to-device copy of the transfer's bytes.
+    Copy,
+}
+
+/// [`ring_on_one_device_timed`] with `beside` running beside each step that has a transfer over NCCL.
+pub fn ring_on_one_device_beside(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    shape: Shape,
+    q: &[Shard],
+    kv: &[(Shard, Shard)],
+    beside: Beside,
+) -> Result<Vec<RankOutput>> {
     let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
+    let side = match beside {
+        Beside::Nothing => None,
+        Beside::Copy => Some(
+            stream
+                .fork()
+                .map_err(|e| Error::Device(anyhow::Error::from(e)))?,
+        ),
+    };
     one_device(
         gpu,
         stream,
@@ -172,11 +203,12 @@ pub fn ring_on_one_device_timed(
         q,
         kv,
         (fold, SplitTail::default()),
-        true,
+        Some(side.as_ref()),
     )
 }
 
-/// The one-device ring, its steps timed where `timed`.
+/// The one-device ring, its steps timed where `timed` is Some, with a copy of each transfer's bytes beside its step on
+/// the stream it holds, if any.
 fn one_device(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
@@ -184,8 +216,9 @@ fn one_device(
     q: &[Shard],
     kv: &[(Shard, Shard)],
     (fold, split): (Option<lab::KernelSpec>, SplitTail),
-    timed: bool,
+    timed: Option<Option<&Arc<CudaStream>>>,
 ) -> Result<Vec<RankOutput>> {
+    let (side, timed) = (timed.flatten(), timed.is_some());
     let world = q.len();
     if world == 0 || kv.len() != world {
         return Err(Error::Unsupported(format!(
@@ -212,13 +245,26 @@ fn one_device(
             }
         }
     }
+    let drv = |e| Error::Device(anyhow::Error::from(e));
+    // The copy's destination: the largest K and V shard's codes.
+    let most = kv
+        .iter()
+        .map(|(k, _)| k.tensor.codes.len())
+        .max()
+        .unwrap_or(0);
+    let mut scratch = match side {
+        Some(st) => Some([
+            st.alloc_zeros::<u8>(most).map_err(drv)?,
+            st.alloc_zeros::<u8>(most).map_err(drv)?,
+        ]),
+        None => None,
+    };
     let mut outs = Vec::with_capacity(world);
     for (rank, mine) in q.iter().enumerate() {
         let mut steps = RankSteps::new(gpu, world, shape, mine.lens)?;
         steps.set_folding(gpu, fold)?;
         steps.set_split_tail(split);
         steps.begin(gpu, stream)?;
-        let drv = |e| Error::Device(anyhow::Error::from(e));
         let mark = || {
             stream
                 .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -229,6 +275,17 @@ fn one_device(
             if timed {
                 marks.push(mark()?);
             }
+            if let (Some(st), Some([dk, dv]), true) = (side, scratch.as_mut(), step + 1 < world) {
+                let (nk, nv) = &kv[ring_schedule::source(world, rank, step + 1)];
+                st.wait(marks.last().expect("a timed step's start"))
+                    .map_err(drv)?;
+                let n = nk.tensor.codes.len();
+                st.memcpy_dtod(nk.tensor.codes, &mut dk.slice_mut(0..n))
+                    .map_err(drv)?;
+                let n = nv.tensor.codes.len();
+                st.memcpy_dtod(nv.tensor.codes, &mut dv.slice_mut(0..n))
+                    .map_err(drv)?;
+            }
             let (k, v) = &kv[ring_schedule::source(world, rank, step)];
             steps.step(
                 gpu,
@@ -238,6 +295,10 @@ fn one_device(
                 (k.tensor, v.tensor),
                 k.lens,
             )?;
+            if let (Some(st), true) = (side, step + 1 < world) {
+                // The next step waits for the copy, as a ring step waits for its transfer.
+                stream.join(st).map_err(drv)?;
+            }
         }
         let mut times = Vec::with_capacity(world);
         if timed {

@@ -4,7 +4,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use fixtures::{Raw, Shape, quantize_per_head};
 use fp8_attention::{
-    Fp8, HostTimes, RingRank, Shard, SplitTail, StepTime, ring_attention_rank, zigzag_range,
+    Beside, Fp8, HostTimes, RingRank, Shard, SplitTail, StepTime, ring_attention_rank, zigzag_range,
 };
 use lab::cudarc::driver::CudaSlice;
 use lab::cudarc::driver::sys::CUevent_flags;
@@ -368,14 +368,20 @@ const ALONE_CALLS: usize = 3;
 /// Rank `rank`'s step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
 /// one device with no transfer beside them ([`steps_alone_all`]).
 fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize, rank: usize) -> Result<Vec<f32>> {
-    let mut all = steps_alone_all(gpu, s, world)?;
+    let mut all = steps_alone_all(gpu, s, world, Beside::Nothing)?;
     Ok(all.swap_remove(rank))
 }
 
 /// Every rank's step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
 /// one device with no transfer beside them (`ring_on_one_device_timed` on `gpu`, every rank's shard there, the bench's
-/// shards): the same kernels, views, f32 O and merges as a ring step's.
-fn steps_alone_all(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec<Vec<f32>>> {
+/// shards): the same kernels, views, f32 O and merges as a ring step's; with `beside`'s copy of each transfer's bytes
+/// beside the steps that have one.
+fn steps_alone_all(
+    gpu: &'static lab::Gpu,
+    s: Shape,
+    world: usize,
+    beside: Beside,
+) -> Result<Vec<Vec<f32>>> {
     let st = gpu.stream.clone();
     let mut held = Vec::with_capacity(world);
     for r in 0..world {
@@ -399,7 +405,7 @@ fn steps_alone_all(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec
     let kv: Vec<(Shard, Shard)> = (0..world).map(|r| (shard(r, 1), shard(r, 2))).collect();
     let mut calls: Vec<Vec<Vec<StepTime>>> = vec![vec![]; world];
     for i in 0..=ALONE_CALLS {
-        let outs = fp8_attention::ring_on_one_device_timed(gpu, &st, s, &q, &kv)?;
+        let outs = fp8_attention::ring_on_one_device_beside(gpu, &st, s, &q, &kv, beside)?;
         if i > 0 {
             for (c, out) in calls.iter_mut().zip(outs) {
                 c.push(out.steps);
@@ -409,14 +415,25 @@ fn steps_alone_all(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<Vec
     Ok(calls.iter().map(|c| round_steps(c).0).collect())
 }
 
+/// Rounds of `sdpa bench --ranks N --one-device`, each the ring's launches alone and then beside a copy.
+const ONE_DEVICE_ROUNDS: usize = 2;
+
 /// `sdpa bench --ranks N --one-device`: the ring's launches for N ranks, every rank's steps on GPU 0 with nothing
 /// beside them, against stage 7 on the whole problem there: how far the ring's kernels alone stand from one GPU's
-/// 1/N share, with no transfer, no NCCL and no other GPU (an A/B of the ring's kernels needs one GPU).
+/// 1/N share, with no transfer, no NCCL and no other GPU (an A/B of the ring's kernels needs one GPU). Then each step
+/// against itself beside a device-to-device copy of its transfer's bytes (`Beside::Copy`), in alternating rounds: what
+/// a transfer's memory traffic alone costs a step.
 pub fn bench_one_device(s: Shape, world: usize) -> Result<()> {
     check_ring(s, world)?;
     let gpu = lab::Gpu::device(0)?;
     let one_ms = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
-    let all = steps_alone_all(gpu, s, world)?;
+    let mut rounds = Vec::with_capacity(ONE_DEVICE_ROUNDS);
+    for _ in 0..ONE_DEVICE_ROUNDS {
+        let alone = steps_alone_all(gpu, s, world, Beside::Nothing)?;
+        let copy = steps_alone_all(gpu, s, world, Beside::Copy)?;
+        rounds.push((alone, copy));
+    }
+    let all = &rounds[0].0;
     let sums: Vec<f64> = all
         .iter()
         .map(|st| st.iter().map(|&v| f64::from(v)).sum())
@@ -434,6 +451,20 @@ pub fn bench_one_device(s: Shape, world: usize) -> Result<()> {
             "  rank {r}: steps {} ms (median of {ALONE_CALLS} calls each), {sum:.3} ms in all",
             joined(st.iter().map(|&v| f64::from(v)), "")
         );
+    }
+    for (i, (alone, copy)) in rounds.iter().enumerate() {
+        println!(
+            "round {i}: each step beside a copy of its transfer's bytes ÷ the step alone (the last step has none)"
+        );
+        for (r, (a, c)) in alone.iter().zip(copy).enumerate() {
+            let ratio = a.iter().zip(c).map(|(&a, &c)| f64::from(c) / f64::from(a));
+            println!(
+                "  rank {r}: alone {} ms, beside a copy {} ms: {}",
+                joined(a.iter().map(|&v| f64::from(v)), ""),
+                joined(c.iter().map(|&v| f64::from(v)), ""),
+                joined(ratio, "×")
+            );
+        }
     }
     Ok(())
 }
