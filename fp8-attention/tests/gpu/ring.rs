@@ -1,7 +1,7 @@
 // Ring attention: every rank's steps on one device against the f64 reference, and over NCCL on 2 and 4 GPUs.
 use anyhow::{Result, ensure};
 use fixtures::{Quantized, Raw, Shape, quantize_per_head};
-use fp8_attention::{Fp8, OutDtype, Shard, SplitTail};
+use fp8_attention::{Beside, Fp8, OutDtype, Shard, SplitTail};
 use lab::{Gpu, Suite};
 
 use crate::lab_path;
@@ -59,10 +59,11 @@ fn ring_one_device_split(
 }
 
 /// Which one-device ring runs: `ring_on_one_device_as` with later steps merging in this kernel (None: attn-merge) and
-/// these steps splitting their tails, or `ring_on_one_device_timed` (the defaults, each step between events).
+/// these steps splitting their tails, or `ring_on_one_device_beside` (the defaults, each step between events, with
+/// this beside the steps that have a transfer over NCCL).
 enum How {
     As(Option<lab::KernelSpec>, SplitTail),
-    Timed,
+    Timed(fp8_attention::Beside),
 }
 
 /// As ring_one_device_joined_as, run `how`; each rank's step times come back too (in rank order; empty untimed).
@@ -74,7 +75,7 @@ fn ring_one_device_run(
     how: How,
 ) -> Result<JoinedWithSteps> {
     use fp8_attention::{
-        ring_on_one_device_as, ring_on_one_device_timed, zigzag_join, zigzag_split,
+        ring_on_one_device_as, ring_on_one_device_beside, zigzag_join, zigzag_split,
     };
     let st = gpu.ctx.new_stream()?;
     let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
@@ -97,7 +98,7 @@ fn ring_one_device_run(
         .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
         .collect();
     let outs = match how {
-        How::Timed => ring_on_one_device_timed(gpu, &st, s, &q, &kv)?,
+        How::Timed(beside) => ring_on_one_device_beside(gpu, &st, s, &q, &kv, beside)?,
         How::As(fold, split) => ring_on_one_device_as(gpu, &st, s, &q, &kv, fold, split)?,
     };
     let steps = outs.iter().map(|o| o.steps.clone()).collect();
@@ -352,7 +353,9 @@ pub fn add(t: &mut Suite) {
             world,
             How::As(default_fold(s.d), SplitTail::default()),
         )?;
-        let (timed, steps) = ring_one_device_run(gpu, &qz, s, world, How::Timed)?;
+        let (timed, steps) = ring_one_device_run(gpu, &qz, s, world, How::Timed(Beside::Nothing))?;
+        // A copy of each transfer's bytes beside the steps reads the shards and writes only its own buffers.
+        let (copied, beside) = ring_one_device_run(gpu, &qz, s, world, How::Timed(Beside::Copy))?;
         ensure!(
             none.iter().all(Vec::is_empty),
             "the untimed ring returned step times"
@@ -360,6 +363,14 @@ pub fn add(t: &mut Suite) {
         ensure!(
             plain == timed,
             "the timed ring's O or LSE differ from the untimed one's"
+        );
+        ensure!(
+            plain == copied,
+            "the timed ring's O or LSE beside a copy of each transfer's bytes differ from the untimed one's"
+        );
+        ensure!(
+            beside.iter().flatten().all(|t| t.attention_ms > 0.0),
+            "the ring beside a copy returned a step time of 0"
         );
         ensure!(
             steps.len() == world,
