@@ -25,7 +25,8 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 /// One rank's timings: wall ms a call with a fresh state each call; on a kept one, each of [`KEPT_RUNS`]' settings'
 /// median a round (rounds interleaved: [`KEPT_ROUNDS`]), its last call's step times and step 0's idle; its last fresh
 /// call's step and host times; for the kept state as the library sets it (the first run), each round's median step
-/// times and step 0's median idle over its calls; and its own steps' launches alone on its own GPU ([`steps_alone`]).
+/// times and step 0's median idle over its calls; and its own steps' launches alone on its own GPU, each step's median
+/// over the rounds ([`HeldShards::steps`]).
 struct RankTimes {
     fresh_ms: Vec<f64>,
     kept: Vec<(Vec<f64>, Vec<f32>, f32)>,
@@ -157,6 +158,11 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
             let mut kept_steps = vec![];
             let mut kept_transfers = vec![];
             let mut kept_host = HostTimes::default();
+            // This rank's steps' own launches with no transfer beside them, on its own GPU, once a round after the kept
+            // settings (every GPU running its rank's, in the rounds' heat: a step is held to launches run in the same
+            // conditions as it).
+            let held = HeldShards::upload(gpu, s, world)?;
+            let mut alone_rounds = Vec::with_capacity(KEPT_ROUNDS);
             for _ in 0..KEPT_ROUNDS {
                 for (i, (k, run)) in KEPT_RUNS.iter().zip(runs.iter_mut()).enumerate() {
                     kept.set_split_tail(k.split);
@@ -178,10 +184,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                         kept_host = host;
                     }
                 }
+                alone_rounds.push((held.steps(gpu, s, Beside::Nothing)?.swap_remove(r), 0.0));
             }
-            // This rank's steps' own launches with no transfer beside them, on its own GPU, while every other rank runs
-            // its own (the ring's conditions: every GPU of the host busy).
-            let alone = steps_alone(gpu, s, world, r)?;
+            let alone = over_rounds(&alone_rounds).0;
             Ok(RankTimes {
                 fresh_ms: out,
                 kept: runs,
@@ -322,8 +327,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
         let sum = |x: &[f32]| x.iter().sum::<f32>();
         worst_sum = worst_sum.max(sum(&kept_ms) / sum(&t.alone).max(f32::MIN_POSITIVE));
         println!(
-            "  rank {r} (GPU {r}): its steps' own launches alone (median of {ALONE_CALLS} calls, every GPU running its \
-             rank's) {} ms; kept state's steps, each the median over {KEPT_ROUNDS} rounds of its calls' medians, {} ms \
+            "  rank {r} (GPU {r}): its steps' own launches alone (each step's median over {KEPT_ROUNDS} rounds of \
+             {ALONE_CALLS} calls' medians, timed in the rounds after the kept settings, every GPU running its rank's) {} \
+             ms; kept state's steps, each the median over {KEPT_ROUNDS} rounds of its calls' medians, {} ms \
              ({}; step 0's device waiting for the host {:.3} ms; the last call's transfers {} ms); fresh state's last \
              call {} ms ({}; {:.3} ms)",
             list(&t.alone, ""),
@@ -367,57 +373,63 @@ fn joined(values: impl IntoIterator<Item = f64>, unit: &str) -> String {
         .join(" / ")
 }
 
-/// Calls of the ring on one device whose median step times [`steps_alone`] reports (after one warm-up call).
+/// Calls of the ring on one device whose median step times [`HeldShards::steps`] reports (after one warm-up call).
 const ALONE_CALLS: usize = 3;
 
-/// Rank `rank`'s step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
-/// one device with no transfer beside them ([`steps_alone_all`]).
-fn steps_alone(gpu: &'static lab::Gpu, s: Shape, world: usize, rank: usize) -> Result<Vec<f32>> {
-    let mut all = steps_alone_all(gpu, s, world, Beside::Nothing)?;
-    Ok(all.swap_remove(rank))
+/// Every rank's shards of the bench's problem on one device, uploaded once ([`steps_on_one_device`] runs them).
+struct HeldShards {
+    st: std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    held: Vec<HeldShard>,
 }
 
-/// Every rank's step times in ms (the median of [`ALONE_CALLS`] calls, step by step) when the ring's launches run on
-/// one device with no transfer beside them (`ring_on_one_device_timed` on `gpu`, every rank's shard there, the bench's
-/// shards): the same kernels, views, f32 O and merges as a ring step's; with `beside`'s copy of each transfer's bytes
-/// beside the steps that have one.
-fn steps_alone_all(
-    gpu: &'static lab::Gpu,
-    s: Shape,
-    world: usize,
-    beside: Beside,
-) -> Result<Vec<Vec<f32>>> {
-    let st = gpu.stream.clone();
-    let mut held = Vec::with_capacity(world);
-    for r in 0..world {
-        let h = host_shard(s, world, r);
-        let up = |x: &[u8]| st.clone_htod(x);
-        let ups = |x: &[f32]| st.clone_htod(x);
-        held.push((
-            [up(&h.q)?, up(&h.k)?, up(&h.v)?],
-            [ups(&h.q_scale)?, ups(&h.k_scale)?, ups(&h.v_scale)?],
-            [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len()),
-        ));
+/// One rank's Q, K and V codes, their scales, and its halves' lengths, on the device.
+type HeldShard = ([CudaSlice<u8>; 3], [CudaSlice<f32>; 3], [usize; 2]);
+
+impl HeldShards {
+    /// Every rank's shards of `s` over `world` ranks (the bench's, [`host_shard`]) on `gpu`'s stream.
+    fn upload(gpu: &'static lab::Gpu, s: Shape, world: usize) -> Result<HeldShards> {
+        let st = gpu.stream.clone();
+        let mut held = Vec::with_capacity(world);
+        for r in 0..world {
+            let h = host_shard(s, world, r);
+            let up = |x: &[u8]| st.clone_htod(x);
+            let ups = |x: &[f32]| st.clone_htod(x);
+            held.push((
+                [up(&h.q)?, up(&h.k)?, up(&h.v)?],
+                [ups(&h.q_scale)?, ups(&h.k_scale)?, ups(&h.v_scale)?],
+                [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len()),
+            ));
+        }
+        Ok(HeldShards { st, held })
     }
-    let shard = |r: usize, t: usize| Shard {
-        tensor: Fp8 {
-            codes: &held[r].0[t],
-            scales: &held[r].1[t],
-        },
-        lens: held[r].2,
-    };
-    let q: Vec<Shard> = (0..world).map(|r| shard(r, 0)).collect();
-    let kv: Vec<(Shard, Shard)> = (0..world).map(|r| (shard(r, 1), shard(r, 2))).collect();
-    let mut calls: Vec<Vec<Vec<StepTime>>> = vec![vec![]; world];
-    for i in 0..=ALONE_CALLS {
-        let outs = fp8_attention::ring_on_one_device_beside(gpu, &st, s, &q, &kv, beside)?;
-        if i > 0 {
-            for (c, out) in calls.iter_mut().zip(outs) {
-                c.push(out.steps);
+
+    /// Every rank's step times in ms (the median of [`ALONE_CALLS`] calls, step by step, after one warm-up call) when
+    /// the ring's launches run on one device with no transfer beside them (`ring_on_one_device_beside` on `gpu`,
+    /// every rank's shard there): the same kernels, views, f32 O and merges as a ring step's; with `beside`'s copy of
+    /// each transfer's bytes beside the steps that have one.
+    fn steps(&self, gpu: &'static lab::Gpu, s: Shape, beside: Beside) -> Result<Vec<Vec<f32>>> {
+        let held = &self.held;
+        let shard = |r: usize, t: usize| Shard {
+            tensor: Fp8 {
+                codes: &held[r].0[t],
+                scales: &held[r].1[t],
+            },
+            lens: held[r].2,
+        };
+        let world = held.len();
+        let q: Vec<Shard> = (0..world).map(|r| shard(r, 0)).collect();
+        let kv: Vec<(Shard, Shard)> = (0..world).map(|r| (shard(r, 1), shard(r, 2))).collect();
+        let mut calls: Vec<Vec<Vec<StepTime>>> = vec![vec![]; world];
+        for i in 0..=ALONE_CALLS {
+            let outs = fp8_attention::ring_on_one_device_beside(gpu, &self.st, s, &q, &kv, beside)?;
+            if i > 0 {
+                for (c, out) in calls.iter_mut().zip(outs) {
+                    c.push(out.steps);
+                }
             }
         }
+        Ok(calls.iter().map(|c| round_steps(c).0).collect())
     }
-    Ok(calls.iter().map(|c| round_steps(c).0).collect())
 }
 
 /// Rounds of `sdpa bench --ranks N --one-device`, each the ring's launches alone and then beside a copy.
@@ -432,10 +444,11 @@ pub fn bench_one_device(s: Shape, world: usize) -> Result<()> {
     check_ring(s, world)?;
     let gpu = lab::Gpu::device(0)?;
     let one_ms = stage7_ms(gpu, s, fixtures::OutDtype::Bf16)?;
+    let held = HeldShards::upload(gpu, s, world)?;
     let mut rounds = Vec::with_capacity(ONE_DEVICE_ROUNDS);
     for _ in 0..ONE_DEVICE_ROUNDS {
-        let alone = steps_alone_all(gpu, s, world, Beside::Nothing)?;
-        let copy = steps_alone_all(gpu, s, world, Beside::Copy)?;
+        let alone = held.steps(gpu, s, Beside::Nothing)?;
+        let copy = held.steps(gpu, s, Beside::Copy)?;
         rounds.push((alone, copy));
     }
     let all = &rounds[0].0;
@@ -519,7 +532,7 @@ fn over_rounds(rounds: &[(Vec<f32>, f32)]) -> (Vec<f32>, f32) {
 }
 
 /// Each step's median time over `calls` (each a call's steps), and step 0's median idle (a kept round's calls, or
-/// [`steps_alone`]'s).
+/// [`HeldShards::steps`]'s).
 fn round_steps(calls: &[Vec<StepTime>]) -> (Vec<f32>, f32) {
     let med = |f: &dyn Fn(&[StepTime]) -> Option<f32>| -> Option<f32> {
         let v: Vec<f64> = calls.iter().filter_map(|c| f(c)).map(f64::from).collect();
