@@ -24,7 +24,7 @@ class Telemetry:
     (the nvidia-ml-py wheel) sampling the device every 10 ms on a thread; nothing where pynvml or the device is missing."""
 
     def __init__(self):
-        self.samples, self.done, self.thread = [], threading.Event(), None
+        self.samples, self.done, self.thread, self.energy_mj = [], threading.Event(), None, []
         try:
             import pynvml
 
@@ -44,9 +44,17 @@ class Telemetry:
         self.samples.append((n.nvmlDeviceGetClockInfo(self.dev, n.NVML_CLOCK_SM), n.nvmlDeviceGetPowerUsage(self.dev) / 1e3,
                              bool(why & n.nvmlClocksThrottleReasonSwPowerCap), bool(why & slow)))
 
+    def energy(self):
+        """NVML's total-energy counter (mJ since the driver loaded), where it keeps one."""
+        try:
+            self.energy_mj.append(self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.dev))
+        except Exception:  # no counter on this device: no energy, never a wrong one
+            pass
+
     def __enter__(self):
         if self.dev is not None:
             self.read()
+            self.energy()
             self.thread = threading.Thread(target=self.run, daemon=True)
             self.thread.start()
         return self
@@ -60,17 +68,21 @@ class Telemetry:
             self.done.set()
             self.thread.join()
             self.read()
+            self.energy()
 
-    def summary(self):
+    def summary(self, launches):
         """The JSON fields of the ladder's rows: median SM MHz and W, the shares of samples at the power cap and in a
-        thermal or hardware slowdown."""
+        thermal or hardware slowdown, and (where NVML keeps the counter) a launch's energy over `launches` launches."""
         if not self.samples:
             return {}
         med = statistics.median
-        return {"sm_mhz": med([s[0] for s in self.samples]), "power_w": med([s[1] for s in self.samples]),
-                "power_limit_w": self.limit_w, "power_capped": sum(s[2] for s in self.samples) / len(self.samples),
-                "slowdown": sum(s[3] for s in self.samples) / len(self.samples),
-                "samples": len(self.samples)}
+        out = {"sm_mhz": med([s[0] for s in self.samples]), "power_w": med([s[1] for s in self.samples]),
+               "power_limit_w": self.limit_w, "power_capped": sum(s[2] for s in self.samples) / len(self.samples),
+               "slowdown": sum(s[3] for s in self.samples) / len(self.samples),
+               "samples": len(self.samples)}
+        if len(self.energy_mj) == 2 and self.energy_mj[1] >= self.energy_mj[0]:
+            out["mj_per_launch"] = (self.energy_mj[1] - self.energy_mj[0]) / launches
+        return out
 
 
 def replay_times(graphs, warmup, iters):
@@ -93,7 +105,7 @@ def replay_times(graphs, warmup, iters):
             e.record()
         torch.cuda.synchronize()
     us = sorted(a.elapsed_time(e) * 1e3 / BACK_TO_BACK for a, e in events)
-    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)], sum(us) / len(us), t.summary()
+    return us[len(us) // 2], us[round((len(us) - 1) * 0.9)], sum(us) / len(us), t.summary(iters * BACK_TO_BACK)
 
 
 def time_one(backend, shape, warmup=5, iters=100, sets=3):

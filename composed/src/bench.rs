@@ -27,6 +27,12 @@ impl Timing {
     pub fn tflops(&self, shape: &Shape) -> f64 {
         shape.flops() / (self.p50_us * 1e-6) / 1e12
     }
+
+    /// The energy of one launch, mJ: the device's energy over the timed replays divided by the launches they ran
+    /// (`iters` replays of [`BACK_TO_BACK`]); None where NVML keeps no energy counter.
+    pub fn mj_per_launch(&self) -> Option<f64> {
+        Some(self.telemetry?.energy_j? * 1e3 / (self.iters * BACK_TO_BACK) as f64)
+    }
 }
 
 /// Input sets of `shape`, uploaded once; launches rotate among them, so that repeated runs do not time a
@@ -146,4 +152,39 @@ pub fn time_stage(
         iters,
         telemetry,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(iters: usize, energy_j: Option<f64>) -> Timing {
+        let mut t = lab::Telemetry::summarize(
+            &[lab::telemetry::Sample {
+                sm_mhz: 1600,
+                power_w: 690.0,
+                power_capped: true,
+                slowdown: false,
+            }],
+            700.0,
+        );
+        if let Some(t) = t.as_mut() {
+            t.energy_j = energy_j;
+        }
+        Timing {
+            p50_us: 600.0,
+            p90_us: 610.0,
+            mean_us: 605.0,
+            iters,
+            telemetry: t,
+        }
+    }
+
+    #[test]
+    fn a_launchs_energy_is_the_replays_energy_over_their_launches() {
+        // 100 replays of 20 launches in 840 J: 420 mJ a launch.
+        let mj = timing(100, Some(840.0)).mj_per_launch().unwrap();
+        assert!((mj - 420.0).abs() < 1e-9, "{mj}");
+        assert_eq!(timing(100, None).mj_per_launch(), None);
+    }
 }

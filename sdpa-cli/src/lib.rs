@@ -214,11 +214,14 @@ fn stages() {
     println!("name before any launch.");
 }
 
-/// The clock and power a timing ran at, or why they are missing.
+/// The clock and power a timing ran at, and a launch's energy, or why they are missing.
 fn telemetry_text(t: &composed::bench::Timing) -> String {
     t.telemetry.map_or_else(
         || "no clock or power readings (NVML unavailable)".into(),
-        |x| x.to_string(),
+        |x| match t.mj_per_launch() {
+            Some(mj) => format!("{x}, {mj:.2} mJ a launch"),
+            None => x.to_string(),
+        },
     )
 }
 

@@ -95,16 +95,21 @@ struct Clock {
     capped: f64,
     /// Share of readings with a thermal or hardware slowdown (torch_sdpa.py's `slowdown`; 0 where not reported).
     slowdown: f64,
+    /// A launch's energy, mJ (NVML's energy counter over the timed replays ÷ their launches; None where not kept).
+    mj: Option<f64>,
 }
 
 impl Clock {
-    fn of(t: &lab::Telemetry) -> Clock {
-        Clock {
-            mhz: t.sm_mhz_p50,
-            watts: t.power_w_p50,
-            capped: t.power_capped,
-            slowdown: t.slowdown,
-        }
+    /// The readings over a lab timing.
+    fn of_timing(t: &composed::bench::Timing) -> Option<Clock> {
+        let x = t.telemetry.as_ref()?;
+        Some(Clock {
+            mhz: x.sm_mhz_p50,
+            watts: x.power_w_p50,
+            capped: x.power_capped,
+            slowdown: x.slowdown,
+            mj: t.mj_per_launch(),
+        })
     }
 
     /// The fields torch_sdpa.py adds to a row (`sm_mhz`, `power_w`, `power_capped`), where it could read them.
@@ -114,6 +119,7 @@ impl Clock {
             watts: v["power_w"].as_f64()?,
             capped: v["power_capped"].as_f64()?,
             slowdown: v["slowdown"].as_f64().unwrap_or(0.0),
+            mj: v["mj_per_launch"].as_f64(),
         })
     }
 
@@ -129,6 +135,11 @@ impl Clock {
             );
             if c.slowdown > 0.0 {
                 s += &format!(", slowdown {:.0}%", 100.0 * c.slowdown);
+            }
+            if let Some(mj) = c.mj {
+                // Three significant figures: 412 mJ at the long shapes, 0.0213 at the smallest.
+                let places = (2 - mj.abs().max(1e-9).log10().floor() as i32).max(0) as usize;
+                s += &format!(", {mj:.places$} mJ a launch");
             }
             s
         })
@@ -276,13 +287,13 @@ fn report(
         t.p90_us,
         t.mean_us,
         t.tflops(&shape.with_causal(causal)),
-        Clock::cell(t.telemetry.as_ref().map(Clock::of))
+        Clock::cell(Clock::of_timing(&t))
     );
     let row = Row {
         p50: t.p50_us,
         p90: t.p90_us,
         mean: Some(t.mean_us),
-        clock: t.telemetry.as_ref().map(Clock::of),
+        clock: Clock::of_timing(&t),
     };
     results.insert((name, key(shape, causal)), row);
 }
@@ -359,7 +370,7 @@ pub fn run(out: &Path, iters: usize, only: &[Stage]) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. Every row counts every kernel a call launches: the TMA stages (6, 7) read V transposed in global memory (`prep_vt`; stage 7 at D = 128 `prep_vt_tiles`, Vᵀ as its tiles' shared-memory images), made in every launch in their main rows, as cuDNN's FP8 SDPA reads V as it is; their `Vᵀ made once` rows take it as made once per problem, like quantization. The last column is the SM clock and board power over each timing (NVML every 10 ms: medians) and the share of readings with the software power cap holding the clock down (and with a thermal or hardware slowdown, where there was one): the long shapes run every implementation at the cap, where time follows energy per unit of work."
+        "replays, then up to {iters} replays (about 1.5 s of work, at least 10), each between two CUDA events: p50, p90 and mean of the per-launch time (replay ÷ launches). TFLOP/s = 4·B·H·Sq·Sk·D / p50, half that when causal. Every row counts every kernel a call launches: the TMA stages (6, 7) read V transposed in global memory (`prep_vt`; stage 7 at D = 128 `prep_vt_tiles`, Vᵀ as its tiles' shared-memory images), made in every launch in their main rows, as cuDNN's FP8 SDPA reads V as it is; their `Vᵀ made once` rows take it as made once per problem, like quantization. The last column is the SM clock and board power over each timing (NVML every 10 ms: medians) and the share of readings with the software power cap holding the clock down (and with a thermal or hardware slowdown, where there was one), and a launch's energy (NVML's energy counter over the timed replays ÷ their launches, where it keeps one): the long shapes run every implementation at the cap, where time follows energy per unit of work."
     );
     let _ = writeln!(
         md,
@@ -367,7 +378,7 @@ pub fn run(out: &Path, iters: usize, only: &[Stage]) -> Result<bool> {
     );
     let _ = writeln!(
         md,
-        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | mean µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN fp16 p50 | p50 ÷ cuDNN FP8 p50 | SM clock, power (medians), at the power cap |"
+        "| shape (B,H,S,D) | implementation | p50 µs | p90 µs | mean µs | TFLOP/s | speedup over previous stage | p50 ÷ cuDNN fp16 p50 | p50 ÷ cuDNN FP8 p50 | SM clock, power (medians), at the power cap, energy a launch |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
     for (shape, causal) in SHAPES {
@@ -442,7 +453,7 @@ mod tests {
 
     #[test]
     fn clock_cells_from_telemetry_and_from_torch_rows() {
-        let t = lab::Telemetry::summarize(
+        let mut t = lab::Telemetry::summarize(
             &[lab::telemetry::Sample {
                 sm_mhz: 1605,
                 power_w: 699.4,
@@ -452,9 +463,30 @@ mod tests {
             700.0,
         )
         .unwrap();
+        let timing = |t: lab::Telemetry| composed::bench::Timing {
+            p50_us: 600.0,
+            p90_us: 610.0,
+            mean_us: 605.0,
+            iters: 100,
+            telemetry: Some(t),
+        };
         assert_eq!(
-            Clock::cell(Some(Clock::of(&t))),
+            Clock::cell(Clock::of_timing(&timing(t))),
             "1605 MHz, 699 W, capped 100%"
+        );
+        // 100 replays of 20 launches in 823.4 J: 412 mJ a launch, to three figures.
+        t.energy_j = Some(823.4);
+        assert_eq!(
+            Clock::cell(Clock::of_timing(&timing(t))),
+            "1605 MHz, 699 W, capped 100%, 412 mJ a launch"
+        );
+        let small: serde_json::Value = serde_json::from_str(
+            r#"{"sm_mhz": 1980, "power_w": 136.0, "power_capped": 0.0, "mj_per_launch": 0.021349}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Clock::cell(Clock::of_json(&small)),
+            "1980 MHz, 136 W, capped 0%, 0.0213 mJ a launch"
         );
         let v: serde_json::Value = serde_json::from_str(
             r#"{"p50_us": 1.0, "sm_mhz": 1710, "power_w": 650.2, "power_capped": 0.5}"#,

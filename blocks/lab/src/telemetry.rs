@@ -42,6 +42,10 @@ pub struct Telemetry {
     pub power_capped: f64,
     /// Share with a thermal or hardware slowdown.
     pub slowdown: f64,
+    /// The device's energy over the interval, J (NVML's total-energy counter read at its start and end; None where
+    /// NVML does not keep one). Divided by the launches run meanwhile it is the energy of a launch, which sets a
+    /// kernel's time at the power cap as much as its cycles do.
+    pub energy_j: Option<f64>,
 }
 
 impl Telemetry {
@@ -61,6 +65,7 @@ impl Telemetry {
             power_limit_w,
             power_capped: share(|s| s.power_capped),
             slowdown: share(|s| s.slowdown),
+            energy_j: None,
         })
     }
 }
@@ -115,8 +120,10 @@ fn read(device: &Device<'_>) -> Option<Sample> {
 #[derive(Debug)]
 pub struct Sampler {
     stop: Arc<AtomicBool>,
-    handle: JoinHandle<Vec<Sample>>,
+    handle: JoinHandle<(Vec<Sample>, Option<u64>)>,
     power_limit_w: f64,
+    /// NVML's total-energy counter at the start, mJ.
+    energy_mj: Option<u64>,
 }
 
 impl Sampler {
@@ -127,6 +134,7 @@ impl Sampler {
         let power_limit_w = f64::from(device.enforced_power_limit().ok()?) / 1e3;
         // The first reading is taken here, before the caller's work starts.
         let mut samples: Vec<Sample> = read(&device).into_iter().collect();
+        let energy_mj = device.total_energy_consumption().ok();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
@@ -134,21 +142,31 @@ impl Sampler {
                 std::thread::sleep(period);
                 samples.extend(read(&device));
             }
-            samples
+            (samples, device.total_energy_consumption().ok())
         });
         Some(Sampler {
             stop,
             handle,
             power_limit_w,
+            energy_mj,
         })
     }
 
     /// Stops sampling (one last reading is taken) and summarises.
     pub fn stop(self) -> Option<Telemetry> {
         self.stop.store(true, Ordering::Relaxed);
-        let samples = self.handle.join().ok()?;
-        Telemetry::summarize(&samples, self.power_limit_w)
+        let (samples, end_mj) = self.handle.join().ok()?;
+        let mut t = Telemetry::summarize(&samples, self.power_limit_w)?;
+        t.energy_j = energy_between(self.energy_mj, end_mj);
+        Some(t)
     }
+}
+
+/// The energy between two readings of NVML's total-energy counter (mJ since the driver loaded), J: None where either
+/// is missing or the counter went back (a driver reload between them).
+fn energy_between(start_mj: Option<u64>, end_mj: Option<u64>) -> Option<f64> {
+    let (a, b) = (start_mj?, end_mj?);
+    (b >= a).then(|| (b - a) as f64 / 1e3)
 }
 
 #[cfg(test)]
@@ -188,6 +206,16 @@ mod tests {
             "{line}"
         );
         assert!(!line.contains("slowdown"), "{line}");
+    }
+
+    #[test]
+    fn energy_is_the_counters_difference_in_joules() {
+        assert_eq!(energy_between(Some(1_000), Some(413_500)), Some(412.5));
+        assert_eq!(energy_between(Some(7), Some(7)), Some(0.0));
+        // A missing reading, or a counter that went back, gives no energy rather than a wrong one.
+        assert_eq!(energy_between(None, Some(5)), None);
+        assert_eq!(energy_between(Some(5), None), None);
+        assert_eq!(energy_between(Some(9), Some(5)), None);
     }
 
     #[test]
