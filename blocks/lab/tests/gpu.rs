@@ -233,12 +233,14 @@ fn main() {
             let bus = gpu.pci_bus_id()?;
             let sampler = lab::Sampler::start(gpu, std::time::Duration::from_millis(5))
                 .ok_or_else(|| anyhow::anyhow!("NVML did not find the device at {bus}"))?;
+            let began = std::time::Instant::now();
             for seed in 0..20 {
                 hello_matches_the_model(gpu, 1 << 20, seed)?;
             }
             let t = sampler
                 .stop()
                 .ok_or_else(|| anyhow::anyhow!("no readings"))?;
+            let secs = began.elapsed().as_secs_f64();
             eprintln!("telemetry over the hello loop: {t}");
             ensure!(t.samples >= 2, "{t}");
             ensure!(
@@ -250,6 +252,18 @@ fn main() {
                 "{t}"
             );
             ensure!((0.0..=1.0).contains(&t.power_capped), "{t}");
+            // The energy counter (Volta and later keep one): the interval's energy over its wall time is a power that
+            // a powered device draws and its limit bounds (the counter's interval also holds the sampler's last read).
+            let joules = t
+                .energy_j
+                .ok_or_else(|| anyhow::anyhow!("no energy counter: {t}"))?;
+            let watts = joules / secs;
+            eprintln!("energy over the hello loop: {joules:.3} J in {secs:.3} s, {watts:.0} W");
+            ensure!(
+                watts > 1.0 && watts < 1.5 * t.power_limit_w,
+                "{joules} J in {secs} s: {watts} W against a {} W limit",
+                t.power_limit_w
+            );
             Ok(())
         },
     );
