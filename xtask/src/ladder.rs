@@ -480,30 +480,24 @@ mod tests {
             Clock::cell(Clock::of_timing(&timing(t))),
             "1605 MHz, 699 W, capped 100%, 412 mJ a launch"
         );
-        let small: serde_json::Value = serde_json::from_str(
-            r#"{"sm_mhz": 1980, "power_w": 136.0, "power_capped": 0.0, "mj_per_launch": 0.021349}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            Clock::cell(Clock::of_json(&small)),
-            "1980 MHz, 136 W, capped 0%, 0.0213 mJ a launch"
-        );
-        let v: serde_json::Value = serde_json::from_str(
-            r#"{"p50_us": 1.0, "sm_mhz": 1710, "power_w": 650.2, "power_capped": 0.5}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            Clock::cell(Clock::of_json(&v)),
-            "1710 MHz, 650 W, capped 50%"
-        );
-        let hot: serde_json::Value = serde_json::from_str(
-            r#"{"sm_mhz": 1560, "power_w": 663.0, "power_capped": 0.0, "slowdown": 1.0}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            Clock::cell(Clock::of_json(&hot)),
-            "1560 MHz, 663 W, capped 0%, slowdown 100%"
-        );
+        // torch_sdpa.py's rows: a launch's energy where NVML kept the counter, a slowdown where one held the clock.
+        for (row, cell) in [
+            (
+                r#"{"sm_mhz": 1980, "power_w": 136.0, "power_capped": 0.0, "mj_per_launch": 0.021349}"#,
+                "1980 MHz, 136 W, capped 0%, 0.0213 mJ a launch",
+            ),
+            (
+                r#"{"p50_us": 1.0, "sm_mhz": 1710, "power_w": 650.2, "power_capped": 0.5}"#,
+                "1710 MHz, 650 W, capped 50%",
+            ),
+            (
+                r#"{"sm_mhz": 1560, "power_w": 663.0, "power_capped": 0.0, "slowdown": 1.0}"#,
+                "1560 MHz, 663 W, capped 0%, slowdown 100%",
+            ),
+        ] {
+            let v: serde_json::Value = serde_json::from_str(row).unwrap();
+            assert_eq!(Clock::cell(Clock::of_json(&v)), cell, "{row}");
+        }
         // A row without readings (no pynvml on the machine) says so by a dash, never zeros.
         let bare: serde_json::Value = serde_json::from_str(r#"{"p50_us": 1.0}"#).unwrap();
         assert_eq!(Clock::of_json(&bare), None);
