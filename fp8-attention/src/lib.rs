@@ -66,7 +66,7 @@ pub use ring::{
     zigzag_range, zigzag_split,
 };
 pub use ring_comm::RingComm;
-pub use ring_nccl::{RingRank, on_ranks, on_ranks_with, ring_attention_rank};
+pub use ring_nccl::{RingRank, on_ranks, on_ranks_with, on_ranks_with_comms, ring_attention_rank};
 pub use varlen::{Packed, PackedOutput, PagedCache, check_packed};
 
 /// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the

@@ -417,17 +417,36 @@ pub fn on_ranks_with<T: Send>(
     max_ctas: Option<usize>,
     f: impl Fn(usize, &'static Gpu, &RingComm) -> anyhow::Result<T> + Sync,
 ) -> Result<Vec<anyhow::Result<T>>> {
-    let id = Id::new().map_err(nccl("ncclGetUniqueId (is libnccl.so.2 installed?)"))?;
-    let f = &f;
+    on_ranks_with_comms(world, &[max_ctas], |r, gpu, comms| f(r, gpu, &comms[0]))
+}
+
+/// [`on_ranks`] with one communicator a rank for each of `caps` (each on its own new stream, its NCCL kernels held to
+/// that many blocks or, with None, as wide as NCCL picks), made in that order on every rank: settings of NCCL that a
+/// measurement sets side by side in one run.
+pub fn on_ranks_with_comms<T: Send>(
+    world: usize,
+    caps: &[Option<usize>],
+    f: impl Fn(usize, &'static Gpu, &[RingComm]) -> anyhow::Result<T> + Sync,
+) -> Result<Vec<anyhow::Result<T>>> {
+    let ids = caps
+        .iter()
+        .map(|_| Id::new().map_err(nccl("ncclGetUniqueId (is libnccl.so.2 installed?)")))
+        .collect::<Result<Vec<_>>>()?;
+    let (f, ids) = (&f, &ids);
     Ok(std::thread::scope(|sc| {
         let handles: Vec<_> = (0..world)
             .map(|r| {
                 sc.spawn(move || -> anyhow::Result<T> {
                     let gpu = Gpu::device(r)?;
-                    let st = gpu.ctx.new_stream()?;
-                    let comm = RingComm::from_rank_with(st, r, world, &id, max_ctas)
-                        .map_err(|e| anyhow::anyhow!("rank {r}'s communicator: {e:#}"))?;
-                    f(r, gpu, &comm)
+                    let comms = caps
+                        .iter()
+                        .zip(ids)
+                        .map(|(&cap, id)| {
+                            RingComm::from_rank_with(gpu.ctx.new_stream()?, r, world, id, cap)
+                                .map_err(|e| anyhow::anyhow!("rank {r}'s communicator: {e:#}"))
+                        })
+                        .collect::<anyhow::Result<Vec<_>>>()?;
+                    f(r, gpu, &comms)
                 })
             })
             .collect();

@@ -172,8 +172,9 @@ pub enum Cmd {
         /// shards; stage7), timed beside stage 7 on the whole problem on GPU 0.
         #[arg(long)]
         ranks: Option<usize>,
-        /// With --ranks: the blocks NCCL's kernels may take (ncclConfig_t's maxCTAs; 0, the default: as many as NCCL
-        /// picks).
+        /// With --ranks: also time the kept state on a second communicator whose NCCL kernels may take this many
+        /// blocks (ncclConfig_t's maxCTAs), with a block an SM and with 1 SM left to NCCL, in the same rounds as
+        /// NCCL's own width (0, the default: no second communicator).
         #[arg(long, requires = "ranks", default_value_t = 0)]
         nccl_max_ctas: usize,
         /// With --ranks: the ring's launches for that many ranks all on GPU 0 with no transfer (every rank's steps

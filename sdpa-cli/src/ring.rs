@@ -22,8 +22,8 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
     quantize_per_head(&Raw::random(shape, 1000 + r as u64, 1.0))
 }
 
-/// One rank's timings: wall ms a call with a fresh state each call; on a kept one, each of [`KEPT_RUNS`]' settings'
-/// median a round (rounds interleaved: [`KEPT_ROUNDS`]), its last call's step times and step 0's idle; its last fresh
+/// One rank's timings: wall ms a call with a fresh state each call; on a kept one, each setting's ([`KEPT_RUNS`], then
+/// [`CAPPED_RUNS`] with `--nccl-max-ctas`) median a round (rounds interleaved: [`KEPT_ROUNDS`]), its last call's step times and step 0's idle; its last fresh
 /// call's step and host times; for the kept state as the library sets it (the first run), each round's median step
 /// times and step 0's median idle over its calls; and its own steps' launches alone on its own GPU, each step's median
 /// over the rounds ([`HeldShards::steps`]).
@@ -45,14 +45,36 @@ struct RankTimes {
 const KEPT_ROUNDS: usize = 5;
 
 /// One run on the kept state: its label, which steps split their tail, whether step 0 runs under the ranks' check,
-/// the SMs a step with a transfer leaves to NCCL, and whether later steps merge in their kernel.
+/// the SMs a step with a transfer leaves to NCCL, whether later steps merge in their kernel, and which of the rank's
+/// communicators it runs on (0: NCCL's width; 1: the one held to `--nccl-max-ctas` blocks).
 struct Kept {
     label: &'static str,
     split: SplitTail,
     overlap: bool,
     free_sms: usize,
     fold: bool,
+    comm: usize,
 }
+
+/// The runs on a second communicator held to `--nccl-max-ctas` blocks, after [`KEPT_RUNS`], in the same rounds.
+const CAPPED_RUNS: [Kept; 2] = [
+    Kept {
+        label: "the same with NCCL held to --nccl-max-ctas blocks (A/B)",
+        split: SplitTail::Last,
+        overlap: false,
+        free_sms: 0,
+        fold: true,
+        comm: 1,
+    },
+    Kept {
+        label: "the same with NCCL held to --nccl-max-ctas blocks and a step beside a transfer leaving 1 SM to it (A/B)",
+        split: SplitTail::Last,
+        overlap: false,
+        free_sms: 1,
+        fold: true,
+        comm: 1,
+    },
+];
 
 /// The kept state's runs: as the library sets it, then A/Bs.
 const KEPT_RUNS: [Kept; 6] = [
@@ -62,6 +84,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 0,
         fold: true,
+        comm: 0,
     },
     Kept {
         label: "the same with later steps writing a part that attn-merge merges (A/B)",
@@ -69,6 +92,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 0,
         fold: false,
+        comm: 0,
     },
     Kept {
         label: "the same with a step beside a transfer leaving 1 SM to NCCL (A/B)",
@@ -76,6 +100,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 1,
         fold: true,
+        comm: 0,
     },
     Kept {
         label: "the same with no step splitting its tail (A/B)",
@@ -83,6 +108,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 0,
         fold: true,
+        comm: 0,
     },
     Kept {
         label: "the same with every step splitting its tail, those beside a transfer taking their pieces from the counter (A/B)",
@@ -90,6 +116,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: false,
         free_sms: 0,
         fold: true,
+        comm: 0,
     },
     Kept {
         label: "the same with step 0 queued under the ranks' input check (A/B)",
@@ -97,6 +124,7 @@ const KEPT_RUNS: [Kept; 6] = [
         overlap: true,
         free_sms: 0,
         fold: true,
+        comm: 0,
     },
 ];
 
@@ -124,8 +152,16 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
         "--ranks {world}: this host has {have} GPU(s); ring attention runs one rank a GPU"
     );
     let one_before = stage7_ms(lab::Gpu::device(0)?, s, fixtures::OutDtype::Bf16)?;
+    // The kept state's settings: on NCCL's width, then (with --nccl-max-ctas) on a communicator held to that many
+    // blocks, in the same rounds.
+    let settings: Vec<&Kept> = KEPT_RUNS
+        .iter()
+        .chain(max_ctas.map_or(&[][..], |_| &CAPPED_RUNS[..]))
+        .collect();
+    let caps: Vec<Option<usize>> = std::iter::once(None).chain(max_ctas.map(Some)).collect();
     let times =
-        fp8_attention::on_ranks_with(world, max_ctas, |r, gpu, comm| -> Result<RankTimes> {
+        fp8_attention::on_ranks_with_comms(world, &caps, |r, gpu, comms| -> Result<RankTimes> {
+            let comm = &comms[0];
             let st = comm.stream();
             let h = host_shard(s, world, r);
             let lens = [0, 1].map(|i| zigzag_range(s.sq, world, r, i).len());
@@ -154,7 +190,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
             // settings.
             let mut kept = RingRank::new(gpu, comm, s)?;
             let mut runs: Vec<(Vec<f64>, Vec<f32>, f32)> =
-                vec![(vec![], vec![], 0.0); KEPT_RUNS.len()];
+                vec![(vec![], vec![], 0.0); settings.len()];
             let mut kept_steps = vec![];
             let mut kept_transfers = vec![];
             let mut kept_host = HostTimes::default();
@@ -164,14 +200,15 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
             let held = HeldShards::upload(gpu, s, world)?;
             let mut alone_rounds = Vec::with_capacity(KEPT_ROUNDS);
             for _ in 0..KEPT_ROUNDS {
-                for (i, (k, run)) in KEPT_RUNS.iter().zip(runs.iter_mut()).enumerate() {
+                for (i, (k, run)) in settings.iter().zip(runs.iter_mut()).enumerate() {
                     kept.set_split_tail(k.split);
                     kept.set_overlap_check(k.overlap);
                     kept.set_free_sms(k.free_sms);
                     kept.set_fold_merge(k.fold);
                     let mut every = vec![];
                     let (ms, (last, host)) = timed_calls(iters, || {
-                        let out = kept.run(gpu, comm, shard(0), shard(1), shard(2), limit)?;
+                        let out =
+                            kept.run(gpu, &comms[k.comm], shard(0), shard(1), shard(2), limit)?;
                         every.push(out.steps.clone());
                         Ok((out.steps, out.host))
                     })?;
@@ -232,7 +269,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
          stage 7 on one GPU: {:.3} ms ({:.1} TFLOP/s; {one_before:.3} ms before the ring's calls, {one_after:.3} after): \
          {:.2}× one GPU",
         max_ctas.map_or("its kernels as wide as NCCL picks".into(), |n| format!(
-            "its kernels held to {n} blocks"
+            "its kernels as wide as NCCL picks; the last settings on a second communicator held to {n} blocks"
         )),
         shape_text(&s),
         flops / (ring_ms * 1e-3) / 1e12,
@@ -240,7 +277,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
         flops / (one_ms * 1e-3) / 1e12,
         one_ms / ring_ms
     );
-    for ((k, ms), (rounds, steps, idle)) in KEPT_RUNS.iter().zip(&kept_ms).zip(kept0) {
+    for ((k, ms), (rounds, steps, idle)) in settings.iter().zip(&kept_ms).zip(kept0) {
         println!(
             "  {}: {ms:.3} ms a call ({:.1} TFLOP/s): {:.2}× one GPU (the median of {KEPT_ROUNDS} interleaved rounds' \
              medians, {} ms; rank 0's steps in its last call {} ms, step 0's device waiting for the host {idle:.3} ms)",
