@@ -151,7 +151,7 @@ pub fn ring_on_one_device_as(
     fold: Option<lab::KernelSpec>,
     split: SplitTail,
 ) -> Result<Vec<RankOutput>> {
-    one_device(gpu, stream, shape, q, kv, (fold, split), None)
+    one_device(gpu, stream, shape, q, kv, (fold, split), Steps::Untimed)
 }
 
 /// [`ring_on_one_device`] with each step's launches between device events: every rank's [`RankOutput::steps`] holds
@@ -203,12 +203,19 @@ pub fn ring_on_one_device_beside(
         q,
         kv,
         (fold, SplitTail::default()),
-        Some(side.as_ref()),
+        Steps::Timed(side.as_ref()),
     )
 }
 
-/// The one-device ring, its steps timed where `timed` is Some, with a copy of each transfer's bytes beside its step on
-/// the stream it holds, if any.
+/// How the one-device ring runs its steps: untimed, or each between device events, with a copy of each transfer's
+/// bytes on the stream it holds beside the step, if any.
+#[derive(Clone, Copy)]
+enum Steps<'a> {
+    Untimed,
+    Timed(Option<&'a Arc<CudaStream>>),
+}
+
+/// The one-device ring, its steps run as `how` says.
 fn one_device(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
@@ -216,9 +223,12 @@ fn one_device(
     q: &[Shard],
     kv: &[(Shard, Shard)],
     (fold, split): (Option<lab::KernelSpec>, SplitTail),
-    timed: Option<Option<&Arc<CudaStream>>>,
+    how: Steps,
 ) -> Result<Vec<RankOutput>> {
-    let (side, timed) = (timed.flatten(), timed.is_some());
+    let (timed, side) = match how {
+        Steps::Untimed => (false, None),
+        Steps::Timed(side) => (true, side),
+    };
     let world = q.len();
     if world == 0 || kv.len() != world {
         return Err(Error::Unsupported(format!(
@@ -244,14 +254,14 @@ fn one_device(
                 )));
             }
         }
+        if let Some(why) = short_buffer(shape, q[r].lens, &q[r], &kv[r].0, &kv[r].1) {
+            return Err(Error::Unsupported(format!("ring: rank {r}: {why}")));
+        }
     }
     let drv = |e| Error::Device(anyhow::Error::from(e));
-    // The copy's destination: the largest K and V shard's codes.
-    let most = kv
-        .iter()
-        .map(|(k, _)| k.tensor.codes.len())
-        .max()
-        .unwrap_or(0);
+    // A shard's K (or V) codes, [B, K/V heads, L0 + L1, D] bytes; the copy's destination holds the largest.
+    let bytes = |sh: &Shard| shape.b * shape.hkv * (sh.lens[0] + sh.lens[1]) * shape.d;
+    let most = kv.iter().map(|(k, _)| bytes(k)).max().unwrap_or(0);
     let mut scratch = match side {
         Some(st) => Some([
             st.alloc_zeros::<u8>(most).map_err(drv)?,
@@ -279,11 +289,10 @@ fn one_device(
                 let (nk, nv) = &kv[ring_schedule::source(world, rank, step + 1)];
                 st.wait(marks.last().expect("a timed step's start"))
                     .map_err(drv)?;
-                let n = nk.tensor.codes.len();
-                st.memcpy_dtod(nk.tensor.codes, &mut dk.slice_mut(0..n))
+                let n = bytes(nk);
+                st.memcpy_dtod(&nk.tensor.codes.slice(0..n), &mut dk.slice_mut(0..n))
                     .map_err(drv)?;
-                let n = nv.tensor.codes.len();
-                st.memcpy_dtod(nv.tensor.codes, &mut dv.slice_mut(0..n))
+                st.memcpy_dtod(&nv.tensor.codes.slice(0..n), &mut dv.slice_mut(0..n))
                     .map_err(drv)?;
             }
             let (k, v) = &kv[ring_schedule::source(world, rank, step)];

@@ -340,6 +340,49 @@ fn mutant_distance(
 
 /// The ring tests.
 pub fn add(t: &mut Suite) {
+    t.gpu(
+        "ring::on_one_device::a_short_shard_is_refused_by_name",
+        |gpu| {
+            // A rank whose K codes are one byte short of its shard: a named error before any launch or copy, from the
+            // plain, the timed and the copy-beside ring alike.
+            let (s, world) = (Shape::new(1, 2, 256, 64), 2);
+            let st = gpu.ctx.new_stream()?;
+            let lens =
+                |r: usize| [0, 1].map(|h| fp8_attention::zigzag_range(s.sq, world, r, h).len());
+            let need = |r: usize| s.b * s.h * lens(r).iter().sum::<usize>() * s.d;
+            let full: Vec<_> = (0..world)
+                .map(|r| st.alloc_zeros::<u8>(need(r)))
+                .collect::<Result<_, _>>()?;
+            let short = st.alloc_zeros::<u8>(need(1) - 1)?;
+            let scales = st.clone_htod(&vec![1.0f32; s.b * s.h])?;
+            let q: Vec<Shard> = (0..world)
+                .map(|r| shard(&full[r], &scales, lens(r)))
+                .collect();
+            let kv: Vec<(Shard, Shard)> = (0..world)
+                .map(|r| {
+                    let k = if r == 1 { &short } else { &full[r] };
+                    (
+                        shard(k, &scales, lens(r)),
+                        shard(&full[r], &scales, lens(r)),
+                    )
+                })
+                .collect();
+            for beside in [None, Some(Beside::Nothing), Some(Beside::Copy)] {
+                let err = match beside {
+                    None => fp8_attention::ring_on_one_device(gpu, &st, s, &q, &kv),
+                    Some(b) => fp8_attention::ring_on_one_device_beside(gpu, &st, s, &q, &kv, b),
+                }
+                .map(|_| ())
+                .expect_err("a short K shard ran");
+                let text = format!("{err:#}");
+                ensure!(
+                    text.contains("rank 1") && text.contains("its k codes hold"),
+                    "{beside:?}: {text}"
+                );
+            }
+            Ok(())
+        },
+    );
     t.gpu("ring::on_one_device::timed_steps_same_bits", |gpu| {
         // The timed one-device ring (what `sdpa bench --ranks` holds a ring's steps to) computes what the untimed one
         // does, and times each rank's every step.
