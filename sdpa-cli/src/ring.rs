@@ -23,8 +23,8 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 }
 
 /// One rank's timings: wall ms a call with a fresh state each call; on a kept one, each setting's ([`KEPT_RUNS`], then
-/// [`CAPPED_RUNS`] with `--nccl-max-ctas`) median a round (rounds interleaved: [`KEPT_ROUNDS`]), its last call's step times and step 0's idle; its last fresh
-/// call's step and host times; for the kept state as the library sets it (the first run), each round's median step
+/// [`CAPPED_RUNS`] with `--nccl-max-ctas`) median a round (rounds interleaved: [`KEPT_ROUNDS`]), its last call's step
+/// times and step 0's idle; its last fresh call's step and host times; for the kept state as the library sets it (the first run), each round's median step
 /// times and step 0's median idle over its calls; and its own steps' launches alone on its own GPU, each step's median
 /// over the rounds ([`HeldShards::steps`]).
 struct RankTimes {
@@ -221,9 +221,9 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                         kept_host = host;
                     }
                 }
-                alone_rounds.push((held.steps(gpu, s, Beside::Nothing)?.swap_remove(r), 0.0));
+                alone_rounds.push(held.steps(gpu, s, Beside::Nothing)?.swap_remove(r));
             }
-            let alone = over_rounds(&alone_rounds).0;
+            let alone = step_medians(&alone_rounds);
             Ok(RankTimes {
                 fresh_ms: out,
                 kept: runs,
@@ -413,7 +413,7 @@ fn joined(values: impl IntoIterator<Item = f64>, unit: &str) -> String {
 /// Calls of the ring on one device whose median step times [`HeldShards::steps`] reports (after one warm-up call).
 const ALONE_CALLS: usize = 3;
 
-/// Every rank's shards of the bench's problem on one device, uploaded once ([`steps_on_one_device`] runs them).
+/// Every rank's shards of the bench's problem on one device, uploaded once ([`HeldShards::steps`] runs them).
 struct HeldShards {
     st: std::sync::Arc<lab::cudarc::driver::CudaStream>,
     held: Vec<HeldShard>,
@@ -554,18 +554,21 @@ fn stage7_ms(gpu: &'static lab::Gpu, s: Shape, out: fixtures::OutDtype) -> Resul
 /// Each step's median over `rounds` (each a round's step medians and step 0's idle, as [`round_steps`] gives them),
 /// and step 0's median idle over them.
 fn over_rounds(rounds: &[(Vec<f32>, f32)]) -> (Vec<f32>, f32) {
-    let med = |v: Vec<f64>| lab::numerics::median(v) as f32;
-    let steps = rounds.iter().map(|r| r.0.len()).min().unwrap_or(0);
-    (
-        (0..steps)
-            .map(|i| med(rounds.iter().map(|r| f64::from(r.0[i])).collect()))
-            .collect(),
-        if rounds.is_empty() {
-            0.0
-        } else {
-            med(rounds.iter().map(|r| f64::from(r.1)).collect())
-        },
-    )
+    let steps: Vec<Vec<f32>> = rounds.iter().map(|r| r.0.clone()).collect();
+    let idle = if rounds.is_empty() {
+        0.0
+    } else {
+        lab::numerics::median(rounds.iter().map(|r| f64::from(r.1)).collect()) as f32
+    };
+    (step_medians(&steps), idle)
+}
+
+/// Each step's median over `rounds` (each a round's step times; as many steps as the shortest round has).
+fn step_medians(rounds: &[Vec<f32>]) -> Vec<f32> {
+    let steps = rounds.iter().map(Vec::len).min().unwrap_or(0);
+    (0..steps)
+        .map(|i| lab::numerics::median(rounds.iter().map(|r| f64::from(r[i])).collect()) as f32)
+        .collect()
 }
 
 /// Each step's median time over `calls` (each a call's steps), and step 0's median idle (a kept round's calls, or
