@@ -30,12 +30,13 @@ extern "C" __global__ void prep_lse_shift(const float* q, long long rows, int sq
 
 // Vᵀ for the TMA stages: vt[head][c][k] = v[head][key(k)][c] for k < sk_pad (a multiple of 32), where key(k)
 // is fp8_relayout's p_key order inside each 32-key group (so that P needs no shuffle), and 0 where key(k) >=
-// sk (padding must be zeros: 0 x a NaN code would be NaN). A block moves one head's 32 keys x D channels
-// through shared memory (rows padded by a word, so that the reads below hit 32 banks): coalesced 16-byte reads
-// of whole rows; then a thread takes 4 channels of 16 keys as 16 words, transposes them 4 x 4 bytes at a time
-// with byte permutes, and writes each channel's 16 keys as one 16-byte store, beside the thread that writes the
-// channel's other 16 keys (one 32-byte sector an instruction). Gathered a byte at a time, the transpose was
-// compute-bound (ncu: SM 82% busy, DRAM 28%, 54 us at (4,16,4096,128)). Grid (heads, sk_pad / 32), 256 threads.
+// sk (padding must be zeros: 0 x a NaN code would be NaN). A block moves one head's vt_block_keys(D) keys x D
+// channels (16 KiB) through shared memory (rows padded by a word, so that the reads below hit 32 banks): coalesced
+// 16-byte reads of whole rows; then a thread takes 4 channels of 16 keys as 16 words, transposes them 4 x 4 bytes at
+// a time with byte permutes, and writes each channel's 16 keys as one 16-byte store, beside the thread that writes
+// the channel's other 16 keys (one 32-byte sector an instruction). Gathered a byte at a time, the transpose was
+// compute-bound (ncu: SM 82% busy, DRAM 28%, 54 us at (4,16,4096,128)). Grid (heads, ⌈sk_pad / vt_block_keys(D)⌉),
+// 256 threads.
 // V is read as a view: head h's key r at v + h · hs + r · rs (contiguous [heads, sk, d]: rs = d, hs = sk · d; both
 // multiples of 16 bytes, the host checks).
 __device__ __forceinline__ int vt_key(int slot) {
@@ -43,19 +44,31 @@ __device__ __forceinline__ int vt_key(int slot) {
 }
 // Keys k0 .. k0 + n − 1 of head vh (sk rows of d bytes, row r at vh + r · rs; zeros past sk) into rows[n][d / 4 + 1]
 // words, by the block's coalesced 16-byte reads of whole rows (a row padded by a word: the column reads after it hit
-// 32 banks).
+// 32 banks). A thread issues kBatch reads before its first shared store: a store between two generic loads orders
+// the second after it (the load might read shared memory), one memory round trip a read.
 __device__ __forceinline__ void stage_rows(const unsigned char* vh, int sk, int d, long long rs, int k0, int n,
                                            unsigned* rows) {
-  const int stride = d / 4 + 1;
-  for (int i = threadIdx.x; i < n * d / 16; i += blockDim.x) {
-    const int r = i / (d / 16), ch = i % (d / 16);
-    const uint4 x = k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * rs + 16 * ch)
-                                : make_uint4(0, 0, 0, 0);
-    unsigned* row = rows + r * stride + 4 * ch;
-    row[0] = x.x;
-    row[1] = x.y;
-    row[2] = x.z;
-    row[3] = x.w;
+  constexpr int kBatch = 4;
+  const int stride = d / 4 + 1, chunks = d / 16, total = n * chunks;
+  for (int base = threadIdx.x; base < total; base += kBatch * blockDim.x) {
+    uint4 x[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = base + j * blockDim.x, r = i / chunks;
+      x[j] = i < total && k0 + r < sk ? *reinterpret_cast<const uint4*>(vh + (long long)(k0 + r) * rs + 16 * (i % chunks))
+                                      : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = base + j * blockDim.x;
+      if (i < total) {
+        unsigned* row = rows + i / chunks * stride + 4 * (i % chunks);
+        row[0] = x[j].x;
+        row[1] = x[j].y;
+        row[2] = x[j].z;
+        row[3] = x[j].w;
+      }
+    }
   }
 }
 // w[k]: key k's word of 4 channels (16 keys); out[c][j]: keys 4j … 4j + 3 of channel c, 4 x 4 bytes at a time.
@@ -70,24 +83,27 @@ __device__ __forceinline__ void transpose_16x4(const unsigned (&w)[16], unsigned
     out[3][j] = __byte_perm(hi01, hi23, 0x7632);
   }
 }
+// Keys a prep_vt block moves: 16 KiB of V a block (32 keys at least), a multiple of 32 (the host's
+// composed::prep::vt_block_keys).
+__device__ __forceinline__ int vt_block_keys(int d) { return 32 * max(1, 512 / d); }
 extern "C" __global__ void prep_vt(const unsigned char* v, int sk, int d, int sk_pad, unsigned char* vt, long long rs,
                                    long long hs) {
-  __shared__ __align__(16) unsigned rows[32 * (256 / 4 + 1)];  // 32 keys x (D <= 256 bytes + a word)
-  const int stride = d / 4 + 1;                                // words a row
+  __shared__ __align__(16) unsigned rows[16384 / 4 + 1024];  // vt_block_keys(d) ≤ 1024 keys x (d ≥ 16 bytes + a word)
+  const int stride = d / 4 + 1;                              // words a row
   const long long head = blockIdx.x;
-  const int k0 = blockIdx.y * 32;
-  stage_rows(v + head * hs, sk, d, rs, k0, 32, rows);
+  const int k0 = blockIdx.y * vt_block_keys(d), n = min(vt_block_keys(d), sk_pad - k0);  // n: a multiple of 32
+  stage_rows(v + head * hs, sk, d, rs, k0, n, rows);
   __syncthreads();
-  for (int i = threadIdx.x; i < d / 2; i += blockDim.x) {
-    const int cq = i / 2, seg = i % 2;  // channels 4cq … 4cq + 3, keys 16seg … 16seg + 15
+  for (int i = threadIdx.x; i < n / 32 * d / 2; i += blockDim.x) {
+    const int cq = i % (d / 2) / 2, seg = i % 2, g = i / (d / 2);  // channels 4cq … 4cq + 3, keys 32g + 16seg …
     unsigned w[16];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) w[k] = rows[vt_key(16 * seg + k) * stride + cq];
+    for (int k = 0; k < 16; ++k) w[k] = rows[(32 * g + vt_key(16 * seg + k)) * stride + cq];
     unsigned out[4][4];  // [channel][word]: word j holds keys 4j … 4j + 3 of the channel
     transpose_16x4(w, out);
 #pragma unroll
     for (int c = 0; c < 4; ++c)
-      *reinterpret_cast<uint4*>(vt + (head * d + 4 * cq + c) * sk_pad + k0 + 16 * seg) =
+      *reinterpret_cast<uint4*>(vt + (head * d + 4 * cq + c) * sk_pad + k0 + 32 * g + 16 * seg) =
           make_uint4(out[c][0], out[c][1], out[c][2], out[c][3]);
   }
 }

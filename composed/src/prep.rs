@@ -28,10 +28,10 @@ const fn k(name: &'static str) -> KernelSpec {
 
 pub const SMOOTH_K: KernelSpec = k("prep_smooth_k");
 pub const LSE_SHIFT: KernelSpec = k("prep_lse_shift");
-/// V transposed for the TMA stages (one tile of 32 keys × D ≤ 256 bytes, rows padded by a word: 8,320 bytes of
-/// static shared memory, within the 64-register budget).
+/// V transposed for the TMA stages (a block's [`vt_block_keys`] keys × D bytes, rows padded by a word: at most 1,024
+/// keys of 16 bytes, 20,480 bytes of static shared memory, within the 64-register budget).
 pub const TRANSPOSE_V: KernelSpec = KernelSpec {
-    budget: Budget::new(64, 8320),
+    budget: Budget::new(64, 20480),
     ..k("prep_vt")
 };
 /// Vᵀ as stage 7's tile images at D = 128 (one tile of up to 224 keys × D ≤ 128 bytes, rows padded by a word:
@@ -174,6 +174,12 @@ fn launch_v_kernel(
     Ok(())
 }
 
+/// Keys a `prep_vt` block transposes at head dimension `d` (prep.cu's `vt_block_keys`): 16 KiB of V, at least 32
+/// keys, a multiple of 32.
+pub fn vt_block_keys(d: usize) -> usize {
+    32 * (512 / d).max(1)
+}
+
 /// Keys of Vᵀ's rows: Sk rounded up to 32 (P's key order permutes inside groups of 32; rows of a multiple of 16
 /// bytes are what a tensor map takes).
 pub fn vt_keys(sk: usize) -> usize {
@@ -226,7 +232,7 @@ pub fn transpose_v_with(
     let bytes = s.kv_heads() * s.d * kp;
     ensure_free(gpu, bytes, "the TMA stages need Vᵀ")?;
     ensure!(
-        kp / 32 <= 65535 && s.kv_heads() <= i32::MAX as usize,
+        kp.div_ceil(vt_block_keys(s.d)) <= 65535 && s.kv_heads() <= i32::MAX as usize,
         "Vᵀ of Sk = {} keys and {} heads does not fit one transpose grid",
         s.sk,
         s.kv_heads()
@@ -255,9 +261,14 @@ pub(crate) fn launch_transpose_v(
         s.sk,
         s.kv_heads() * s.d * kp
     );
-    // prep_vt(const u8* v, int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad], i64 rs, i64 hs) on (heads, sk_pad / 32)
-    // blocks: d ≤ 256 (the smem tile is 32 × 256 bytes); vt's length checked above.
-    launch_v_kernel(gpu, spec, st, v, s, kp, kp / 32, vt)
+    ensure!(
+        (16..=256).contains(&s.d) && s.d.is_multiple_of(16),
+        "prep_vt transposes rows of D = 16 to 256 bytes (a multiple of 16), not {}",
+        s.d
+    );
+    // prep_vt(const u8* v, int sk, int d, int sk_pad, u8* vt[heads·d·sk_pad], i64 rs, i64 hs) on (heads,
+    // ⌈sk_pad / vt_block_keys(d)⌉) blocks: d checked above (a block's keys fit its shared rows); vt's length too.
+    launch_v_kernel(gpu, spec, st, v, s, kp, kp.div_ceil(vt_block_keys(s.d)), vt)
 }
 
 /// What the third tensor map of a TMA stage describes (`tma_maps`).
@@ -545,5 +556,28 @@ impl OnDevice {
             out,
             shift,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transpose_blocks_keys_fit_its_shared_rows_in_groups_of_32() {
+        for d in (16..=256).step_by(16) {
+            let n = vt_block_keys(d);
+            assert!(n.is_multiple_of(32) && n * d <= 16384, "D = {d}: {n} keys");
+            let bytes = n * (d / 4 + 1) * 4;
+            assert!(
+                bytes <= TRANSPOSE_V.budget.max_smem_bytes as usize,
+                "D = {d}: {n} keys need {bytes} bytes of shared rows"
+            );
+        }
+        assert_eq!(
+            [64, 128, 256].map(vt_block_keys),
+            [256, 128, 64],
+            "16 KiB a block at the stages' head dimensions"
+        );
     }
 }

@@ -4,7 +4,14 @@ use lab::cudarc::driver::{CudaSlice, DevicePtr};
 
 /// Vᵀ and device quantization against their host models.
 pub fn add(t: &mut Suite) {
-    for (sq, sk, d) in [(5, 77, 64), (130, 300, 128), (1, 1, 128), (64, 4096, 64)] {
+    for (sq, sk, d) in [
+        (5, 77, 64),
+        (130, 300, 128),
+        (1, 1, 128),
+        (64, 4096, 64),
+        (5, 300, 64),
+        (3, 1000, 256),
+    ] {
         t.gpu(&format!("transpose_v::sk{sk}_d{d}"), move |gpu| {
             check_transpose_v(gpu, &composed::TRANSPOSE_V, Shape::cross(2, 3, sq, sk, d))
         });
@@ -26,8 +33,8 @@ pub fn add(t: &mut Suite) {
     });
     t.gpu("transpose_v::mutant_without_p_key_order_is_caught", |gpu| {
         let m = composed::TRANSPOSE_V.mutated_source(
-            "rows[vt_key(16 * seg + k) * stride + cq]",
-            "rows[(16 * seg + k) * stride + cq]",
+            "rows[(32 * g + vt_key(16 * seg + k)) * stride + cq]",
+            "rows[(32 * g + 16 * seg + k) * stride + cq]",
         )?;
         match check_transpose_v(gpu, &m, Shape::cross(1, 2, 5, 77, 64)) {
             Err(e) => {
@@ -37,9 +44,24 @@ pub fn add(t: &mut Suite) {
             Ok(()) => anyhow::bail!("a transpose in plain key order passed"),
         }
     });
+    t.gpu(
+        "transpose_v::mutant_with_half_the_keys_a_block_is_caught",
+        |gpu| {
+            // The device's keys a block against the host's grid (vt_block_keys): half of them, every other run of keys untouched.
+            let m = composed::TRANSPOSE_V
+                .mutated_source("32 * max(1, 512 / d)", "32 * max(1, 256 / d)")?;
+            match check_transpose_v(gpu, &m, Shape::cross(1, 2, 5, 1000, 64)) {
+                Err(e) => {
+                    eprintln!("mutant caught: {e:#}");
+                    Ok(())
+                }
+                Ok(()) => anyhow::bail!("a transpose of half the keys a block passed"),
+            }
+        },
+    );
     // Each kernel's own read of V (prep.cu holds both): heads Sk·D apart, as if V were contiguous.
     for (what, spec, rows) in [
-        ("transpose_v", composed::TRANSPOSE_V, "32"),
+        ("transpose_v", composed::TRANSPOSE_V, "n"),
         ("vt_tiles", composed::VT_TILES, "bc"),
     ] {
         t.gpu(
