@@ -144,7 +144,8 @@ fn launch_v_kernel(
 ) -> Result<()> {
     ensure!(
         rows.row.is_multiple_of(16) && rows.row >= s.d && rows.head.is_multiple_of(16),
-        "V read at a row stride of {} and a head stride of {} bytes: the transpose reads whole rows of D = {} by          16-byte loads (strides multiples of 16, rows not overlapping)",
+        "V read at a row stride of {} and a head stride of {} bytes: the transpose reads whole rows of D = {} by \
+         16-byte loads (strides multiples of 16, rows not overlapping)",
         rows.row,
         rows.head,
         s.d

@@ -24,9 +24,9 @@ fn host_shard(s: Shape, world: usize, r: usize) -> fixtures::Quantized {
 
 /// One rank's timings: wall ms a call with a fresh state each call; on a kept one, each setting's ([`KEPT_RUNS`], then
 /// [`CAPPED_RUNS`] with `--nccl-max-ctas`) median a round (rounds interleaved: [`KEPT_ROUNDS`]), its last call's step
-/// times and step 0's idle; its last fresh call's step and host times; for the kept state as the library sets it (the first run), each round's median step
-/// times and step 0's median idle over its calls; and its own steps' launches alone on its own GPU, each step's median
-/// over the rounds ([`HeldShards::steps`]).
+/// times and step 0's idle; its last fresh call's step and host times; for the kept state as the library sets it (the
+/// first run), each round's median step times and step 0's median idle over its calls; and its own steps' launches
+/// alone on its own GPU, each step's median over the rounds ([`HeldShards::steps`]).
 struct RankTimes {
     fresh_ms: Vec<f64>,
     kept: Vec<(Vec<f64>, Vec<f32>, f32)>,
