@@ -277,18 +277,11 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   mark(kMarkEpilogueEnd);
 }
 
-}  // namespace sdpa
-
-// consume_chain: the dense schedule's consumers, chaining consume_unit's turns across units.
-#include "unit_chain.cuh"
-
-namespace sdpa {
-
 // As tma_attention, but the consumers alternate: in its turn (named barrier 1 + wg, handed over with an arrive on
 // the other's) a consumer issues Q·Kᵀ of tile t and P·V of tile t − 1, hands the tensor cores over, and runs tile
 // t's softmax while the other consumer's GEMMs run (FlashAttention-3's pingpong). Its own P·V(t − 1) also runs under
 // that softmax: only P(t)'s packing and O's rescale, both at the start of the next turn, wait for it (O and P's A
-// registers belong to the wgmma until it retires). BC keys a tile (Stage::bc: 224 at D = 128, 128 at D = 64).
+// registers belong to the wgmma until it retires). BC keys a tile (Stage::bc: 224 at D = 128, 256 at D = 64).
 // Grouped-query attention: the block of query head bh reads K/V head bh / p.group (and its scales). Causal masking
 // (p.causal): each row's key limit min(Sk, row + Sk − Sq + 1) goes to the softmax (softmax_defer_l: osm::step_rows
 // with l's update left for after the next turn's GEMM issue), and key tiles past the block's last visible key are
@@ -344,10 +337,6 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
   // A halved kernel at D = 128 gives its producer 8 more: at 40 its transposing warps spilled a word.
   constexpr int kProducerRegs = D == 256 ? 24 : HALF && D == 128 ? 48 : 40;
   constexpr int kConsumerRegs = D == 256 ? 240 : HALF && D == 128 ? 224 : 232;
-  // The dense schedule's consumers chain their units' turns (consume_chain) at D = 64. At D = 128 the boundary turn
-  // holds S (224 or 192 keys), O and P in flight with the finished unit's epilogue, which ptxas cannot fit in 232
-  // registers without spilling or serialising the wgmmas (docs/decisions.md, "Units chained").
-  constexpr bool kChain = !VARLEN && !WIN && !kSplit && D == 64;
   if (roles::warpgroup() == 0) {
     roles::release_registers<kProducerRegs>();
     if (HALF && threadIdx.x == 0) {
@@ -428,15 +417,6 @@ __device__ void pingpong_attention(const Params& p, const tma::Map* mq, const tm
         for (int i = 0; i < half; ++i) at.advance();
       consume_unit<D, BC, false, false, false, false, true>(p, blk, wg, int(blockIdx.x) / 2, 0, at, [] { return false; },
                                                             mark, mo, so, wg * half, half, -1);
-    } else if constexpr (kChain) {
-      // The dense schedule at D = 64: where blocks take several units, one chain of turns across them; a block of one
-      // unit (the mission shape's) runs consume_unit's turns, 0.1 µs shorter there.
-      if (tickets) {
-        consume_chain<D, BC, ACC>(p, blk, wg, tickets, at, mark, mo, so);
-      } else if (int(blockIdx.x) < p.work) {
-        consume_unit<D, BC, false, false, false, ACC>(p, blk, wg, blockIdx.x, 0, at, [] { return false; }, mark, mo, so,
-                                                      0, -1, -1, rg, win);
-      }
     } else {
       // The unit count: read from Params at each use in the dense schedule (a copy in a register moved ptxas's
       // schedule of stage 7's last turn and epilogue), the plan's count in the ragged one.

@@ -59,19 +59,25 @@ struct PagedTile {
 
 // A paged cache's key rows for sequence `seq` (Sk `sk`): a tile of BC keys as BC / box boxes, each from its page;
 // boxes of keys past Sk come from past the pool (zeros: masked keys must be finite, and the table holds no entry for
-// them). at<BC>(t) reads tile t's table entries together, before the waits that come ahead of its loads (the
-// producer's, one thread's: produce_k), so that their latency is under those waits; K's loads and V's share them.
+// them). at<BC>(t) reads tile t's table entries together (in groups of kGroup where a tile has more than kMaxTogether:
+// the producer's loading thread has 40 registers), before the waits that come ahead of its loads (the producer's, one thread's: produce_k), so that their
+// latency is under those waits; K's loads and V's share them.
 struct PagedRows {
   static constexpr int kMinPage = 16;
+  static constexpr int kMaxTogether = 12, kGroup = 8;
   paged::Table t;
   int seq, sk, box, oob_row;
   template <int BC>
   __device__ __forceinline__ PagedTile<BC / kMinPage> at(int tile) const {
-    __shared__ int rows[BC / kMinPage];
+    constexpr int kN = BC / kMinPage, kG = kN > kMaxTogether ? kGroup : kN;
+    __shared__ int rows[kN];
+#pragma unroll 1
+    for (int g = 0; g < kN && g * box < BC; g += kG) {
 #pragma unroll
-    for (int j = 0; j < BC / kMinPage; ++j) {
-      const int key = tile * BC + j * box;
-      if (j * box < BC) rows[j] = key < sk ? int(paged::pool_row(t, seq, key)) : oob_row;
+      for (int i = 0; i < kG; ++i) {
+        const int j = g + i, key = tile * BC + j * box;
+        if (j * box < BC) rows[j] = key < sk ? int(paged::pool_row(t, seq, key)) : oob_row;
+      }
     }
     return PagedTile<BC / kMinPage>{rows, box};
   }

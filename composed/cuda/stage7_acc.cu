@@ -11,7 +11,7 @@
                      const __grid_constant__ tma::Map mvt, const __grid_constant__ tma::Map mo) {               \
     sdpa::pingpong_attention<D, ST, BC, 0, false, false, false, true>(p, &mq, &mk, &mvt, &mo);                \
   }
-STAGE7ACC(64, 128, 4)
+STAGE7ACC(64, 256, 4)
 STAGE7ACC(128, 224, 3)
 
 // The split tail's merge for these kernels (sdpa::merge_split_tail with the running rows first).

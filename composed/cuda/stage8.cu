@@ -13,7 +13,7 @@
                   const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads) {        \
     sdpa::pingpong_attention<D, ST, BC, VS>(p, &mq, &mk, &mv, &mo, heads);                                   \
   }
-STAGE8(64, 128, 4, 2)
+STAGE8(64, 256, 4, 2)
 STAGE8(128, 192, 3, 1)
 
 // Halved (SplitPlan::halved): a unit's rows in two blocks of 64, each block's keys halved between its consumers.
@@ -23,7 +23,7 @@ STAGE8(128, 192, 3, 1)
                    const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads) {       \
     sdpa::pingpong_attention<D, ST, BC, VS, false, false, false, false, true>(p, &mq, &mk, &mv, &mo, heads);  \
   }
-STAGE8H(64, 128, 4, 2)
+STAGE8H(64, 256, 4, 2)
 STAGE8H(128, 192, 3, 1)
 
 // The split tail's merge, as stage 7's.

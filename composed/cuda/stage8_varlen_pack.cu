@@ -5,5 +5,5 @@
 // dividing 64); Q's map (D, G, total_q, Hkv) in boxes of G heads × 64 / G tokens. A module of its own: stage8_varlen's
 // kernels compile alone, as before.
 #define STAGE8_VARLEN_PACK(D, BC, ST, VS) SDPA_VARLEN_KERNEL(stage8_varlen_pack_d##D, D, BC, ST, VS, true)
-STAGE8_VARLEN_PACK(64, 128, 4, 2)
+STAGE8_VARLEN_PACK(64, 256, 4, 2)
 STAGE8_VARLEN_PACK(128, 192, 3, 1)

@@ -14,7 +14,7 @@
     sdpa::pingpong_attention<D, ST, BC, VS, false, true>(p, &mq, &mk, &mv, &mo, heads, sdpa::RaggedArgs(), nullptr, \
                                                          sdpa::Window{win_left, win_right});                    \
   }
-STAGE8W(64, 128, 4, 2)
+STAGE8W(64, 256, 4, 2)
 STAGE8W(128, 192, 3, 1)
 
 // The packed (variable-length) kernel (stage8_varlen.cu) under a window: each unit's key-tile count is the plan's
@@ -30,5 +30,5 @@ STAGE8W(128, 192, 3, 1)
     sdpa::pingpong_attention<D, ST, BC, VS, true, true>(p, &mq, &mk, &mv, &mo, heads, rg, &pg,                  \
                                                         sdpa::Window{win_left, win_right});                     \
   }
-STAGE8W_VARLEN(64, 128, 4, 2)
+STAGE8W_VARLEN(64, 256, 4, 2)
 STAGE8W_VARLEN(128, 192, 3, 1)

@@ -488,7 +488,7 @@ mod tests {
         assert!(!SplitPlan::of(Stage::S8, &fixtures::Shape::new(1, 8, 768, 64), 128, 132).halved);
         assert_eq!(
             SplitPlan::of(Stage::S8, &mission, 128, 32),
-            SplitPlan::new(32, 32, 4, false, 4)
+            SplitPlan::new(32, 32, 2, false, 4)
         );
     }
 

@@ -40,10 +40,6 @@ pub const HEADERS: &[Header] = &[
         code: include_str!("../cuda/pingpong_epilogue.cuh"),
     },
     Header {
-        name: "unit_chain.cuh",
-        code: include_str!("../cuda/unit_chain.cuh"),
-    },
-    Header {
         name: "v_staging.cuh",
         code: include_str!("../cuda/v_staging.cuh"),
     },
@@ -237,11 +233,13 @@ impl Stage {
     /// Keys per K/V tile. For stages 6 and 7 this must agree with `STAGE6(D, BC)` / `STAGE7(D, BC, STAGES, P)`, which
     /// size the tensor maps' boxes and the shared memory. 224 keys at stage 7's D = 128 (FlashAttention-3's FP8
     /// choice) is the widest S that fits beside P in 232 registers; stage 8's at D = 128 are 192, so that three ring
-    /// stages fit beside V's staging; 128 elsewhere (docs/decisions.md, "224-key tiles", "192-key tiles", "256-key
-    /// tiles, four ways", "Stage 8's third ring stage").
+    /// stages fit beside V's staging; 256 at D = 64 for stages 7 and 8 (half the turns of 128-key tiles, whose fixed
+    /// costs bound D = 64); 128 elsewhere (docs/decisions.md, "224-key tiles", "192-key tiles", "256-key tiles, four
+    /// ways", "Stage 8's third ring stage", "256-key tiles at D = 64").
     pub fn bc(self, d: usize) -> usize {
         match self {
             Stage::S7 if d == 128 => 224,
+            Stage::S7 | Stage::S8 if d == 64 => 256,
             Stage::S8 if d == 128 => 192,
             _ if self.fp8_p() => 128,
             _ => bc(d),
@@ -364,13 +362,14 @@ impl Stage {
     /// that the next unit's lands under this one), per ring stage a K tile and a Vᵀ tile (`bc(d)` keys × D
     /// each), O's staging panels, and stage 8's V staging slots (a V tile each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
+        let bc = self.bc(d);
         let q_bufs = if self.persistent() { 2 } else { 1 };
         // O's staging panels (64 rows × 128 bytes a consumer) for the TMA stores of a stage that has them.
         let o_staging = if self.tma_store() { 2 * 64 * 128 } else { 0 };
         1024 + q_bufs * 128 * d
-            + self.ring_stages(d) * 2 * self.bc(d) * d
+            + self.ring_stages(d) * 2 * bc * d
             + o_staging
-            + self.v_slots(d) * self.bc(d) * d
+            + self.v_slots(d) * bc * d
     }
 
     /// Whether the TMA stage writes O (bf16, f16) through shared memory and a TMA store: its kernel takes O's

@@ -258,9 +258,8 @@ pub fn summarize(lines: &[WarpLine]) -> Result<Summary> {
         for w in firsts.windows(2) {
             let (a, b) = (w[0], w[1]);
             s.units += 1;
-            // A unit of T key tiles has T + 1 turns, or T where its last shares the next unit's first (chained units:
-            // that turn is both).
-            let tiles = (b - a - usize::from(!t[b].last)) as f64;
+            // A unit of T key tiles has T + 1 turns.
+            let tiles = (b - a - 1) as f64;
             unit_extra.push((t[b].granted - t[a].granted) as f64 - tiles * s.period);
             boundary.push((t[b].granted - t[b - 1].granted) as f64);
         }

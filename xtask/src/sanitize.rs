@@ -113,14 +113,7 @@ const RUNS: &[(&str, &str, &[&str])] = &[
         &["memcheck", "racecheck", "synccheck"],
     ),
     (
-        // Chained units (D = 64) with split parts of one key tile mid-chain, thread 0 made to lag before it writes the
-        // next unit's destination: the barrier after that write.
-        "composed--gpu",
-        "gpu::split::stage7::one_tile_parts_read_their_own_destination",
-        &["memcheck", "racecheck"],
-    ),
-    (
-        // The ring's accumulating kernel at D = 64 splitting its tail: chained parts, the accumulating merge kernel;
+        // The ring's accumulating kernel at D = 64 splitting its tail: split parts, the accumulating merge kernel;
         // ~10 units a block, so Q's slots are overwritten after being read (the ledger's Q-slot rows).
         "fp8-attention--gpu",
         "gpu::ring::on_one_device::1x43x4096x64_split_tail",

@@ -253,7 +253,7 @@ impl Prepared {
 }
 
 /// The key-tile widths of the FP8 wgmma stages (`Stage::bc`).
-pub const FP8_TILES: [usize; 3] = [128, 192, 224];
+pub const FP8_TILES: [usize; 4] = [128, 192, 224, 256];
 
 /// The stage's rounding points on `qz` (P in f16 over `bc(d)`-key tiles, or P × 2⁸ in E4M3 over `bc(d)`-key tiles
 /// for the FP8 wgmma stage), O rounded to `out`.

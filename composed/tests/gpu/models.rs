@@ -175,23 +175,19 @@ pub fn add(t: &mut Suite) {
         // Q, K and Vᵀ with UTMALDG (Q's two boxes, K, Vᵀ) and reads nothing else from global memory but the
         // three scales (LDG); stage 7 also reads its split tail's table (sdpa::SplitTable: split, pieces, whether
         // they are taken, its piece's bounds and parts, and where they are: 9 LDG in its producer), and stores O
-        // with UTMASTG; a chain of units (D = 64) reads the three scales at the boundary turn too.
+        // with UTMASTG.
         for stage in [Stage::S5, Stage::S6, Stage::S7] {
             for &d in stage.dims() {
                 let spec = stage.kernel(d);
                 let (cubin, _) = spec.compile(lab::Arch::Sm90a)?;
                 let h = lab::sass::histogram(&cubin, spec.name)?;
-                // Stage 7 peels its first and last turns: each GEMM appears twice in its code; at D = 64 a block of
-                // several units chains them (unit_chain.cuh: three copies, the boundary turn issuing both) beside
-                // consume_unit's two for a block of one.
+                // Stage 7 peels its first and last turns: each GEMM appears twice in its code.
                 let copies = match stage {
-                    Stage::S7 if d == 64 => 5,
                     Stage::S7 => 2,
                     _ => 1,
                 };
                 let want = (d / 32 + stage.bc(d) / 32) * copies;
                 let ldg = match stage {
-                    Stage::S7 if copies == 5 => 18,
                     Stage::S7 => 12,
                     _ => 3,
                 };

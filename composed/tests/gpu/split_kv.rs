@@ -30,7 +30,7 @@ fn cases() -> Vec<Case> {
             None,
             16,
         ),
-        // Unpacked heads, a sequence with no queries, one with one key: 16 units, 8 chunks.
+        // Unpacked heads, a sequence with no queries, one with one key: 16 units, 4 chunks (of 256-key tiles).
         (
             "decode_mixed_d64",
             vec![(1, 5000), (0, 300), (1, 1), (1, 3000)],
@@ -39,7 +39,7 @@ fn cases() -> Vec<Case> {
             64,
             false,
             None,
-            8,
+            4,
         ),
         // Causal sequences of several queries split too: each chunk's rows masked where the whole sequence's are.
         (

@@ -322,7 +322,7 @@ pub fn add(t: &mut Suite) {
         // barrier) the warpgroup's first warp could go on to its next unit and overwrite it before a slower warp had
         // read it: that warp's 16 rows then went elsewhere (seen once under racecheck as 1024 NaN in O). Warps 1–3
         // are made to lag before they read it: with the epilogue's barrier O is as without the lag; without the
-        // barrier, the lag must show. D = 128 (consume_unit's units); D = 64 chains its units, below.
+        // barrier, the lag must show. D = 128.
         let lag = "if (threadIdx.x % 128 >= 32)\n    for (int i = 0; i < 200; ++i) __nanosleep(1000);\n  const int dst = blk.qb->dest[wg];";
         let (shape, blocks, out) = (Shape::new(2, 2, 300, 128).with_kv_heads(2)?, 5, OutDtype::F32);
         let shape = Shape { sk: 1024, ..shape };
@@ -338,78 +338,6 @@ pub fn add(t: &mut Suite) {
             "without the epilogue's barrier the lagging warps' rows still landed: the test no longer shows the race",
         ])?;
         eprintln!("f32 split parts: lagging warps land their rows with the barrier; without it: {broken}");
-        Ok(())
-    });
-    t.gpu("split::stage7::chained_parts_land_when_warps_lag", |gpu| {
-        // The same at D = 64, where a block's units are chained (unit_chain.cuh): each thread reads the finished
-        // unit's destination before the boundary turn's barrier, and thread 0 writes the next unit's after the
-        // epilogue. Warps 1–3 lag before their read: O is as without the lag; with the next destination written
-        // before the barrier (the mutant), the lag must show.
-        let at = "const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier";
-        let lag = format!("if (threadIdx.x % 128 >= 32)\n        for (int i = 0; i < 200; ++i) __nanosleep(1000);\n      {at}");
-        let (shape, blocks, out) = (Shape::new(2, 2, 300, 64).with_kv_heads(2)?, 5, OutDtype::F32);
-        let shape = Shape { sk: 1024, ..shape };
-        let qz = quantize_per_head(&normal(shape, 73));
-        let run = split_f32_run(gpu, &qz, blocks, out);
-        let plain = run(None)?;
-        let lagging = Stage::S7.kernel(64).mutated("unit_chain.cuh", at, &lag)?;
-        let early = lagging.mutated(
-            "unit_chain.cuh",
-            "      ++n;\n      cur.begin(",
-            "      ++n;\n      if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);\n      cur.begin(",
-        )?;
-        lag_verdicts(run, &plain, (lagging, early), [
-            "with warps 1–3 lagging, O or the LSE changed: the destination was overwritten before they read it",
-            "the next destination written before the turn's barrier: the lagging warps' rows still landed",
-        ])?;
-        Ok(())
-    });
-    t.gpu("split::stage7::one_tile_parts_read_their_own_destination", |gpu| {
-        // A chained part of one key tile followed by another unit (1 × 520 × 256 at D = 64 on 2 blocks: piece 1 is unit
-        // 3's last tile, then unit 4 whole) has no turn barrier between thread 0's write of its destination and the
-        // other warps' read at its end. Thread 0 is made to lag before that write: with the barrier after it, O is as
-        // without the lag; without it, warps 1–3 take the unit before's destination and the lag must show.
-        let at = "if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);";
-        let lag = format!("if (roles::thread_in_group() == 0)\n        for (int i = 0; i < 200; ++i) __nanosleep(1000);\n      {at}");
-        let (shape, blocks, out) = (Shape::cross(1, 1, 520, 256, 64), 2, OutDtype::F32);
-        let qz = quantize_per_head(&normal(shape, 79));
-        let run = split_f32_run(gpu, &qz, blocks, out);
-        let plain = run(None)?;
-        rule(
-            Stage::S7,
-            &qz,
-            &reference(&qz),
-            &emulation_of(Stage::S7, &qz, out),
-            &plain,
-            "one-tile parts",
-            |e, _| eprintln!("stage7 1x1x520x256x64, 2 blocks (a one-tile part mid-chain): {e}"),
-        )?;
-        let lagging = Stage::S7.kernel(64).mutated("unit_chain.cuh", at, &lag)?;
-        let unguarded = lagging.mutated("unit_chain.cuh", "if (cur.u.tiles == 1) roles::sync(3 + wg, 128);", "")?;
-        let broken = lag_verdicts(run, &plain, (lagging, unguarded), [
-            "with thread 0 lagging before the next destination, O or the LSE changed",
-            "without the barrier after a one-tile unit's destination the lag did not show: the test no longer shows the race",
-        ])?;
-        eprintln!("one-tile parts: thread 0 lagging, rows land with the barrier; without it: {broken}");
-        Ok(())
-    });
-    t.model("split::stage7::chained_mutants_apply", || {
-        // The chained lag tests' edits still find their text (no GPU needed).
-        let at = "const int dst = blk.qb->dest[wg];  // by every thread before the turn's barrier";
-        Stage::S7
-            .kernel(64)
-            .mutated("unit_chain.cuh", at, at)?
-            .mutated(
-                "unit_chain.cuh",
-                "      ++n;\n      cur.begin(",
-                "      ++n;\n      cur.begin(",
-            )?;
-        let write = "if (roles::thread_in_group() == 0) blk.qb->dest[wg] = blk.dst(n);";
-        let barrier = "if (cur.u.tiles == 1) roles::sync(3 + wg, 128);";
-        Stage::S7
-            .kernel(64)
-            .mutated("unit_chain.cuh", write, write)?
-            .mutated("unit_chain.cuh", barrier, "")?;
         Ok(())
     });
     // Every mutation still applies to today's headers (no GPU needed): a mutant whose text moved would otherwise be
@@ -600,9 +528,7 @@ pub fn add(t: &mut Suite) {
                 {
                     // `sdpa trace`'s build of stage 7 (clock64 marks) writes the same O and LSE, bit for bit, and its
                     // two blocks' consumer warps mark whole turns: every unit a first turn and a last, a softmax in
-                    // every turn but a unit's last, and per consumer warp T + 1 turns for a unit of T key tiles. At
-                    // D = 64 a block's units are chained (unit_chain.cuh): a unit's last turn is the next one's first
-                    // (both, with its softmax), so a block of n units has n·T + 1 turns.
+                    // every turn but a unit's last, and per consumer warp T + 1 turns for a unit of T key tiles.
                     let qz = quantize_per_head(&normal(shape, 73));
                     let mut d = OnDevice::upload(gpu, &qz)?;
                     d.use_blocks(Some(2));
@@ -616,9 +542,8 @@ pub fn add(t: &mut Suite) {
                     let units = shape.heads() * shape.sq.div_ceil(128);
                     let tiles = shape.sk.div_ceil(Stage::S7.bc(shape.d));
                     for warp in 0..8 {
-                        let (mut u, mut turns, mut blocks) = (0, 0, 0);
+                        let (mut u, mut turns) = (0, 0);
                         for l in lines.iter().filter(|l| l.warp == warp) {
-                            blocks += 1;
                             let t = composed::trace::turns(l).context("marks out of order")?;
                             ensure!(
                                 t.iter().all(|x| x.softmax.is_some() != (x.last && !x.first)),
@@ -629,7 +554,7 @@ pub fn add(t: &mut Suite) {
                             u += firsts;
                             turns += t.len();
                         }
-                        let want = units * tiles + if shape.d == 64 { blocks } else { units };
+                        let want = units * (tiles + 1);
                         ensure!(
                             u == units && turns == want,
                             "warp {warp}: {u} units and {turns} turns traced, want {units} and {want}"

@@ -151,8 +151,8 @@ pub fn add(t: &mut Suite) {
     }
     for (shape, out) in [
         (Shape::new(1, 8, 512, 64), OutDtype::F16),
-        (Shape::new(2, 8, 256, 64), OutDtype::Bf16),
-        (Shape::cross(2, 2, 300, 200, 64), OutDtype::F32),
+        (Shape::cross(2, 8, 256, 512, 64), OutDtype::Bf16),
+        (Shape::cross(2, 2, 300, 400, 64), OutDtype::F32),
         (
             Shape::new(1, 8, 300, 128).with_kv_heads(2).expect("8 / 2"),
             OutDtype::F16,

@@ -408,8 +408,8 @@ pub fn add(t: &mut Suite) {
             ),
             (
                 "a tile's boxes from the next tile's pages (the lookups taken one tile ahead)",
-                "const int key = tile * BC + j * box;",
-                "const int key = (tile + 1) * BC + j * box;",
+                "const int j = g + i, key = tile * BC + j * box;",
+                "const int j = g + i, key = (tile + 1) * BC + j * box;",
             ),
         ] {
             vl.use_kernel(Some(composed::varlen_kernel(d).mutated(
