@@ -60,8 +60,8 @@ struct PagedTile {
 // A paged cache's key rows for sequence `seq` (Sk `sk`): a tile of BC keys as BC / box boxes, each from its page;
 // boxes of keys past Sk come from past the pool (zeros: masked keys must be finite, and the table holds no entry for
 // them). at<BC>(t) reads tile t's table entries together (in groups of kGroup where a tile has more than kMaxTogether:
-// the producer's loading thread has 40 registers), before the waits that come ahead of its loads (the producer's, one thread's: produce_k), so that their
-// latency is under those waits; K's loads and V's share them.
+// the producer's loading thread has 40 registers), before the waits that come ahead of its loads (the producer's, one
+// thread's: produce_k), so that their latency is under those waits; K's loads and V's share them.
 struct PagedRows {
   static constexpr int kMinPage = 16;
   static constexpr int kMaxTogether = 12, kGroup = 8;
