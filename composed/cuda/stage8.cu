@@ -6,7 +6,7 @@
 // staging slots: Stage::bc, Stage::ring_stages and Stage::v_slots on the host. At D = 128, 192-key tiles in three ring
 // stages and one staging slot fit beside Q's two buffers and O's panels: a third ring stage hides K's load behind the
 // consumers' release (two stages of 224-key tiles ran 38% slower; docs/decisions.md, "Stage 8's third ring stage");
-// at D = 64, four ring stages and two slots.
+// at D = 64, 256-key tiles in four ring stages and two slots.
 #define STAGE8(D, BC, ST, VS)                                                                                     \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       stage8_d##D(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,     \
