@@ -187,9 +187,9 @@ pub fn ldsm_expected(tile: &LdsmTile, v: &[u8], fill: u8) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    const TILES: [LdsmTile; 5] = [
-        // Stage 8's tiles: D = 128 (224 keys, Vᵀ in 32-byte panels), D = 64 and D = 256 (128 keys, 128-byte Vᵀ),
-        // and a 128-key D = 128 tile; 32 keys of D = 128 (the smallest tile).
+    const TILES: [LdsmTile; 6] = [
+        // Stage 8's tiles: D = 128 (224 keys, Vᵀ in 32-byte panels), D = 64 (256 keys, 128-byte Vᵀ panels); 128-key
+        // tiles at D = 64, 256 and 128; 32 keys of D = 128 (the smallest tile).
         LdsmTile {
             rows: 224,
             cols: 128,
@@ -219,6 +219,12 @@ mod tests {
             cols: 128,
             src: Swizzle::B128,
             dst: Swizzle::B32,
+        },
+        LdsmTile {
+            rows: 256,
+            cols: 64,
+            src: Swizzle::B64,
+            dst: Swizzle::B128,
         },
     ];
 
