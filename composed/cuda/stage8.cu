@@ -16,15 +16,19 @@
 STAGE8(64, 256, 4, 2)
 STAGE8(128, 192, 3, 1)
 
-// Halved (SplitPlan::halved): a unit's rows in two blocks of 64, each block's keys halved between its consumers.
-#define STAGE8H(D, BC, ST, VS)                                                                                    \
+// Halved (SplitPlan::halved): a unit's rows in two blocks of 64, each block's keys halved between its consumers. Its
+// tiles are Stage::halved_bc's: the stage's, and at D = 64 128-key ones where Sk fits four of them (each consumer then
+// has two tiles, whose turns overlap, where one 256-key tile would run its Q·Kᵀ, softmax and P·V in series).
+#define STAGE8H_AS(NAME, D, BC, ST, VS)                                                                           \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
-      stage8h_d##D(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,    \
-                   const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads) {       \
+      NAME(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,            \
+           const __grid_constant__ tma::Map mv, const __grid_constant__ tma::Map mo, int heads) {               \
     sdpa::pingpong_attention<D, ST, BC, VS, false, false, false, false, true>(p, &mq, &mk, &mv, &mo, heads);  \
   }
+#define STAGE8H(D, BC, ST, VS) STAGE8H_AS(stage8h_d##D, D, BC, ST, VS)
 STAGE8H(64, 256, 4, 2)
 STAGE8H(128, 192, 3, 1)
+STAGE8H_AS(stage8h_d64_k128, 64, 128, 4, 2)
 
 // The split tail's merge, as stage 7's.
 SDPA_MERGE_KERNEL(64)

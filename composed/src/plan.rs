@@ -82,7 +82,7 @@ pub struct SplitPlan {
     pub split: usize,
     /// Pieces the tail is cut into (0: no split), one a block.
     pub pieces: usize,
-    /// Key tiles a unit.
+    /// Key tiles a unit (a halved plan's of its kernel's tiles, `Stage::halved_bc`; only a split tail reads it).
     pub unit_tiles: usize,
     /// Each unit's rows in two blocks of 64, each block's keys halved between its consumers ([`SplitPlan::halved`]).
     pub halved: bool,
@@ -100,8 +100,10 @@ impl SplitPlan {
             let tiles = s.sk.div_ceil(stage.bc(s.d));
             // A window's units read their own key ranges: no split tail (as causal ones).
             let ordered = s.causal || s.window.is_bounded();
+            // A halved kernel's tiles are its own (`Stage::halved_bc`: 128 keys at D = 64 where Sk ≤ 512).
+            let halved_tiles = s.sk.div_ceil(stage.halved_bc(s.d, s.sk));
             let halved = (stage.halves() && !ordered)
-                .then(|| SplitPlan::halved(units, blocks, tiles, stage.ring_stages(s.d)))
+                .then(|| SplitPlan::halved(units, blocks, halved_tiles, stage.ring_stages(s.d)))
                 .flatten();
             halved.unwrap_or_else(|| SplitPlan::new(units, blocks, tiles, ordered, s.sq / rows))
         } else {

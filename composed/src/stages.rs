@@ -282,11 +282,27 @@ impl Stage {
         self == Stage::S8
     }
 
-    /// The halved kernel of the stage at `s.d`, from `source` (the stage's, or a variant of it).
+    /// Keys per K/V tile of the stage's halved kernel on `sk` keys (`plan::SplitPlan::halved`): at D = 64, 128 where
+    /// the ring holds all of Sk's 128-key tiles (Sk ≤ 512: each consumer then has two tiles, whose turns overlap, where
+    /// one 256-key tile runs its Q·Kᵀ, softmax and P·V in series); else `bc(d)`. `STAGE8H_AS`'s `_k128` kernel.
+    pub fn halved_bc(self, d: usize, sk: usize) -> usize {
+        match self {
+            Stage::S8 if d == 64 && sk <= self.ring_stages(d) * 128 => 128,
+            _ => self.bc(d),
+        }
+    }
+
+    /// The halved kernel of the stage at `s.d` (on `halved_bc`'s tiles), from `source` (the stage's, or a variant).
     pub fn halved_kernel(self, s: &fixtures::Shape, source: &'static Source) -> KernelSpec {
+        let bc = self.halved_bc(s.d, s.sk);
+        let name = if bc == self.bc(s.d) {
+            format!("{}h_d{}", self.name(), s.d)
+        } else {
+            format!("{}h_d{}_k{bc}", self.name(), s.d)
+        };
         KernelSpec {
             source,
-            ..KernelSpec::find(KERNELS, &format!("{}h_d{}", self.name(), s.d))
+            ..KernelSpec::find(KERNELS, &name)
         }
     }
 
@@ -362,7 +378,11 @@ impl Stage {
     /// that the next unit's lands under this one), per ring stage a K tile and a Vᵀ tile (`bc(d)` keys × D
     /// each), O's staging panels, and stage 8's V staging slots (a V tile each). Its mbarriers are static.
     fn tma_smem(self, d: usize) -> usize {
-        let bc = self.bc(d);
+        self.tma_smem_bc(d, self.bc(d))
+    }
+
+    /// `tma_smem` on tiles of `bc` keys (a halved kernel's: `halved_bc`).
+    pub fn tma_smem_bc(self, d: usize, bc: usize) -> usize {
         let q_bufs = if self.persistent() { 2 } else { 1 };
         // O's staging panels (64 rows × 128 bytes a consumer) for the TMA stores of a stage that has them.
         let o_staging = if self.tma_store() { 2 * 64 * 128 } else { 0 };
@@ -535,6 +555,7 @@ pub const KERNELS: &[KernelSpec] = &[
     k90a_tma8("stage8_d128"),
     k90a_tma8("stage8h_d64"),
     k90a_tma8("stage8h_d128"),
+    k90a_tma8("stage8h_d64_k128"),
     k90a_tma8_varlen("stage8_varlen_d64", &STAGE8_VARLEN),
     k90a_tma8_varlen("stage8_varlen_d128", &STAGE8_VARLEN),
     k90a_tma8_varlen("stage8_varlen_pack_d64", &STAGE8_VARLEN_PACK),
@@ -606,6 +627,7 @@ mod tests {
             (Stage::S7, STAGE7.code, "STAGE7"),
             (Stage::S7, STAGE7_ACC.code, "STAGE7ACC"),
             (Stage::S8, STAGE8.code, "STAGE8"),
+            (Stage::S8, STAGE8.code, "STAGE8H"),
             (Stage::S8, STAGE8_VARLEN.code, "STAGE8_VARLEN"),
             (Stage::S8, STAGE8_VARLEN_PACK.code, "STAGE8_VARLEN_PACK"),
             (Stage::S8, STAGE8_WINDOW.code, "STAGE8W"),
@@ -626,6 +648,31 @@ mod tests {
                 stage.dims().to_vec()
             };
             assert_eq!(dims, want, "{name}: instantiated head dimensions");
+            if name == "STAGE8H" {
+                // The halved kernels: each head dimension's at the stage's tiles, and at D = 64 one on 128-key tiles
+                // (`STAGE8H_AS(stage8h_d64_k128, …)`), which `halved_bc` names for Sk ≤ 512.
+                let line = code
+                    .lines()
+                    .find(|l| l.starts_with("STAGE8H_AS(stage8h_d64_k128,"))
+                    .expect("stage8h_d64_k128 instantiated");
+                let n: Vec<usize> = line
+                    .trim_end_matches(')')
+                    .split(',')
+                    .skip(1)
+                    .map(|a| a.trim().parse().expect("a number"))
+                    .collect();
+                assert_eq!(
+                    n,
+                    [
+                        64,
+                        stage.halved_bc(64, 512),
+                        stage.ring_stages(64),
+                        stage.v_slots(64)
+                    ],
+                    "stage8h_d64_k128's (D, BC, STAGES, VS) against the host's"
+                );
+                assert_eq!(stage.halved_bc(64, 513), stage.bc(64));
+            }
             for [d, bc, stages, vs] in found {
                 assert_eq!(
                     [bc, stages, vs],

@@ -239,7 +239,17 @@ impl Workspace {
         } else {
             spec
         };
-        let smem = stage.smem_bytes(s.d);
+        // A halved plan's kernel has its own tiles (`Stage::halved_bc`): its maps' boxes and shared memory follow them.
+        let bc = if plan.halved {
+            stage.halved_bc(s.d, s.sk)
+        } else {
+            stage.bc(s.d)
+        };
+        let smem = if stage.tma() {
+            stage.tma_smem_bc(s.d, bc)
+        } else {
+            stage.smem_bytes(s.d)
+        };
         let key = (spec.name, std::ptr::from_ref(spec.source) as usize, smem);
         let k = match &self.loaded {
             Some((at, k)) if *at == key => k.clone(),
@@ -257,7 +267,6 @@ impl Workspace {
             "a schedule section of {section} heads: it takes 1 to B·H = {}",
             s.heads()
         );
-        let bc = stage.bc(s.d);
         let (vt_tiles, _gimg) = match &self.vt_img {
             Some(img) if stage.vt_image(s.d) => {
                 let (a, g) = img.device_ptr(st);

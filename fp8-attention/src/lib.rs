@@ -62,8 +62,8 @@ pub use paged_plan::PagedPlan;
 pub use real::{Real, RealDtype, RealElem};
 pub use ring::{
     Beside, HostTimes, RankOutput, Shard, SplitTail, StepTime, ring_on_one_device,
-    ring_on_one_device_as, ring_on_one_device_beside, ring_on_one_device_timed, zigzag_join,
-    zigzag_range, zigzag_split,
+    ring_on_one_device_as, ring_on_one_device_beside, ring_on_one_device_timed,
+    ring_rank_on_one_device_beside, zigzag_join, zigzag_range, zigzag_split,
 };
 pub use ring_comm::RingComm;
 pub use ring_nccl::{RingRank, on_ranks, on_ranks_with, on_ranks_with_comms, ring_attention_rank};

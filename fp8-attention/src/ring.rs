@@ -151,7 +151,17 @@ pub fn ring_on_one_device_as(
     fold: Option<lab::KernelSpec>,
     split: SplitTail,
 ) -> Result<Vec<RankOutput>> {
-    one_device(gpu, stream, shape, q, kv, (fold, split), Steps::Untimed)
+    let ranks: Vec<(usize, &Shard)> = q.iter().enumerate().collect();
+    check_shards(shape, q.len(), &ranks, kv)?;
+    one_device(
+        gpu,
+        stream,
+        shape,
+        &ranks,
+        kv,
+        (fold, split),
+        Steps::Untimed,
+    )
 }
 
 /// [`ring_on_one_device`] with each step's launches between device events: every rank's [`RankOutput::steps`] holds
@@ -196,15 +206,58 @@ pub fn ring_on_one_device_beside(
                 .map_err(|e| Error::Device(anyhow::Error::from(e)))?,
         ),
     };
+    let ranks: Vec<(usize, &Shard)> = q.iter().enumerate().collect();
+    check_shards(shape, q.len(), &ranks, kv)?;
     one_device(
         gpu,
         stream,
         shape,
-        q,
+        &ranks,
         kv,
         (fold, SplitTail::default()),
         Steps::Timed(side.as_ref()),
     )
+}
+
+/// [`ring_on_one_device_beside`] for rank `rank` alone: its steps, on its query shard `q` and every rank's K/V shards
+/// (`kv`, in rank order), timed as there; what the other ranks' steps would take is not run. `rank`'s output is the
+/// one [`ring_on_one_device_beside`] gives it (its launches are the same), at 1/W of the work.
+pub fn ring_rank_on_one_device_beside(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    shape: Shape,
+    rank: usize,
+    q: &Shard,
+    kv: &[(Shard, Shard)],
+    beside: Beside,
+) -> Result<RankOutput> {
+    if rank >= kv.len() {
+        return Err(Error::Unsupported(format!(
+            "ring: rank {rank} of {} ranks (one K/V shard a rank)",
+            kv.len()
+        )));
+    }
+    let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
+    let side = match beside {
+        Beside::Nothing => None,
+        Beside::Copy => Some(
+            stream
+                .fork()
+                .map_err(|e| Error::Device(anyhow::Error::from(e)))?,
+        ),
+    };
+    let ranks = [(rank, q)];
+    check_shards(shape, kv.len(), &ranks, kv)?;
+    let mut outs = one_device(
+        gpu,
+        stream,
+        shape,
+        &ranks,
+        kv,
+        (fold, SplitTail::default()),
+        Steps::Timed(side.as_ref()),
+    )?;
+    Ok(outs.swap_remove(0))
 }
 
 /// How the one-device ring runs its steps: untimed, or each between device events, with a copy of each transfer's
@@ -215,25 +268,17 @@ enum Steps<'a> {
     Timed(Option<&'a Arc<CudaStream>>),
 }
 
-/// The one-device ring, its steps run as `how` says.
-fn one_device(
-    gpu: &Gpu,
-    stream: &Arc<CudaStream>,
+/// Whether `ranks`' query shards and all `world` ranks' K/V shards (`kv`) fit `shape`'s zigzag split over `world`
+/// ranks: a named error before any launch where a count, a half's length or a buffer is wrong.
+fn check_shards(
     shape: Shape,
-    q: &[Shard],
+    world: usize,
+    ranks: &[(usize, &Shard)],
     kv: &[(Shard, Shard)],
-    (fold, split): (Option<lab::KernelSpec>, SplitTail),
-    how: Steps,
-) -> Result<Vec<RankOutput>> {
-    let (timed, side) = match how {
-        Steps::Untimed => (false, None),
-        Steps::Timed(side) => (true, side),
-    };
-    let world = q.len();
+) -> Result<()> {
     if world == 0 || kv.len() != world {
         return Err(Error::Unsupported(format!(
-            "ring: {} query shards and {} K/V shards: one of each a rank, at least one rank",
-            q.len(),
+            "ring: {world} query shards and {} K/V shards: one of each a rank, at least one rank",
             kv.len()
         )));
     }
@@ -243,21 +288,53 @@ fn one_device(
             shape.sq, shape.sk
         )));
     }
-    for r in 0..world {
-        let want = [0, 1].map(|half| zigzag_range(shape.sq, world, r, half).len());
-        for (what, got) in [("q", q[r].lens), ("k", kv[r].0.lens), ("v", kv[r].1.lens)] {
-            if got != want {
-                return Err(Error::Unsupported(format!(
-                    "ring: rank {r}'s {what} halves hold {got:?} tokens; its zigzag chunks of S = {} over {world} \
-                     ranks have {want:?}",
-                    shape.sq
-                )));
-            }
+    let want = |r: usize| [0, 1].map(|half| zigzag_range(shape.sq, world, r, half).len());
+    let wrong = |r: usize, what: &str, got: [usize; 2]| {
+        Error::Unsupported(format!(
+            "ring: rank {r}'s {what} halves hold {got:?} tokens; its zigzag chunks of S = {} over {world} ranks have \
+             {:?}",
+            shape.sq,
+            want(r)
+        ))
+    };
+    let short = |r: usize, why: String| Error::Unsupported(format!("ring: rank {r}: {why}"));
+    for &(r, q) in ranks {
+        if q.lens != want(r) {
+            return Err(wrong(r, "q", q.lens));
         }
-        if let Some(why) = short_buffer(shape, q[r].lens, &q[r], &kv[r].0, &kv[r].1) {
-            return Err(Error::Unsupported(format!("ring: rank {r}: {why}")));
+        if let Some(why) = short_tensor(shape, q.lens, "q", q, shape.h) {
+            return Err(short(r, why));
         }
     }
+    for (r, (k, v)) in kv.iter().enumerate() {
+        for (what, t) in [("k", k), ("v", v)] {
+            if t.lens != want(r) {
+                return Err(wrong(r, what, t.lens));
+            }
+            if let Some(why) = short_tensor(shape, t.lens, what, t, shape.hkv) {
+                return Err(short(r, why));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The one-device ring, `ranks`' steps (each a rank and its query shard; `check_shards` has passed) run as `how` says,
+/// over every rank's K/V shards `kv`.
+fn one_device(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    shape: Shape,
+    ranks: &[(usize, &Shard)],
+    kv: &[(Shard, Shard)],
+    (fold, split): (Option<lab::KernelSpec>, SplitTail),
+    how: Steps,
+) -> Result<Vec<RankOutput>> {
+    let (timed, side) = match how {
+        Steps::Untimed => (false, None),
+        Steps::Timed(side) => (true, side),
+    };
+    let world = kv.len();
     let drv = |e| Error::Device(anyhow::Error::from(e));
     // A shard's K (or V) codes, [B, K/V heads, L0 + L1, D] bytes; the copy's destination holds the largest.
     let bytes = |sh: &Shard| shape.b * shape.hkv * (sh.lens[0] + sh.lens[1]) * shape.d;
@@ -269,8 +346,8 @@ fn one_device(
         ]),
         None => None,
     };
-    let mut outs = Vec::with_capacity(world);
-    for (rank, mine) in q.iter().enumerate() {
+    let mut outs = Vec::with_capacity(ranks.len());
+    for &(rank, mine) in ranks {
         let mut steps = RankSteps::new(gpu, world, shape, mine.lens)?;
         steps.set_folding(gpu, fold)?;
         steps.set_split_tail(split);
@@ -336,26 +413,37 @@ pub(crate) fn short_buffer(
     k: &Shard,
     v: &Shard,
 ) -> Option<String> {
+    [("q", q, shape.h), ("k", k, shape.hkv), ("v", v, shape.hkv)]
+        .into_iter()
+        .find_map(|(what, t, heads)| short_tensor(shape, lens, what, t, heads))
+}
+
+/// Why shard `t` (`what`: q, k or v; `heads` of them, halves of `lens` tokens) cannot be read: its codes shorter than
+/// [B, heads, L0 + L1, D] or its scales shorter than B·heads, named; None when it can.
+fn short_tensor(
+    shape: Shape,
+    lens: [usize; 2],
+    what: &str,
+    t: &Shard,
+    heads: usize,
+) -> Option<String> {
     let l = lens[0] + lens[1];
-    let rows = [("q", q, shape.h), ("k", k, shape.hkv), ("v", v, shape.hkv)];
-    rows.iter().find_map(|(what, t, heads)| {
-        let (codes, scales) = (shape.b * heads * l * shape.d, shape.b * heads);
-        if t.tensor.codes.len() < codes {
-            Some(format!(
-                "its {what} codes hold {} bytes; its shard [B, heads, L0 + L1, D] = [{}, {heads}, {l}, {}] needs {codes}",
-                t.tensor.codes.len(),
-                shape.b,
-                shape.d
-            ))
-        } else if t.tensor.scales.len() < scales {
-            Some(format!(
-                "its {what} scales hold {}; one per (batch, head) is {scales}",
-                t.tensor.scales.len()
-            ))
-        } else {
-            None
-        }
-    })
+    let (codes, scales) = (shape.b * heads * l * shape.d, shape.b * heads);
+    if t.tensor.codes.len() < codes {
+        Some(format!(
+            "its {what} codes hold {} bytes; its shard [B, heads, L0 + L1, D] = [{}, {heads}, {l}, {}] needs {codes}",
+            t.tensor.codes.len(),
+            shape.b,
+            shape.d
+        ))
+    } else if t.tensor.scales.len() < scales {
+        Some(format!(
+            "its {what} scales hold {}; one per (batch, head) is {scales}",
+            t.tensor.scales.len()
+        ))
+    } else {
+        None
+    }
 }
 
 /// Which ring steps' launches split the last, partial wave of their units by key tiles among the blocks

@@ -219,6 +219,8 @@ fn telemetry_text(t: &composed::bench::Timing) -> String {
     t.telemetry.map_or_else(
         || "no clock or power readings (NVML unavailable)".into(),
         |x| match t.mj_per_launch() {
+            // NVML's energy counter did not move over a short timing: not a launch of no energy.
+            Some(mj) if mj <= 0.0 => format!("{x}, energy under the counter's resolution"),
             Some(mj) => format!("{x}, {mj:.2} mJ a launch"),
             None => x.to_string(),
         },

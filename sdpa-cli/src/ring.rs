@@ -196,7 +196,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
             let mut kept_host = HostTimes::default();
             // This rank's steps' own launches with no transfer beside them, on its own GPU, once a round after the kept
             // settings (every GPU running its rank's, in the rounds' heat: a step is held to launches run in the same
-            // conditions as it).
+            // conditions as it); every rank's shards are held, and only this rank's steps run.
             let held = HeldShards::upload(gpu, s, world)?;
             let mut alone_rounds = Vec::with_capacity(KEPT_ROUNDS);
             for _ in 0..KEPT_ROUNDS {
@@ -221,7 +221,7 @@ pub fn bench_ranks(s: Shape, world: usize, iters: usize, max_ctas: Option<usize>
                         kept_host = host;
                     }
                 }
-                alone_rounds.push(held.steps(gpu, s, Beside::Nothing)?.swap_remove(r));
+                alone_rounds.push(held.rank_steps(gpu, s, r, Beside::Nothing)?);
             }
             let alone = step_medians(&alone_rounds);
             Ok(RankTimes {
@@ -466,6 +466,44 @@ impl HeldShards {
             }
         }
         Ok(calls.iter().map(|c| round_steps(c).0).collect())
+    }
+
+    /// Rank `rank`'s step times alone, as [`HeldShards::steps`] gives them for it, with none of the other ranks'
+    /// steps run (`ring_rank_on_one_device_beside`: its query shard over every rank's K/V shards).
+    fn rank_steps(
+        &self,
+        gpu: &'static lab::Gpu,
+        s: Shape,
+        rank: usize,
+        beside: Beside,
+    ) -> Result<Vec<f32>> {
+        let held = &self.held;
+        let shard = |r: usize, t: usize| Shard {
+            tensor: Fp8 {
+                codes: &held[r].0[t],
+                scales: &held[r].1[t],
+            },
+            lens: held[r].2,
+        };
+        let kv: Vec<(Shard, Shard)> = (0..held.len())
+            .map(|r| (shard(r, 1), shard(r, 2)))
+            .collect();
+        let mut calls = Vec::with_capacity(ALONE_CALLS);
+        for i in 0..=ALONE_CALLS {
+            let out = fp8_attention::ring_rank_on_one_device_beside(
+                gpu,
+                &self.st,
+                s,
+                rank,
+                &shard(rank, 0),
+                &kv,
+                beside,
+            )?;
+            if i > 0 {
+                calls.push(out.steps);
+            }
+        }
+        Ok(round_steps(&calls).0)
     }
 }
 

@@ -136,10 +136,15 @@ impl Clock {
             if c.slowdown > 0.0 {
                 s += &format!(", slowdown {:.0}%", 100.0 * c.slowdown);
             }
-            if let Some(mj) = c.mj {
-                // Three significant figures: 412 mJ at the long shapes, 0.0213 at the smallest.
-                let places = (2 - mj.abs().max(1e-9).log10().floor() as i32).max(0) as usize;
-                s += &format!(", {mj:.places$} mJ a launch");
+            match c.mj {
+                // NVML's energy counter did not move over a short timing: not a launch of no energy.
+                Some(mj) if mj <= 0.0 => s += ", energy under the counter's resolution",
+                Some(mj) => {
+                    // Three significant figures: 412 mJ at the long shapes, 0.0213 at the smallest.
+                    let places = (2 - mj.log10().floor() as i32).max(0) as usize;
+                    s += &format!(", {mj:.places$} mJ a launch");
+                }
+                None => {}
             }
             s
         })
@@ -485,6 +490,10 @@ mod tests {
             (
                 r#"{"sm_mhz": 1980, "power_w": 136.0, "power_capped": 0.0, "mj_per_launch": 0.021349}"#,
                 "1980 MHz, 136 W, capped 0%, 0.0213 mJ a launch",
+            ),
+            (
+                r#"{"sm_mhz": 1980, "power_w": 129.0, "power_capped": 0.0, "mj_per_launch": 0.0}"#,
+                "1980 MHz, 129 W, capped 0%, energy under the counter's resolution",
             ),
             (
                 r#"{"p50_us": 1.0, "sm_mhz": 1710, "power_w": 650.2, "power_capped": 0.5}"#,

@@ -153,6 +153,8 @@ pub fn add(t: &mut Suite) {
         (Shape::new(1, 8, 512, 64), OutDtype::F16),
         (Shape::cross(2, 8, 256, 512, 64), OutDtype::Bf16),
         (Shape::cross(2, 2, 300, 400, 64), OutDtype::F32),
+        // Sk past 512 at D = 64: the halved kernel on the stage's 256-key tiles (`Stage::halved_bc`), a partial last.
+        (Shape::cross(1, 8, 256, 1000, 64), OutDtype::Bf16),
         (
             Shape::new(1, 8, 300, 128).with_kv_heads(2).expect("8 / 2"),
             OutDtype::F16,
@@ -179,7 +181,12 @@ pub fn add(t: &mut Suite) {
                 &emulation_of(Stage::S8, &qz, out),
                 &got,
                 &name,
-                |e, e_emu| eprintln!("stage8 halved {name}: {e} | emulation max_abs={e_emu:.3e}"),
+                |e, e_emu| {
+                    eprintln!(
+                        "stage8 halved {name} ({}-key tiles): {e} | emulation max_abs={e_emu:.3e}",
+                        Stage::S8.halved_bc(shape.d, shape.sk)
+                    )
+                },
             )?;
             for _ in 0..2 {
                 d.poison_outputs(gpu)?;

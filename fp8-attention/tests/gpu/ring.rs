@@ -442,6 +442,59 @@ pub fn add(t: &mut Suite) {
         );
         Ok(())
     });
+    t.gpu("ring::on_one_device::one_rank_alone_same_bits", |gpu| {
+        // One rank's steps run alone (what `sdpa bench --ranks` times each rank's steps by) give that rank what the
+        // whole one-device ring gives it, bit for bit, and one step time a step; a rank past the ring is refused by name.
+        use fp8_attention::{
+            ring_on_one_device_beside, ring_rank_on_one_device_beside, zigzag_split,
+        };
+        let s = Shape::new(1, 4, 1000, 128).with_causal(true);
+        let qz = quantize_per_head(&Raw::random(s, 93, 1.0));
+        let world = 3;
+        let st = gpu.ctx.new_stream()?;
+        let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
+        let upload = |x: &[u8], dims| -> Result<Vec<_>> {
+            Ok(zigzag_split(x, dims, world)
+                .iter()
+                .map(|x| st.clone_htod(&x[..]))
+                .collect::<Result<_, _>>()?)
+        };
+        let (dq, dk, dv) = (upload(&qz.q, qd)?, upload(&qz.k, kd)?, upload(&qz.v, kd)?);
+        let (sq, sk, sv) = (
+            st.clone_htod(&qz.q_scale)?,
+            st.clone_htod(&qz.k_scale)?,
+            st.clone_htod(&qz.v_scale)?,
+        );
+        let lens = |r: usize| [0, 1].map(|h| fp8_attention::zigzag_range(s.sq, world, r, h).len());
+        let q: Vec<Shard> = (0..world).map(|r| shard(&dq[r], &sq, lens(r))).collect();
+        let kv: Vec<(Shard, Shard)> = (0..world)
+            .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
+            .collect();
+        let all = ring_on_one_device_beside(gpu, &st, s, &q, &kv, Beside::Nothing)?;
+        for r in 0..world {
+            let one = ring_rank_on_one_device_beside(gpu, &st, s, r, &q[r], &kv, Beside::Nothing)?;
+            let rows = s.heads() * lens(r).iter().sum::<usize>();
+            let got = (st.clone_dtoh(&one.o)?, st.clone_dtoh(&one.lse)?);
+            let want = (st.clone_dtoh(&all[r].o)?, st.clone_dtoh(&all[r].lse)?);
+            ensure!(
+                got.0[..rows * s.d] == want.0[..rows * s.d] && got.1[..rows] == want.1[..rows],
+                "rank {r} alone: O or LSE differ from the whole ring's rank {r}"
+            );
+            ensure!(
+                one.steps.len() == world && one.steps.iter().all(|t| t.attention_ms > 0.0),
+                "rank {r} alone: step times {:?} for {world} steps",
+                one.steps
+            );
+        }
+        // A rank's query shard given as another's is refused (its halves' lengths differ at S = 1000 over 3 ranks).
+        let err = ring_rank_on_one_device_beside(gpu, &st, s, 0, &q[2], &kv, Beside::Nothing)
+            .expect_err("rank 0 ran on rank 2's query shard");
+        ensure!(format!("{err:#}").contains("rank 0's q halves"), "{err:#}");
+        let err = ring_rank_on_one_device_beside(gpu, &st, s, world, &q[0], &kv, Beside::Nothing)
+            .expect_err("a rank past the ring ran");
+        ensure!(format!("{err:#}").contains("rank 3 of 3 ranks"), "{err:#}");
+        Ok(())
+    });
     t.gpu(
         "ring::on_one_device::folded_merge_mutant_is_caught",
         |gpu| {
