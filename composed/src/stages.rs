@@ -283,11 +283,13 @@ impl Stage {
     }
 
     /// Keys per K/V tile of the stage's halved kernel on `sk` keys (`plan::SplitPlan::halved`): at D = 64, 128 where
-    /// the ring holds all of Sk's 128-key tiles (Sk ≤ 512: each consumer then has two tiles, whose turns overlap, where
-    /// one 256-key tile runs its Q·Kᵀ, softmax and P·V in series); else `bc(d)`. `STAGE8H_AS`'s `_k128` kernel.
+    /// Sk's 128-key tiles halve evenly and the ring holds them all (2 or 4 tiles: Sk in 129..=256 or 385..=512; each
+    /// consumer's tiles then overlap their turns where one 256-key tile runs its Q·Kᵀ, softmax and P·V in series);
+    /// else `bc(d)` (Sk in 257..=384 halves on 256-key tiles). `STAGE8H_AS`'s `stage8h_d64_k128`.
     pub fn halved_bc(self, d: usize, sk: usize) -> usize {
+        let tiles = sk.div_ceil(128);
         match self {
-            Stage::S8 if d == 64 && sk <= self.ring_stages(d) * 128 => 128,
+            Stage::S8 if d == 64 && tiles.is_multiple_of(2) && tiles <= self.ring_stages(d) => 128,
             _ => self.bc(d),
         }
     }
@@ -671,7 +673,19 @@ mod tests {
                     ],
                     "stage8h_d64_k128's (D, BC, STAGES, VS) against the host's"
                 );
-                assert_eq!(stage.halved_bc(64, 513), stage.bc(64));
+                for (sk, bc) in [
+                    (128, 256),
+                    (129, 128),
+                    (256, 128),
+                    (257, 256),
+                    (384, 256),
+                    (385, 128),
+                    (512, 128),
+                    (513, 256),
+                ] {
+                    assert_eq!(stage.halved_bc(64, sk), bc, "halved_bc(64, {sk})");
+                }
+                assert_eq!(stage.halved_bc(128, 384), stage.bc(128));
             }
             for [d, bc, stages, vs] in found {
                 assert_eq!(
