@@ -43,6 +43,7 @@ mod real;
 mod ring;
 mod ring_comm;
 mod ring_nccl;
+mod ring_one_device;
 mod staging;
 mod varlen;
 mod varlen_real;
@@ -61,12 +62,14 @@ pub use lab::Gpu;
 pub use paged_plan::PagedPlan;
 pub use real::{Real, RealDtype, RealElem};
 pub use ring::{
-    Beside, HostTimes, RankOutput, Shard, SplitTail, StepTime, ring_on_one_device,
-    ring_on_one_device_as, ring_on_one_device_beside, ring_on_one_device_timed,
-    ring_rank_on_one_device_beside, zigzag_join, zigzag_range, zigzag_split,
+    HostTimes, RankOutput, Shard, SplitTail, StepTime, zigzag_join, zigzag_range, zigzag_split,
 };
 pub use ring_comm::RingComm;
 pub use ring_nccl::{RingRank, on_ranks, on_ranks_with, on_ranks_with_comms, ring_attention_rank};
+pub use ring_one_device::{
+    Beside, ring_on_one_device, ring_on_one_device_as, ring_on_one_device_beside,
+    ring_on_one_device_timed, ring_rank_on_one_device_beside,
+};
 pub use varlen::{Packed, PackedOutput, PagedCache, check_packed};
 
 /// Keeps compiled kernels in `dir` across processes (keyed by each kernel's source with its headers, the

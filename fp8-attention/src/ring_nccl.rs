@@ -239,7 +239,7 @@ impl RingRank {
             }
         }
         if mine.is_none() {
-            mine = crate::ring::short_buffer(shape, lens(rank), &q, &k, &v);
+            mine = crate::ring_one_device::short_buffer(shape, lens(rank), &q, &k, &v);
         }
         let comm_stream: Arc<CudaStream> = comm.stream();
         let st = self.st.clone();
