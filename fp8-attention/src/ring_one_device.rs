@@ -41,12 +41,11 @@ pub fn ring_on_one_device_as(
     split: SplitTail,
 ) -> Result<Vec<RankOutput>> {
     let ranks: Vec<(usize, &Shard)> = q.iter().enumerate().collect();
-    check_shards(shape, q.len(), &ranks, kv)?;
     one_device(
         gpu,
         stream,
         shape,
-        &ranks,
+        (q.len(), &ranks),
         kv,
         (fold, split),
         Steps::Untimed,
@@ -86,26 +85,8 @@ pub fn ring_on_one_device_beside(
     kv: &[(Shard, Shard)],
     beside: Beside,
 ) -> Result<Vec<RankOutput>> {
-    let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
-    let side = match beside {
-        Beside::Nothing => None,
-        Beside::Copy => Some(
-            stream
-                .fork()
-                .map_err(|e| Error::Device(anyhow::Error::from(e)))?,
-        ),
-    };
     let ranks: Vec<(usize, &Shard)> = q.iter().enumerate().collect();
-    check_shards(shape, q.len(), &ranks, kv)?;
-    one_device(
-        gpu,
-        stream,
-        shape,
-        &ranks,
-        kv,
-        (fold, SplitTail::default()),
-        Steps::Timed(side.as_ref()),
-    )
+    timed(gpu, stream, shape, (q.len(), &ranks), kv, beside)
 }
 
 /// [`ring_on_one_device_beside`] for rank `rank` alone: its steps, on its query shard `q` and every rank's K/V shards
@@ -126,26 +107,7 @@ pub fn ring_rank_on_one_device_beside(
             kv.len()
         )));
     }
-    let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
-    let side = match beside {
-        Beside::Nothing => None,
-        Beside::Copy => Some(
-            stream
-                .fork()
-                .map_err(|e| Error::Device(anyhow::Error::from(e)))?,
-        ),
-    };
-    let ranks = [(rank, q)];
-    check_shards(shape, kv.len(), &ranks, kv)?;
-    let mut outs = one_device(
-        gpu,
-        stream,
-        shape,
-        &ranks,
-        kv,
-        (fold, SplitTail::default()),
-        Steps::Timed(side.as_ref()),
-    )?;
+    let mut outs = timed(gpu, stream, shape, (kv.len(), &[(rank, q)]), kv, beside)?;
     Ok(outs.swap_remove(0))
 }
 
@@ -155,6 +117,36 @@ pub fn ring_rank_on_one_device_beside(
 enum Steps<'a> {
     Untimed,
     Timed(Option<&'a Arc<CudaStream>>),
+}
+
+/// `ranks`' steps (of `world` ranks: `q_count` query shards given) with each step between events and `beside` beside
+/// the steps that have a transfer over NCCL, later full launches merging in the default accumulating kernel.
+fn timed(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    shape: Shape,
+    ranks: (usize, &[(usize, &Shard)]),
+    kv: &[(Shard, Shard)],
+    beside: Beside,
+) -> Result<Vec<RankOutput>> {
+    let fold = crate::stage_for(gpu).accumulating_kernel(shape.d);
+    let side = match beside {
+        Beside::Nothing => None,
+        Beside::Copy => Some(
+            stream
+                .fork()
+                .map_err(|e| Error::Device(anyhow::Error::from(e)))?,
+        ),
+    };
+    one_device(
+        gpu,
+        stream,
+        shape,
+        ranks,
+        kv,
+        (fold, SplitTail::default()),
+        Steps::Timed(side.as_ref()),
+    )
 }
 
 /// Whether `ranks`' query shards and all `world` ranks' K/V shards (`kv`) fit `shape`'s zigzag split over `world`
@@ -208,17 +200,18 @@ fn check_shards(
     Ok(())
 }
 
-/// The one-device ring, `ranks`' steps (each a rank and its query shard; `check_shards` has passed) run as `how` says,
-/// over every rank's K/V shards `kv`.
+/// The one-device ring, `ranks`' steps (each a rank and its query shard, of `q_count` given) run as `how` says, over
+/// every rank's K/V shards `kv`, once `check_shards` passes.
 fn one_device(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
     shape: Shape,
-    ranks: &[(usize, &Shard)],
+    (q_count, ranks): (usize, &[(usize, &Shard)]),
     kv: &[(Shard, Shard)],
     (fold, split): (Option<lab::KernelSpec>, SplitTail),
     how: Steps,
 ) -> Result<Vec<RankOutput>> {
+    check_shards(shape, q_count, ranks, kv)?;
     let (timed, side) = match how {
         Steps::Untimed => (false, None),
         Steps::Timed(side) => (true, side),

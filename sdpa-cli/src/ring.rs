@@ -440,20 +440,25 @@ impl HeldShards {
         Ok(HeldShards { st, held })
     }
 
+    /// Rank r's shard of tensor t (0: Q, 1: K, 2: V).
+    fn shard(&self, r: usize, t: usize) -> Shard<'_> {
+        let (codes, scales, lens) = &self.held[r];
+        Shard {
+            tensor: Fp8 {
+                codes: &codes[t],
+                scales: &scales[t],
+            },
+            lens: *lens,
+        }
+    }
+
     /// Every rank's step times in ms (the median of [`ALONE_CALLS`] calls, step by step, after one warm-up call) when
     /// the ring's launches run on one device with no transfer beside them (`ring_on_one_device_beside` on `gpu`,
     /// every rank's shard there): the same kernels, views, f32 O and merges as a ring step's; with `beside`'s copy of
     /// each transfer's bytes beside the steps that have one.
     fn steps(&self, gpu: &'static lab::Gpu, s: Shape, beside: Beside) -> Result<Vec<Vec<f32>>> {
-        let held = &self.held;
-        let shard = |r: usize, t: usize| Shard {
-            tensor: Fp8 {
-                codes: &held[r].0[t],
-                scales: &held[r].1[t],
-            },
-            lens: held[r].2,
-        };
-        let world = held.len();
+        let shard = |r: usize, t: usize| self.shard(r, t);
+        let world = self.held.len();
         let q: Vec<Shard> = (0..world).map(|r| shard(r, 0)).collect();
         let kv: Vec<(Shard, Shard)> = (0..world).map(|r| (shard(r, 1), shard(r, 2))).collect();
         let mut calls: Vec<Vec<Vec<StepTime>>> = vec![vec![]; world];
@@ -477,15 +482,8 @@ impl HeldShards {
         rank: usize,
         beside: Beside,
     ) -> Result<Vec<f32>> {
-        let held = &self.held;
-        let shard = |r: usize, t: usize| Shard {
-            tensor: Fp8 {
-                codes: &held[r].0[t],
-                scales: &held[r].1[t],
-            },
-            lens: held[r].2,
-        };
-        let kv: Vec<(Shard, Shard)> = (0..held.len())
+        let shard = |r: usize, t: usize| self.shard(r, t);
+        let kv: Vec<(Shard, Shard)> = (0..self.held.len())
             .map(|r| (shard(r, 1), shard(r, 2)))
             .collect();
         let mut calls = Vec::with_capacity(ALONE_CALLS);

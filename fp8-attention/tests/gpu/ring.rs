@@ -19,6 +19,56 @@ fn shard<'a>(
     }
 }
 
+/// Every rank's zigzag shards of `qz` (shape `s`, over `world` ranks) on a stream of `gpu`: codes a rank, scales shared.
+struct Uploaded {
+    st: std::sync::Arc<lab::cudarc::driver::CudaStream>,
+    codes: [Vec<lab::cudarc::driver::CudaSlice<u8>>; 3],
+    scales: [lab::cudarc::driver::CudaSlice<f32>; 3],
+    s: Shape,
+    world: usize,
+}
+
+impl Uploaded {
+    fn new(gpu: &Gpu, qz: &Quantized, s: Shape, world: usize) -> Result<Uploaded> {
+        use fp8_attention::zigzag_split;
+        let st = gpu.ctx.new_stream()?;
+        let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
+        let upload = |x: &[u8], dims| -> Result<Vec<_>> {
+            Ok(zigzag_split(x, dims, world)
+                .iter()
+                .map(|x| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] }))
+                .collect::<Result<_, _>>()?)
+        };
+        let codes = [upload(&qz.q, qd)?, upload(&qz.k, kd)?, upload(&qz.v, kd)?];
+        let scales = [
+            st.clone_htod(&qz.q_scale)?,
+            st.clone_htod(&qz.k_scale)?,
+            st.clone_htod(&qz.v_scale)?,
+        ];
+        Ok(Uploaded {
+            st,
+            codes,
+            scales,
+            s,
+            world,
+        })
+    }
+
+    /// Rank r's halves' token counts.
+    fn lens(&self, r: usize) -> [usize; 2] {
+        [0, 1].map(|h| fp8_attention::zigzag_range(self.s.sq, self.world, r, h).len())
+    }
+
+    /// Every rank's query shard, and every rank's (K, V) shards.
+    fn shards(&self) -> (Vec<Shard<'_>>, Vec<(Shard<'_>, Shard<'_>)>) {
+        let one = |t: usize, r: usize| shard(&self.codes[t][r], &self.scales[t], self.lens(r));
+        (
+            (0..self.world).map(|r| one(0, r)).collect(),
+            (0..self.world).map(|r| (one(1, r), one(2, r))).collect(),
+        )
+    }
+}
+
 /// `ring_on_one_device` over `world` virtual ranks on `qz` (shape `s`), its ranks' shards joined: O and LSE of the
 /// whole.
 fn ring_one_device_joined(
@@ -74,32 +124,14 @@ fn ring_one_device_run(
     world: usize,
     how: How,
 ) -> Result<JoinedWithSteps> {
-    use fp8_attention::{
-        ring_on_one_device_as, ring_on_one_device_beside, zigzag_join, zigzag_split,
-    };
-    let st = gpu.ctx.new_stream()?;
-    let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
-    let up = |x: &Vec<u8>| st.clone_htod(if x.is_empty() { &[0u8][..] } else { &x[..] });
-    let upload = |x: &[u8], dims| -> Result<Vec<_>> {
-        Ok(zigzag_split(x, dims, world)
-            .iter()
-            .map(up)
-            .collect::<Result<_, _>>()?)
-    };
-    let (dq, dk, dv) = (upload(&qz.q, qd)?, upload(&qz.k, kd)?, upload(&qz.v, kd)?);
-    let (sq, sk, sv) = (
-        st.clone_htod(&qz.q_scale)?,
-        st.clone_htod(&qz.k_scale)?,
-        st.clone_htod(&qz.v_scale)?,
-    );
-    let lens = |r: usize| [0, 1].map(|h| fp8_attention::zigzag_range(s.sq, world, r, h).len());
-    let q: Vec<Shard> = (0..world).map(|r| shard(&dq[r], &sq, lens(r))).collect();
-    let kv: Vec<(Shard, Shard)> = (0..world)
-        .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
-        .collect();
+    use fp8_attention::{ring_on_one_device_as, ring_on_one_device_beside, zigzag_join};
+    let up = Uploaded::new(gpu, qz, s, world)?;
+    let st = &up.st;
+    let lens = |r: usize| up.lens(r);
+    let (q, kv) = up.shards();
     let outs = match how {
-        How::Timed(beside) => ring_on_one_device_beside(gpu, &st, s, &q, &kv, beside)?,
-        How::As(fold, split) => ring_on_one_device_as(gpu, &st, s, &q, &kv, fold, split)?,
+        How::Timed(beside) => ring_on_one_device_beside(gpu, st, s, &q, &kv, beside)?,
+        How::As(fold, split) => ring_on_one_device_as(gpu, st, s, &q, &kv, fold, split)?,
     };
     let steps = outs.iter().map(|o| o.steps.clone()).collect();
     let (mut o_shards, mut l_shards) = (vec![], vec![]);
@@ -445,34 +477,17 @@ pub fn add(t: &mut Suite) {
     t.gpu("ring::on_one_device::one_rank_alone_same_bits", |gpu| {
         // One rank's steps run alone (what `sdpa bench --ranks` times each rank's steps by) give that rank what the
         // whole one-device ring gives it, bit for bit, and one step time a step; a rank past the ring is refused by name.
-        use fp8_attention::{
-            ring_on_one_device_beside, ring_rank_on_one_device_beside, zigzag_split,
-        };
+        use fp8_attention::{ring_on_one_device_beside, ring_rank_on_one_device_beside};
         let s = Shape::new(1, 4, 1000, 128).with_causal(true);
         let qz = quantize_per_head(&Raw::random(s, 93, 1.0));
         let world = 3;
-        let st = gpu.ctx.new_stream()?;
-        let (qd, kd) = ([s.b, s.h, s.sq, s.d], [s.b, s.hkv, s.sk, s.d]);
-        let upload = |x: &[u8], dims| -> Result<Vec<_>> {
-            Ok(zigzag_split(x, dims, world)
-                .iter()
-                .map(|x| st.clone_htod(&x[..]))
-                .collect::<Result<_, _>>()?)
-        };
-        let (dq, dk, dv) = (upload(&qz.q, qd)?, upload(&qz.k, kd)?, upload(&qz.v, kd)?);
-        let (sq, sk, sv) = (
-            st.clone_htod(&qz.q_scale)?,
-            st.clone_htod(&qz.k_scale)?,
-            st.clone_htod(&qz.v_scale)?,
-        );
-        let lens = |r: usize| [0, 1].map(|h| fp8_attention::zigzag_range(s.sq, world, r, h).len());
-        let q: Vec<Shard> = (0..world).map(|r| shard(&dq[r], &sq, lens(r))).collect();
-        let kv: Vec<(Shard, Shard)> = (0..world)
-            .map(|r| (shard(&dk[r], &sk, lens(r)), shard(&dv[r], &sv, lens(r))))
-            .collect();
-        let all = ring_on_one_device_beside(gpu, &st, s, &q, &kv, Beside::Nothing)?;
+        let up = Uploaded::new(gpu, &qz, s, world)?;
+        let st = &up.st;
+        let lens = |r: usize| up.lens(r);
+        let (q, kv) = up.shards();
+        let all = ring_on_one_device_beside(gpu, st, s, &q, &kv, Beside::Nothing)?;
         for r in 0..world {
-            let one = ring_rank_on_one_device_beside(gpu, &st, s, r, &q[r], &kv, Beside::Nothing)?;
+            let one = ring_rank_on_one_device_beside(gpu, st, s, r, &q[r], &kv, Beside::Nothing)?;
             let rows = s.heads() * lens(r).iter().sum::<usize>();
             let got = (st.clone_dtoh(&one.o)?, st.clone_dtoh(&one.lse)?);
             let want = (st.clone_dtoh(&all[r].o)?, st.clone_dtoh(&all[r].lse)?);
@@ -487,10 +502,10 @@ pub fn add(t: &mut Suite) {
             );
         }
         // A rank's query shard given as another's is refused (its halves' lengths differ at S = 1000 over 3 ranks).
-        let err = ring_rank_on_one_device_beside(gpu, &st, s, 0, &q[2], &kv, Beside::Nothing)
+        let err = ring_rank_on_one_device_beside(gpu, st, s, 0, &q[2], &kv, Beside::Nothing)
             .expect_err("rank 0 ran on rank 2's query shard");
         ensure!(format!("{err:#}").contains("rank 0's q halves"), "{err:#}");
-        let err = ring_rank_on_one_device_beside(gpu, &st, s, world, &q[0], &kv, Beside::Nothing)
+        let err = ring_rank_on_one_device_beside(gpu, st, s, world, &q[0], &kv, Beside::Nothing)
             .expect_err("a rank past the ring ran");
         ensure!(format!("{err:#}").contains("rank 3 of 3 ranks"), "{err:#}");
         Ok(())
