@@ -23,8 +23,9 @@ __device__ void transpose_ldsm(const unsigned char* in, unsigned char* out) {
   for (int i = threadIdx.x; i < int(kDstBytes); i += blockDim.x) out[i] = dst[i];
 }
 
-// Stage 8's V tiles (224 keys at D = 128 into seven 32-byte panels; 256 keys at D = 64 into 128-byte Vᵀ panels) by a
-// warpgroup's four warps, 128-key tiles at D = 64, 128 and 256, and 32 keys by three warps (units that do not divide).
+// Stage 8's V tiles (192 keys at D = 128 into three 64-byte Vᵀ panels, by three warps as its producer warpgroup's
+// warps 1–3 move them; 256 keys at D = 64 into 128-byte panels), 224 keys at D = 128 into seven 32-byte panels and
+// 128-key tiles at D = 64, 128 and 256 by a warpgroup's four warps, and 32 keys by three (units that do not divide).
 #define LAB_TRANSPOSE_LDSM(R, C, S, D, W)                                                                          \
   extern "C" __global__ void __launch_bounds__(128)                                                               \
       transpose_ldsm_r##R##_c##C##_##S##_##D##_w##W(const unsigned char* in, unsigned char* out) {                \
@@ -36,3 +37,4 @@ LAB_TRANSPOSE_LDSM(128, 256, B128, B128, 4)
 LAB_TRANSPOSE_LDSM(128, 128, B128, B128, 4)
 LAB_TRANSPOSE_LDSM(32, 128, B128, B32, 3)
 LAB_TRANSPOSE_LDSM(256, 64, B64, B128, 4)
+LAB_TRANSPOSE_LDSM(192, 128, B128, B64, 3)

@@ -132,7 +132,7 @@ pub const TRANSPOSES_LEAN: [(
 
 /// TransposeLdsm: (tile, warps, kernel), stage 8's V tiles and two more (ldsm.rs's `TILES`); the SASS must hold the
 /// transposing matrix load and the matrix store.
-pub const TRANSPOSES_LDSM: [(crate::LdsmTile, u32, KernelSpec); 6] = {
+pub const TRANSPOSES_LDSM: [(crate::LdsmTile, u32, KernelSpec); 7] = {
     use crate::LdsmTile as T;
     use frag_layout::Swizzle::*;
     const M: &[&str] = &["LDSM", "STSM", "PRMT"];
@@ -174,6 +174,11 @@ pub const TRANSPOSES_LDSM: [(crate::LdsmTile, u32, KernelSpec); 6] = {
             t(256, 64, B64, B128),
             4,
             k_in(&LDSM_SOURCE, "transpose_ldsm_r256_c64_B64_B128_w4", M),
+        ),
+        (
+            t(192, 128, B128, B64),
+            3,
+            k_in(&LDSM_SOURCE, "transpose_ldsm_r192_c128_B128_B64_w3", M),
         ),
     ]
 };

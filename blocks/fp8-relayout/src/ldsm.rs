@@ -187,9 +187,10 @@ pub fn ldsm_expected(tile: &LdsmTile, v: &[u8], fill: u8) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    const TILES: [LdsmTile; 6] = [
-        // Stage 8's tiles: D = 128 (224 keys, Vᵀ in 32-byte panels), D = 64 (256 keys, 128-byte Vᵀ panels); 128-key
-        // tiles at D = 64, 256 and 128; 32 keys of D = 128 (the smallest tile).
+    const TILES: [LdsmTile; 7] = [
+        // 224 keys of D = 128 (Vᵀ in 32-byte panels); 128-key tiles at D = 64, 256 and 128; 32 keys of D = 128 (the
+        // smallest tile); stage 8's tiles: D = 64 (256 keys, 128-byte Vᵀ panels) and D = 128 (192 keys, 64-byte
+        // panels).
         LdsmTile {
             rows: 224,
             cols: 128,
@@ -225,6 +226,12 @@ mod tests {
             cols: 64,
             src: Swizzle::B64,
             dst: Swizzle::B128,
+        },
+        LdsmTile {
+            rows: 192,
+            cols: 128,
+            src: Swizzle::B128,
+            dst: Swizzle::B64,
         },
     ];
 
