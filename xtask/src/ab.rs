@@ -52,12 +52,16 @@ fn number_after(line: &str, key: &str, unit: &str) -> Option<f64> {
 }
 
 /// The stage's own line of `sdpa bench`'s output (`STAGE B,H,...: p50 … µs, …; … TFLOP/s; telemetry`), not a
-/// variant's (`STAGE [label] …`).
+/// variant's (`STAGE [label] …`); for a packed batch (`--varlen`, `--mode varlen|paged|decode`), its line `varlen on
+/// STAGE: …: T µs a call (plan and kernel; median of N), F TFLOP/s`: the median as p50 and mean, no telemetry.
 pub fn parse_reading(stdout: &str, stage: &str) -> Option<Reading> {
     let prefix = format!("{stage} ");
-    let line = stdout
+    let Some(line) = stdout
         .lines()
-        .find(|l| l.starts_with(&prefix) && !l[prefix.len()..].starts_with('['))?;
+        .find(|l| l.starts_with(&prefix) && !l[prefix.len()..].starts_with('['))
+    else {
+        return parse_varlen(stdout, stage);
+    };
     let tflops = {
         let head = &line[..line.find(" TFLOP/s")?];
         head[head.rfind(';')? + 1..].trim().parse().ok()?
@@ -69,6 +73,23 @@ pub fn parse_reading(stdout: &str, stage: &str) -> Option<Reading> {
         telemetry: line[line.find(" TFLOP/s;")? + " TFLOP/s;".len()..]
             .trim()
             .to_string(),
+    })
+}
+
+/// A packed batch's line of `sdpa bench` (see [`parse_reading`]).
+fn parse_varlen(stdout: &str, stage: &str) -> Option<Reading> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("varlen on {stage}: ")))?;
+    let head = &line[..line.find(" µs a call")?];
+    let us: f64 = head[head.rfind(": ")? + 2..].trim().parse().ok()?;
+    let tail = line[..line.rfind(" TFLOP/s")?].trim_end();
+    let tflops = tail[tail.rfind(", ")? + 2..].trim().parse().ok()?;
+    Some(Reading {
+        p50_us: us,
+        mean_us: us,
+        tflops,
+        telemetry: String::new(),
     })
 }
 
@@ -245,6 +266,21 @@ mod tests {
         assert_eq!(parse_reading(LINE, "stage6"), None);
         assert_eq!(
             parse_reading("Error: sdpa bench needs a CUDA GPU", "stage7"),
+            None
+        );
+    }
+
+    #[test]
+    fn reads_a_packed_batchs_line() {
+        let out = "varlen on stage8: 16 sequences, 65536 query and 65536 key tokens, H = 16, Hkv = 16, D = 128: \
+                   3309.2 µs a call (plan and kernel; median of 20), 856.7 TFLOP/s\n  with each K/V head's 4 query \
+                   heads packed into a unit's rows (pack-gqa): 3290.0 µs (861.7 TFLOP/s), 0.994× unpacked\n";
+        let r = parse_reading(out, "stage8").expect("a reading");
+        assert_eq!((r.p50_us, r.mean_us, r.tflops), (3309.2, 3309.2, 856.7));
+        assert_eq!(r.telemetry, "");
+        assert_eq!(parse_reading(out, "stage7"), None);
+        assert_eq!(
+            parse_reading("varlen on stage8: no number here", "stage8"),
             None
         );
     }

@@ -100,7 +100,8 @@ enum Task {
         /// NAME=PATH of an `sdpa` binary (repeatable, at least two; the first is the reference).
         #[arg(long = "bin", value_name = "NAME=PATH", value_parser = ab::parse_bin, required = true)]
         bins: Vec<ab::Bin>,
-        /// `sdpa bench` arguments after the stage, e.g. "--shape 4,16,4096,128 --causal" (repeatable).
+        /// `sdpa bench` arguments after the stage, e.g. "--shape 4,16,4096,128 --causal" (repeatable); a packed batch's
+        /// case ("--shape … --varlen 65536") is read by its `varlen on STAGE` line (the call's median).
         #[arg(
             long = "case",
             value_name = "ARGS",
