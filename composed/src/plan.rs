@@ -100,7 +100,7 @@ impl SplitPlan {
             let tiles = s.sk.div_ceil(stage.bc(s.d));
             // A window's units read their own key ranges: no split tail (as causal ones).
             let ordered = s.causal || s.window.is_bounded();
-            // A halved kernel's tiles are its own (`Stage::halved_bc`: 128 keys at D = 64 where Sk ≤ 512).
+            // A halved kernel's tiles are its own (`Stage::halved_bc`: 128 keys at D = 64 where Sk is 2 or 4 of them).
             let halved_tiles = s.sk.div_ceil(stage.halved_bc(s.d, s.sk));
             let halved = (stage.halves() && !ordered)
                 .then(|| SplitPlan::halved(units, blocks, halved_tiles, stage.ring_stages(s.d)))

@@ -652,7 +652,7 @@ mod tests {
             assert_eq!(dims, want, "{name}: instantiated head dimensions");
             if name == "STAGE8H" {
                 // The halved kernels: each head dimension's at the stage's tiles, and at D = 64 one on 128-key tiles
-                // (`STAGE8H_AS(stage8h_d64_k128, …)`), which `halved_bc` names for Sk ≤ 512.
+                // (`STAGE8H_AS(stage8h_d64_k128, …)`), which `halved_bc` names where Sk is 2 or 4 of them.
                 let line = code
                     .lines()
                     .find(|l| l.starts_with("STAGE8H_AS(stage8h_d64_k128,"))
