@@ -18,7 +18,8 @@ STAGE8(128, 192, 3, 1)
 
 // Halved (SplitPlan::halved): a unit's rows in two blocks of 64, each block's keys halved between its consumers. Its
 // tiles are Stage::halved_bc's: the stage's, and at D = 64 128-key ones where Sk is 2 or 4 of them (at the mission
-// shape each consumer then has two tiles, whose turns overlap, where one 256-key tile runs Q·Kᵀ, softmax, P·V in series).
+// shape each consumer then has two tiles whose turns overlap, where one 256-key tile runs its GEMMs and softmax in
+// series).
 #define STAGE8H_AS(NAME, D, BC, ST, VS)                                                                           \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(sdpa::Params p, const __grid_constant__ tma::Map mq, const __grid_constant__ tma::Map mk,            \
