@@ -605,15 +605,18 @@ pub const KERNELS: &[KernelSpec] = &[
 mod tests {
     use super::*;
 
-    /// `NAME(D, BC, STAGES[, VS])` instantiations at the start of a line of `code` whose macro name is `name`:
-    /// (D, BC, STAGES, VS), VS 0 where the macro has no fourth argument.
+    /// `NAME([KERNEL, ]D, BC, STAGES[, VS])` instantiations at the start of a line of `code` whose macro name is
+    /// `name`: (D, BC, STAGES, VS), VS 0 where the macro has no fourth number; a first argument that names the kernel
+    /// (`STAGE8H_AS`'s) is skipped.
     fn instantiations(code: &str, name: &str) -> Vec<[usize; 4]> {
         code.lines()
             .filter_map(|l| l.strip_prefix(name)?.strip_prefix('(')?.strip_suffix(')'))
             .map(|args| {
                 let n: Vec<usize> = args
                     .split(',')
-                    .map(|a| a.trim().parse().expect("a number"))
+                    .map(str::trim)
+                    .skip_while(|a| a.starts_with(|c: char| c.is_ascii_alphabetic()))
+                    .map(|a| a.parse().expect("a number"))
                     .collect();
                 [n[0], n[1], n[2], n.get(3).copied().unwrap_or(0)]
             })
@@ -653,24 +656,18 @@ mod tests {
             if name == "STAGE8H" {
                 // The halved kernels: each head dimension's at the stage's tiles, and at D = 64 one on 128-key tiles
                 // (`STAGE8H_AS(stage8h_d64_k128, …)`), which `halved_bc` names where Sk is 2 or 4 of them.
-                let line = code
-                    .lines()
-                    .find(|l| l.starts_with("STAGE8H_AS(stage8h_d64_k128,"))
-                    .expect("stage8h_d64_k128 instantiated");
-                let n: Vec<usize> = line
-                    .trim_end_matches(')')
-                    .split(',')
-                    .skip(1)
-                    .map(|a| a.trim().parse().expect("a number"))
-                    .collect();
+                assert!(
+                    code.contains("STAGE8H_AS(stage8h_d64_k128,"),
+                    "stage8h_d64_k128 instantiated"
+                );
                 assert_eq!(
-                    n,
-                    [
+                    instantiations(code, "STAGE8H_AS"),
+                    [[
                         64,
                         stage.halved_bc(64, 512),
                         stage.ring_stages(64),
                         stage.v_slots(64)
-                    ],
+                    ]],
                     "stage8h_d64_k128's (D, BC, STAGES, VS) against the host's"
                 );
                 for (sk, bc) in [

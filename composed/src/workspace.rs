@@ -245,7 +245,7 @@ impl Workspace {
         } else {
             stage.bc(s.d)
         };
-        let smem = if stage.tma() {
+        let smem = if plan.halved {
             stage.tma_smem_bc(s.d, bc)
         } else {
             stage.smem_bytes(s.d)
