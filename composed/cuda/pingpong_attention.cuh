@@ -21,6 +21,9 @@ enum Mark {
   kMarkUnit = 5,
   kMarkEpilogueEnd = 6,
   kMarkLastCommit = 7,  // a unit's last P·V committed, before consumer 1 asks for the next unit
+  kMarkQReady = 8,      // a unit's Q has landed (its first turn, before the first key tile's wait)
+  kMarkTileReady = 9,   // a unit's first key tile has landed (before the grant's barrier)
+  kMarkOReady = 10,     // a unit's last P·V has retired: O is in registers (the dense epilogue's start)
 };
 #ifndef SDPA_TRACE_MARKS
 struct Marks {
@@ -130,6 +133,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   unsigned a[BC / 32][4];
   frag::Regs<SL> s[1];
   blk.wait_q(n);
+  mark(kMarkQReady);
   // Turns: consumer 0 first. Each consumer has tiles + 1 turns a unit (the first issues Q·Kᵀ alone, the last
   // P·V alone) and each turn hands over but consumer 1's last of the block's last unit, so both barriers end
   // with as many arrivals as waits; consumer 1's first arrival, before its first unit, gives consumer 0 the
@@ -139,6 +143,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
   if (wg == 1 && n == 0) roles::arrive(1, 256);
   float alpha[2];
   at.wait();
+  mark(kMarkTileReady);
   roles::sync(1 + wg, 256);
   mark(kMarkTurn);
   wgmma::fence_operand(s[0].x);
@@ -267,6 +272,7 @@ __device__ __forceinline__ void consume_unit(const Params& p, const Block& blk, 
     const float vs = p.v_scale[kv];
     wgmma::wait<0>();
     wgmma::fence_operand(o[0].x);
+    mark(kMarkOReady);
     __syncwarp();
     if (roles::lane() == 0) {
       if constexpr (Block::kSplit) at.release_second();  // Vᵀ of the last tile (its K went back before P·V)

@@ -18,6 +18,11 @@ pub enum Mark {
     EpilogueEnd = 6,
     /// A unit's last P·V committed (its last turn), before consumer 1 asks the producer for the next unit.
     LastCommit = 7,
+    /// A unit's Q landed, its first key tile landed (both before its first grant), its last P·V retired (its
+    /// epilogue's start).
+    QReady = 8,
+    TileReady = 9,
+    OReady = 10,
 }
 
 impl Mark {
@@ -30,6 +35,9 @@ impl Mark {
             5 => Mark::Unit,
             6 => Mark::EpilogueEnd,
             7 => Mark::LastCommit,
+            8 => Mark::QReady,
+            9 => Mark::TileReady,
+            10 => Mark::OReady,
             _ => return None,
         })
     }
@@ -149,21 +157,34 @@ pub struct Turn {
     pub softmax: Option<(u64, u64)>,
     pub first: bool,
     pub last: bool,
+    /// A first turn's unit start, Q's landing and its first key tile's, before the grant.
+    pub unit: Option<u64>,
+    pub q_ready: Option<u64>,
+    pub tile_ready: Option<u64>,
+    /// A last turn's last P·V retired (the epilogue's start).
+    pub o_ready: Option<u64>,
 }
 
 /// A warp's marks as turns; None if they are not in the order the kernel makes them.
 pub fn turns(line: &WarpLine) -> Option<Vec<Turn>> {
     let mut out: Vec<Turn> = Vec::new();
-    let mut unit_start = false;
+    // A unit's marks before its first grant: its start, Q's landing, its first key tile's.
+    let mut ahead = Turn::default();
     let mut it = line.marks.iter().peekable();
     while let Some(&(t, m)) = it.next() {
         match m {
-            Mark::Unit => unit_start = true,
-            Mark::Turn => out.push(Turn {
-                granted: t,
-                first: std::mem::take(&mut unit_start),
-                ..Turn::default()
-            }),
+            Mark::Unit => ahead.unit = Some(t),
+            Mark::QReady => ahead.q_ready = Some(t),
+            Mark::TileReady => ahead.tile_ready = Some(t),
+            Mark::Turn => {
+                let a = std::mem::take(&mut ahead);
+                out.push(Turn {
+                    granted: t,
+                    first: a.unit.is_some(),
+                    ..a
+                })
+            }
+            Mark::OReady => out.last_mut()?.o_ready = Some(t),
             Mark::Issued => out.last_mut()?.issued = t,
             Mark::Softmax => {
                 let &(e, m2) = it.next()?;
@@ -218,6 +239,38 @@ pub struct Summary {
     pub last_commit: [f64; 2],
     pub last_ask: [f64; 2],
     pub last_epilogue: [f64; 2],
+    /// Per consumer, a unit boundary's parts in order (`BOUNDARY_PARTS`): from the last turn's handover to the next
+    /// unit's first grant.
+    pub boundary_parts: [[f64; 6]; 2],
+}
+
+/// The parts of a unit boundary, as `Summary::boundary_parts` holds them.
+pub const BOUNDARY_PARTS: [&str; 6] = [
+    "handover to O ready (the last P·V's wait)",
+    "O ready to epilogue end",
+    "epilogue end to the next unit",
+    "unit start to Q ready",
+    "Q ready to first tile ready",
+    "tile ready to grant",
+];
+
+/// A boundary's parts (BOUNDARY_PARTS) between last turn `a` and the next unit's first turn `b`; None if a mark is
+/// missing or out of order.
+fn boundary_parts(a: &Turn, b: &Turn) -> Option<[u64; 6]> {
+    let at = [
+        a.issued,
+        a.o_ready?,
+        a.epilogue_end?,
+        b.unit?,
+        b.q_ready?,
+        b.tile_ready?,
+        b.granted,
+    ];
+    let mut out = [0; 6];
+    for i in 0..6 {
+        out[i] = at[i + 1].checked_sub(at[i])?;
+    }
+    Some(out)
 }
 
 pub fn summarize(lines: &[WarpLine]) -> Result<Summary> {
@@ -294,6 +347,19 @@ pub fn summarize(lines: &[WarpLine]) -> Result<Summary> {
         s.last_commit[c] = part(&|x| x.committed.map(|m| m.saturating_sub(x.granted)));
         s.last_ask[c] = part(&|x| x.committed.map(|m| x.issued.saturating_sub(m)));
         s.last_epilogue[c] = part(&|x| x.epilogue_end.map(|e| e.saturating_sub(x.issued)));
+        let parts: Vec<[u64; 6]> = per_warp
+            .iter()
+            .filter(|(_, w, _)| (*w >= 4) == (c == 1))
+            .flat_map(|(_, _, t)| {
+                t.windows(2)
+                    .filter(|w| w[0].last && w[1].first)
+                    .filter_map(|w| boundary_parts(&w[0], &w[1]))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (i, v) in s.boundary_parts[c].iter_mut().enumerate() {
+            *v = median(parts.iter().map(|p| p[i] as f64).collect());
+        }
     }
     Ok(s)
 }
@@ -342,6 +408,18 @@ impl std::fmt::Display for Summary {
                 self.last_commit[c], self.last_ask[c], self.last_epilogue[c]
             )?;
         }
+        for c in 0..2 {
+            let parts: Vec<String> = self.boundary_parts[c]
+                .iter()
+                .map(|v| format!("{v:.0}"))
+                .collect();
+            writeln!(
+                f,
+                "| consumer {c}'s unit boundary, handover to the next grant: {} | {} |",
+                BOUNDARY_PARTS.join(" / "),
+                parts.join(" / ")
+            )?;
+        }
         Ok(())
     }
 }
@@ -374,6 +452,9 @@ mod tests {
             ("kMarkUnit", Mark::Unit),
             ("kMarkEpilogueEnd", Mark::EpilogueEnd),
             ("kMarkLastCommit", Mark::LastCommit),
+            ("kMarkQReady", Mark::QReady),
+            ("kMarkTileReady", Mark::TileReady),
+            ("kMarkOReady", Mark::OReady),
         ];
         for (name, m) in all {
             let want = format!("{name} = {},", m as u64);
@@ -435,7 +516,7 @@ mod tests {
         // Consumer 0 (warp 0) and 1 (warp 4) of block 0, period 1000, consumer 1 half a period behind; units of
         // three key tiles (four turns), the boundary 1500 instead of 1000.
         let unit = |t0: u64| -> Vec<(u64, Mark)> {
-            let mut v = vec![(t0, Unit)];
+            let mut v = vec![(t0, Unit), (t0 + 4, QReady), (t0 + 8, TileReady)];
             for k in 0..4u64 {
                 let g = t0 + 16 + 1000 * k;
                 v.push((g, Turn));
@@ -445,6 +526,7 @@ mod tests {
                     v.push((g + 900, SoftmaxEnd));
                 }
             }
+            v.push((t0 + 3150, OReady));
             v.push((t0 + 3200, EpilogueEnd));
             v
         };
@@ -462,5 +544,9 @@ mod tests {
         assert_eq!(s.boundary, 1500.0);
         assert_eq!(s.unit_extra, 1500.0);
         assert!((s.phase - 0.5).abs() < 1e-9, "{}", s.phase);
+        // Handover 3116, O ready 3150, epilogue end 3200, next unit 4500, Q 4504, tile 4508, grant 4516.
+        for c in 0..2 {
+            assert_eq!(s.boundary_parts[c], [34.0, 50.0, 1300.0, 4.0, 4.0, 8.0]);
+        }
     }
 }
